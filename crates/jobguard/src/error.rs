@@ -1,0 +1,221 @@
+//! The error type shared by every part of jobguard.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use crate::key::KeyError;
+
+/// `Result` with jobguard's [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while guarding a job.
+///
+/// Variants that come from a caller's mistake (a malformed key, a key reused for other work, a
+/// bad table name) carry what is needed to fix it. None of them leaves a half-applied job behind:
+/// whenever an error is returned from [`Guard::run`](crate::Guard::run), the guard row and the
+/// job's effect were rolled back together, except for [`Error::OutcomeUnknown`], which says so.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The job key is malformed.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+
+    /// A table or schema name is not a plain SQL identifier.
+    #[error(
+        "invalid {what} name `{name}`: use 1 to 63 ASCII letters, digits and underscores, \
+         starting with a letter or underscore"
+    )]
+    InvalidName {
+        /// What the name was for: `table` or `schema`.
+        what: &'static str,
+        /// The rejected name.
+        name: String,
+    },
+
+    /// The key was first applied with a different payload.
+    ///
+    /// Nothing was applied. Either the producer derived the same key for different work (derive
+    /// a key that names the operation exactly), or the payload changed between deliveries.
+    #[error(
+        "job key `{key}` was already used with a different payload: nothing was applied; \
+         give different work its own key, or deliver the original payload"
+    )]
+    KeyReused {
+        /// The reused key.
+        key: String,
+    },
+
+    /// The payload could not be turned into JSON for its fingerprint.
+    #[error("the payload of job `{key}` cannot be serialized to JSON: {source}")]
+    Payload {
+        /// The job key.
+        key: String,
+        /// Why serialization failed.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The job's effect returned an error. The guard row was rolled back with the effect, so a
+    /// later delivery of the same key applies it.
+    #[error("the effect of job `{key}` failed and was rolled back{}: {source}",
+        if *.fatal { " (fatal: retrying will not help)" } else { ", a retry will apply it" })]
+    Effect {
+        /// The job key.
+        key: String,
+        /// Whether the effect marked the error as fatal, see [`JobError::fatal`].
+        fatal: bool,
+        /// The error the effect returned.
+        #[source]
+        source: Box<dyn StdError + Send + Sync + 'static>,
+    },
+
+    /// The value the job returned could not be stored, or a stored value could not be read back
+    /// as the type the job returns now.
+    #[error("the stored result of job `{key}` does not match the job's result type: {source}")]
+    StoredResult {
+        /// The job key.
+        key: String,
+        /// The serialization error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The transaction kept failing with serialization failures or deadlocks.
+    #[error(
+        "job `{key}` hit {attempts} serialization failures or deadlocks in a row and was rolled \
+         back each time; lower contention on the rows its effect writes, then retry"
+    )]
+    Contention {
+        /// The job key.
+        key: String,
+        /// How many attempts were made.
+        attempts: u32,
+        /// The last database error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// The connection failed while committing and the guard row could not be checked afterwards,
+    /// so whether the job was applied is unknown. Deliver the job again: the guard makes the
+    /// redelivery apply it if it was not, and report a duplicate if it was.
+    #[error(
+        "the commit of job `{key}` failed and its guard row could not be checked, so whether it \
+         was applied is unknown; deliver it again and the guard settles it: {source}"
+    )]
+    OutcomeUnknown {
+        /// The job key.
+        key: String,
+        /// The error from the witness check.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// Any other database error. Nothing was applied.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl Error {
+    /// Whether delivering the same job again may succeed.
+    ///
+    /// True for failed effects, contention, unknown outcomes and database errors; false for
+    /// mistakes in the key, payload or configuration, which fail the same way every time.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Effect { fatal, .. } => !fatal,
+            Error::Contention { .. } | Error::OutcomeUnknown { .. } | Error::Database(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The error a job's effect returns.
+///
+/// Any error type converts into it with `?`, so an effect can use `sqlx` and its own errors
+/// freely. It is retryable unless built with [`JobError::fatal`]: a fatal error says that no
+/// redelivery can succeed (the order does not exist, the payload is invalid).
+///
+/// ```
+/// use jobguard::JobError;
+///
+/// let retry: JobError = std::io::Error::other("upstream timed out").into();
+/// assert!(retry.is_retryable());
+/// let fatal = JobError::fatal("order 8812 does not exist");
+/// assert!(!fatal.is_retryable());
+/// ```
+pub struct JobError {
+    source: Box<dyn StdError + Send + Sync + 'static>,
+    fatal: bool,
+}
+
+impl JobError {
+    /// A retryable error with a message.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        JobError {
+            source: message.to_string().into(),
+            fatal: false,
+        }
+    }
+
+    /// An error that no redelivery can fix.
+    pub fn fatal(message: impl fmt::Display) -> Self {
+        JobError {
+            source: message.to_string().into(),
+            fatal: true,
+        }
+    }
+
+    /// Marks any error as fatal.
+    pub fn into_fatal(mut self) -> Self {
+        self.fatal = true;
+        self
+    }
+
+    /// Whether a redelivery may succeed.
+    pub fn is_retryable(&self) -> bool {
+        !self.fatal
+    }
+
+    /// The underlying error, to downcast.
+    pub fn inner(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.source
+    }
+
+    /// The database error inside, if the effect failed on the database.
+    pub fn as_database_error(&self) -> Option<&sqlx::Error> {
+        self.source.downcast_ref::<sqlx::Error>()
+    }
+}
+
+impl<E: StdError + Send + Sync + 'static> From<E> for JobError {
+    fn from(error: E) -> Self {
+        JobError {
+            source: Box::new(error),
+            fatal: false,
+        }
+    }
+}
+
+impl fmt::Debug for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobError")
+            .field("source", &self.source)
+            .field("fatal", &self.fatal)
+            .finish()
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl JobError {
+    // `JobError` cannot implement `std::error::Error` (the blanket `From` above would then
+    // overlap with `From<T> for T`), so `Error::Effect` keeps its parts instead.
+    pub(crate) fn into_parts(self) -> (Box<dyn StdError + Send + Sync + 'static>, bool) {
+        (self.source, self.fatal)
+    }
+}

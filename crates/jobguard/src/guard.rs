@@ -1,0 +1,571 @@
+//! The guard: one row per job key, inserted in the same transaction as the job's effect.
+//!
+//! A job system that delivers at least once will sometimes run a job twice, and sometimes at
+//! the same time. The guard makes the *effect* happen once: before the effect runs, it inserts a
+//! row for the job's key with `insert ... on conflict do nothing returning` in the transaction
+//! that will hold the effect, and runs the effect only when the row was inserted.
+//!
+//! Because the guard row and the effect commit or roll back together:
+//!
+//! - **on commit**, the key is recorded and the effect is visible, together; every later or
+//!   concurrent delivery of the key reports [`Outcome::Duplicate`] and changes nothing;
+//! - **on rollback** (the effect failed, the process died, the connection dropped), neither the
+//!   row nor the effect exists, so the next delivery applies the job;
+//! - **while the first delivery runs**, a concurrent second delivery waits on the row's lock,
+//!   then reports a duplicate when the first commits, or applies when it rolls back.
+//!
+//! ```no_run
+//! use jobguard::{JobKey, Outcome, PgGuard};
+//!
+//! # async fn credit(pool: sqlx::PgPool) -> jobguard::Result<()> {
+//! let guard = PgGuard::new(pool);
+//! guard.migrate().await?;
+//!
+//! let key = JobKey::new("credit", ["order-8812"])?;
+//! let outcome = guard
+//!     .run(&key, async |conn| {
+//!         sqlx::query("insert into ledger (account, amount) values ($1, $2)")
+//!             .bind(7_i64)
+//!             .bind(500_i64)
+//!             .execute(&mut *conn)
+//!             .await?;
+//!         Ok(())
+//!     })
+//!     .await?;
+//! match outcome {
+//!     Outcome::Applied(()) => println!("credited"),
+//!     Outcome::Duplicate(dup) => println!("already credited at {:?}", dup.first_applied_at),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Jobs whose every step is naturally idempotent (set a value, upsert by natural key, delete if
+//! exists) need no guard; a single non-idempotent step (increment, append, send) makes the whole
+//! job need one.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::{Pool, Transaction};
+use tracing::Instrument;
+
+use crate::backend::{Backend, ClaimToken, GuardRecord, GuardSql, NewClaim};
+use crate::error::{Error, JobError, Result};
+use crate::fingerprint::Fingerprint;
+use crate::key::JobKey;
+use crate::metrics::record_outcome;
+use crate::table::TableName;
+
+/// What a delivery of a guarded job did.
+#[derive(Clone, Debug, PartialEq)]
+#[must_use = "a duplicate outcome means the effect did not run this time"]
+pub enum Outcome<T> {
+    /// This delivery claimed the key and its effect committed; the value the job returned.
+    Applied(T),
+    /// An earlier delivery already applied the key; nothing was changed.
+    Duplicate(Duplicate<T>),
+}
+
+impl<T> Outcome<T> {
+    /// Whether this delivery applied the effect.
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Outcome::Applied(_))
+    }
+
+    /// Whether this delivery found the key already applied.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Outcome::Duplicate(_))
+    }
+
+    /// `applied` or `duplicate`, as used in metrics and reports.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Applied(_) => "applied",
+            Outcome::Duplicate(_) => "duplicate",
+        }
+    }
+
+    /// The value of the run that applied the key: this one's, or the stored result of the
+    /// first run when this delivery is a duplicate and the job returned a non-null value.
+    pub fn into_value(self) -> Option<T> {
+        match self {
+            Outcome::Applied(value) => Some(value),
+            Outcome::Duplicate(dup) => dup.result,
+        }
+    }
+}
+
+/// A delivery of a key that was already applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Duplicate<T> {
+    /// When the key was first applied, by the database clock.
+    pub first_applied_at: SystemTime,
+    /// What the first run returned, when it returned something other than JSON `null`.
+    pub result: Option<T>,
+}
+
+/// The result of [`Guard::claim_tx`]: whether the caller's transaction now holds the key.
+#[derive(Clone, Debug, PartialEq)]
+#[must_use = "a duplicate claim means the effect must not run"]
+pub enum Claim {
+    /// The guard row was inserted in the caller's transaction: run the effect there.
+    Claimed,
+    /// The key was applied by a committed transaction: skip the effect.
+    Duplicate(GuardRecord),
+}
+
+/// How a [`Guard`] is set up.
+#[derive(Clone, Debug)]
+pub struct GuardConfig {
+    table: TableName,
+    contention_attempts: u32,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            table: TableName::new(GuardConfig::DEFAULT_TABLE).expect("the default name is valid"),
+            contention_attempts: 5,
+        }
+    }
+}
+
+impl GuardConfig {
+    /// The guard table's name unless configured: `processed_jobs`.
+    pub const DEFAULT_TABLE: &'static str = "processed_jobs";
+
+    /// Uses another table, e.g. `TableName::new("billing_guard")?.in_schema("billing")?`.
+    pub fn table(mut self, table: TableName) -> Self {
+        self.table = table;
+        self
+    }
+
+    /// How many times a job whose transaction hits a serialization failure, a deadlock or a
+    /// busy SQLite database runs before [`Error::Contention`] (default 5, at least 1).
+    pub fn contention_attempts(mut self, attempts: u32) -> Self {
+        self.contention_attempts = attempts.max(1);
+        self
+    }
+}
+
+/// Runs jobs so that each job key takes effect once. Cheap to clone.
+///
+/// See the [module documentation](self) for the guarantee.
+pub struct Guard<DB: Backend> {
+    inner: Arc<Inner<DB>>,
+}
+
+struct Inner<DB: Backend> {
+    pool: Pool<DB>,
+    sql: GuardSql,
+    contention_attempts: u32,
+}
+
+impl<DB: Backend> Clone for Guard<DB> {
+    fn clone(&self) -> Self {
+        Guard {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for Guard<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("backend", &<DB as Backend>::NAME)
+            .field("table", &self.inner.sql.table.to_string())
+            .finish()
+    }
+}
+
+/// How one attempt of a guarded run ended, before retries and metrics.
+enum Attempt<T> {
+    Done(Outcome<T>),
+    /// Rolled back by contention; running the attempt again may succeed.
+    Transient(sqlx::Error),
+    /// The row that conflicted with the claim was gone when read (pruned in between).
+    Vanished,
+}
+
+impl<DB: Backend> Guard<DB> {
+    /// A guard on the `processed_jobs` table of `pool`'s database.
+    pub fn new(pool: Pool<DB>) -> Self {
+        Self::with_config(pool, GuardConfig::default())
+            .expect("the default table name is valid on every backend")
+    }
+
+    /// A guard with its own table or contention limit. Fails when the table name does not
+    /// suit the backend (a schema on SQLite).
+    pub fn with_config(pool: Pool<DB>, config: GuardConfig) -> Result<Self> {
+        let sql = DB::guard_sql(&config.table)?;
+        Ok(Guard {
+            inner: Arc::new(Inner {
+                pool,
+                sql,
+                contention_attempts: config.contention_attempts,
+            }),
+        })
+    }
+
+    /// The pool the guard runs jobs on.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.inner.pool
+    }
+
+    /// The guard table.
+    pub fn table(&self) -> &TableName {
+        &self.inner.sql.table
+    }
+
+    /// Creates the guard table and its index when missing. Safe to call from many processes at
+    /// once and on every start.
+    pub async fn migrate(&self) -> Result<()> {
+        Ok(DB::migrate_guard(&self.inner.pool, &self.inner.sql).await?)
+    }
+
+    /// Runs `effect` once for `key`, however many times the job is delivered.
+    ///
+    /// Opens a transaction, inserts the guard row first, runs `effect` on the same transaction
+    /// only when the row was inserted, stores the value it returns (unless JSON `null`), and
+    /// commits the row and the effect together.
+    ///
+    /// - `Ok(Outcome::Applied(value))`: committed, with this delivery's value.
+    /// - `Ok(Outcome::Duplicate(..))`: an earlier delivery committed the key; nothing changed.
+    /// - `Err(..)`: rolled back; nothing was applied and a later delivery will apply it, except
+    ///   for [`Error::OutcomeUnknown`], after which a redelivery settles the outcome.
+    ///
+    /// `effect` may run more than once when the transaction is rolled back by a serialization
+    /// failure or deadlock (PostgreSQL) or a busy database (SQLite); each run is in a fresh
+    /// transaction, so only one run's writes ever commit.
+    ///
+    /// ```no_run
+    /// # async fn f(guard: jobguard::PgGuard) -> jobguard::Result<()> {
+    /// let key = jobguard::JobKey::new("fee", ["account-7", "2026-10"])?;
+    /// let outcome = guard
+    ///     .run(&key, async |conn| {
+    ///         let id: i64 = sqlx::query_scalar("insert into fees (account, cents) values (7, 900) returning id")
+    ///             .fetch_one(&mut *conn)
+    ///             .await?;
+    ///         Ok(id)
+    ///     })
+    ///     .await?;
+    /// // The fee's id, from this run or from the run that applied it first.
+    /// let fee_id: Option<i64> = outcome.into_value();
+    /// assert!(fee_id.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<T, F>(&self, key: &JobKey, effect: F) -> Result<Outcome<T>>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: AsyncFnMut(&mut DB::Connection) -> Result<T, JobError> + Send,
+    {
+        self.run_guarded(key, None, effect).await
+    }
+
+    /// Like [`run`](Self::run), and also records a fingerprint of `payload` with the key.
+    ///
+    /// A later delivery of the key with a different payload fails with [`Error::KeyReused`]
+    /// and applies nothing: the same key naming two different operations is a bug in how the
+    /// key is derived, and running either silently would hide it.
+    pub async fn run_with_payload<T, P, F>(
+        &self,
+        key: &JobKey,
+        payload: &P,
+        effect: F,
+    ) -> Result<Outcome<T>>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        P: Serialize + ?Sized,
+        F: AsyncFnMut(&mut DB::Connection) -> Result<T, JobError> + Send,
+    {
+        let fingerprint = fingerprint_of(key, payload)?;
+        self.run_guarded(key, Some(fingerprint), effect).await
+    }
+
+    /// Claims `key` inside a transaction the caller owns.
+    ///
+    /// Returns [`Claim::Claimed`] when the guard row was inserted: run the effect in the same
+    /// transaction. On **commit** the key is recorded together with the effect; on
+    /// **rollback** the row disappears with it and a later delivery can claim the key again.
+    /// Returns [`Claim::Duplicate`] when a committed transaction already holds the key: skip the
+    /// effect. A concurrent transaction holding the key uncommitted makes this call wait for it.
+    ///
+    /// On SQLite, open the transaction with `begin immediate` (as [`run`](Self::run) does), or
+    /// concurrent deliveries fail with `database is locked` instead of waiting. On PostgreSQL
+    /// under `repeatable read` or `serializable`, a concurrent claim fails with a serialization
+    /// failure: roll back and deliver again.
+    ///
+    /// ```no_run
+    /// use jobguard::{Claim, JobKey, PgGuard};
+    ///
+    /// # async fn f(guard: PgGuard, pool: sqlx::PgPool) -> jobguard::Result<()> {
+    /// let key = JobKey::new("credit", ["order-8812"])?;
+    /// let mut tx = pool.begin().await?;
+    /// if let Claim::Claimed = guard.claim_tx(&mut tx, &key).await? {
+    ///     sqlx::query("insert into ledger (account, amount) values (7, 500)")
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    /// }
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn claim_tx(&self, conn: &mut DB::Connection, key: &JobKey) -> Result<Claim> {
+        self.claim_in(conn, key, None, &ClaimToken::new()).await
+    }
+
+    /// Like [`claim_tx`](Self::claim_tx), with the payload fingerprint check of
+    /// [`run_with_payload`](Self::run_with_payload).
+    pub async fn claim_with_payload_tx<P: Serialize + ?Sized>(
+        &self,
+        conn: &mut DB::Connection,
+        key: &JobKey,
+        payload: &P,
+    ) -> Result<Claim> {
+        let fingerprint = fingerprint_of(key, payload)?;
+        self.claim_in(conn, key, Some(&fingerprint), &ClaimToken::new())
+            .await
+    }
+
+    /// Stores the result of a job claimed with [`claim_tx`](Self::claim_tx), in the caller's
+    /// transaction, so duplicates can return it. Visible on commit; gone on rollback.
+    pub async fn store_result_tx<T: Serialize + ?Sized>(
+        &self,
+        conn: &mut DB::Connection,
+        key: &JobKey,
+        result: &T,
+    ) -> Result<()> {
+        let value = serde_json::to_value(result).map_err(|source| Error::StoredResult {
+            key: key.to_string(),
+            source,
+        })?;
+        Ok(DB::store_result(conn, &self.inner.sql, key.as_str(), &value).await?)
+    }
+
+    /// The guard row of `key`, if a committed transaction applied it.
+    pub async fn lookup(&self, key: &JobKey) -> Result<Option<GuardRecord>> {
+        let mut conn = self.inner.pool.acquire().await?;
+        Ok(DB::fetch_record(&mut conn, &self.inner.sql, key.as_str()).await?)
+    }
+
+    async fn run_guarded<T, F>(
+        &self,
+        key: &JobKey,
+        fingerprint: Option<Fingerprint>,
+        mut effect: F,
+    ) -> Result<Outcome<T>>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: AsyncFnMut(&mut DB::Connection) -> Result<T, JobError> + Send,
+    {
+        let span = tracing::debug_span!("guarded_job", job.key = %key, job.kind = key.kind());
+        let result = async {
+            let mut attempt = 1;
+            loop {
+                match self.attempt(key, fingerprint.as_ref(), &mut effect).await {
+                    Ok(Attempt::Done(outcome)) => return Ok(outcome),
+                    Ok(Attempt::Vanished) if attempt < self.inner.contention_attempts => {}
+                    Ok(Attempt::Transient(error)) if attempt < self.inner.contention_attempts => {
+                        tracing::debug!(attempt, %error, "transaction rolled back by contention");
+                        tokio::time::sleep(contention_backoff(attempt)).await;
+                    }
+                    Ok(Attempt::Transient(source)) => {
+                        return Err(Error::Contention {
+                            key: key.to_string(),
+                            attempts: attempt,
+                            source,
+                        });
+                    }
+                    Ok(Attempt::Vanished) => {
+                        return Err(Error::Database(sqlx::Error::RowNotFound));
+                    }
+                    Err(error) => return Err(error),
+                }
+                attempt += 1;
+            }
+        }
+        .instrument(span)
+        .await;
+        let label = match &result {
+            Ok(outcome) => outcome.label(),
+            Err(_) => "failed",
+        };
+        record_outcome(key.kind(), label);
+        tracing::debug!(job.key = %key, outcome = label, "guarded job finished");
+        result
+    }
+
+    async fn attempt<T, F>(
+        &self,
+        key: &JobKey,
+        fingerprint: Option<&Fingerprint>,
+        effect: &mut F,
+    ) -> Result<Attempt<T>>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: AsyncFnMut(&mut DB::Connection) -> Result<T, JobError> + Send,
+    {
+        let token = ClaimToken::new();
+        let mut tx = match DB::begin(&self.inner.pool).await {
+            Ok(tx) => tx,
+            Err(error) if DB::is_transient(&error) => return Ok(Attempt::Transient(error)),
+            Err(error) => return Err(error.into()),
+        };
+        let claim = match self.claim_in(&mut tx, key, fingerprint, &token).await {
+            Ok(claim) => claim,
+            Err(Error::Database(error)) if DB::is_transient(&error) => {
+                return Ok(Attempt::Transient(error));
+            }
+            Err(Error::Database(sqlx::Error::RowNotFound)) => return Ok(Attempt::Vanished),
+            Err(error) => return Err(error),
+        };
+        if let Claim::Duplicate(record) = claim {
+            end(tx).await;
+            return Ok(Attempt::Done(Outcome::Duplicate(duplicate_of(
+                key, record,
+            )?)));
+        }
+
+        let value = match effect(&mut tx).await {
+            Ok(value) => value,
+            Err(error) => {
+                end(tx).await;
+                let (source, fatal) = error.into_parts();
+                return match source.downcast::<sqlx::Error>() {
+                    Ok(db) if DB::is_transient(&db) => Ok(Attempt::Transient(*db)),
+                    Ok(db) => Err(Error::Effect {
+                        key: key.to_string(),
+                        fatal,
+                        source: db,
+                    }),
+                    Err(source) => Err(Error::Effect {
+                        key: key.to_string(),
+                        fatal,
+                        source,
+                    }),
+                };
+            }
+        };
+        let stored = serde_json::to_value(&value).map_err(|source| Error::StoredResult {
+            key: key.to_string(),
+            source,
+        })?;
+        if !stored.is_null() {
+            DB::store_result(&mut tx, &self.inner.sql, key.as_str(), &stored).await?;
+        }
+
+        match tx.commit().await {
+            Ok(()) => Ok(Attempt::Done(Outcome::Applied(value))),
+            Err(error) if DB::is_transient(&error) => Ok(Attempt::Transient(error)),
+            // The server answered the commit with an error: it did not commit.
+            Err(error @ sqlx::Error::Database(_)) => Err(error.into()),
+            Err(error) => self.witness(key, &token, value, error).await,
+        }
+    }
+
+    /// After a commit whose answer was lost, the guard row says whether it happened.
+    async fn witness<T>(
+        &self,
+        key: &JobKey,
+        token: &ClaimToken,
+        value: T,
+        commit_error: sqlx::Error,
+    ) -> Result<Attempt<T>>
+    where
+        T: DeserializeOwned,
+    {
+        tracing::warn!(job.key = %key, error = %commit_error, "commit failed; checking the guard row");
+        let record = match self.lookup(key).await {
+            Ok(record) => record,
+            Err(Error::Database(source)) => {
+                return Err(Error::OutcomeUnknown {
+                    key: key.to_string(),
+                    source,
+                });
+            }
+            Err(error) => return Err(error),
+        };
+        match record {
+            Some(record) if record.token.as_ref() == Some(token) => {
+                Ok(Attempt::Done(Outcome::Applied(value)))
+            }
+            Some(record) => Ok(Attempt::Done(Outcome::Duplicate(duplicate_of(
+                key, record,
+            )?))),
+            None => Err(Error::Database(commit_error)),
+        }
+    }
+
+    async fn claim_in(
+        &self,
+        conn: &mut DB::Connection,
+        key: &JobKey,
+        fingerprint: Option<&Fingerprint>,
+        token: &ClaimToken,
+    ) -> Result<Claim> {
+        let sql = &self.inner.sql;
+        let new = NewClaim {
+            key: key.as_str(),
+            kind: key.kind(),
+            fingerprint,
+            token,
+        };
+        if DB::insert_claim(conn, sql, &new).await? {
+            return Ok(Claim::Claimed);
+        }
+        let record = DB::fetch_record(conn, sql, key.as_str())
+            .await?
+            .ok_or(Error::Database(sqlx::Error::RowNotFound))?;
+        // Only two known payloads can disagree: a key first run without a payload accepts any.
+        if let (Some(stored), Some(given)) = (&record.fingerprint, fingerprint) {
+            if stored != given {
+                return Err(Error::KeyReused {
+                    key: key.to_string(),
+                });
+            }
+        }
+        Ok(Claim::Duplicate(record))
+    }
+}
+
+fn fingerprint_of<P: Serialize + ?Sized>(key: &JobKey, payload: &P) -> Result<Fingerprint> {
+    Fingerprint::of(payload).map_err(|source| Error::Payload {
+        key: key.to_string(),
+        source,
+    })
+}
+
+fn duplicate_of<T: DeserializeOwned>(key: &JobKey, record: GuardRecord) -> Result<Duplicate<T>> {
+    let result = record
+        .result
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|source| Error::StoredResult {
+            key: key.to_string(),
+            source,
+        })?;
+    Ok(Duplicate {
+        first_applied_at: record.applied_at,
+        result,
+    })
+}
+
+/// Rolls back and returns the connection to the pool. A failed rollback needs no handling: the
+/// connection is closed and the server discards the transaction.
+async fn end<DB: Backend>(tx: Transaction<'static, DB>) {
+    if let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "rollback failed; the connection is dropped instead");
+    }
+}
+
+/// Exponential backoff with jitter for transactions rolled back by contention: 2, 4, 8 ms ...
+/// up to 256 ms, each scaled by a factor in [0.5, 1.5) so colliding jobs spread out.
+fn contention_backoff(attempt: u32) -> Duration {
+    let base = 1_u64 << attempt.min(8);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let jitter = 500 + u64::from(nanos.subsec_nanos() % 1000);
+    Duration::from_micros(base * jitter)
+}

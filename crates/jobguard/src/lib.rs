@@ -1,0 +1,71 @@
+//! jobguard makes background jobs take effect exactly once on top of job systems that deliver
+//! at least once.
+//!
+//! Every job system (RabbitMQ, NATS JetStream, Redis Streams, SQS, a Postgres-backed queue)
+//! will sometimes run a job twice: a worker crashes after the work and before the
+//! acknowledgement, a retry repeats an attempt that had succeeded, a lease expires while the
+//! job still runs. jobguard gives each job a stable [`JobKey`] derived from the business
+//! operation and a [`Guard`] that inserts a row for that key in the same transaction as the
+//! job's effect, so the effect commits once and every other delivery reports a duplicate.
+//!
+//! ```no_run
+//! use jobguard::{JobKey, Outcome, PgGuard};
+//!
+//! # async fn run() -> jobguard::Result<()> {
+//! let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+//! let guard = PgGuard::new(pool);
+//! guard.migrate().await?;
+//!
+//! let key = JobKey::new("credit", ["order-8812"])?;
+//! let outcome = guard
+//!     .run(&key, async |conn| {
+//!         sqlx::query("update accounts set balance = balance + 500 where id = 7")
+//!             .execute(&mut *conn)
+//!             .await?;
+//!         Ok(())
+//!     })
+//!     .await?;
+//! assert!(matches!(outcome, Outcome::Applied(()) | Outcome::Duplicate(_)));
+//! # Ok(()) }
+//! ```
+//!
+//! # Features
+//!
+//! | feature    | default | what it adds                                                    |
+//! |------------|---------|-----------------------------------------------------------------|
+//! | `postgres` | yes     | the PostgreSQL backend, [`PgGuard`]                             |
+//! | `sqlite`   | yes     | the SQLite backend, [`SqliteGuard`] and [`sqlite::connect`]     |
+//! | `testkit`  | no      | [`testkit`]: concurrent-delivery and run-twice checks for tests |
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backend;
+mod error;
+mod fingerprint;
+mod guard;
+pub mod key;
+pub mod metrics;
+mod table;
+
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub mod testkit;
+
+pub use backend::{Backend, GuardRecord};
+pub use error::{Error, JobError, Result};
+pub use fingerprint::Fingerprint;
+pub use guard::{Claim, Duplicate, Guard, GuardConfig, Outcome};
+pub use key::{JobKey, KeyError};
+#[cfg(feature = "postgres")]
+pub use postgres::PgGuard;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteGuard;
+pub use table::TableName;

@@ -1,0 +1,111 @@
+//! The PostgreSQL backend.
+//!
+//! Guarded jobs run in `read committed`, PostgreSQL's default: the guard row's primary key
+//! makes concurrent deliveries of one key wait for each other, so no stronger isolation is
+//! needed for the guard. Serialization failures (`40001`) and deadlocks (`40P01`) that the
+//! job's own effect runs into are retried a bounded number of times.
+
+mod sql;
+
+use std::sync::Arc;
+
+use sqlx::postgres::Postgres;
+use sqlx::types::Json;
+use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
+
+use crate::backend::{Backend, GuardRecord, GuardSql, NewClaim, sealed};
+use crate::table::TableName;
+
+/// A [`Guard`](crate::Guard) on PostgreSQL.
+pub type PgGuard = crate::Guard<Postgres>;
+
+impl sealed::Sealed for Postgres {}
+
+impl Backend for Postgres {
+    const NAME: &'static str = "postgres";
+
+    fn guard_sql(table: &TableName) -> crate::Result<GuardSql> {
+        Ok(GuardSql {
+            table: table.clone(),
+            create: sql::create(table).into_iter().map(Arc::from).collect(),
+            claim: sql::claim(table).into(),
+            record: sql::record(table).into(),
+            store_result: sql::store_result(table).into(),
+        })
+    }
+
+    async fn migrate_guard(pool: &Pool<Self>, sql: &GuardSql) -> sqlx::Result<()> {
+        let mut tx = pool.begin().await?;
+        // Workers starting together would race on `create ... if not exists`, which is not
+        // atomic in PostgreSQL's catalog; one lock per table makes them take turns.
+        sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("jobguard:migrate:{}", sql.table))
+            .execute(&mut *tx)
+            .await?;
+        for statement in &sql.create {
+            sqlx::query(AssertSqlSafe(statement.clone()))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await
+    }
+
+    async fn begin(pool: &Pool<Self>) -> sqlx::Result<Transaction<'static, Self>> {
+        pool.begin().await
+    }
+
+    async fn insert_claim(
+        conn: &mut Self::Connection,
+        sql: &GuardSql,
+        claim: &NewClaim<'_>,
+    ) -> sqlx::Result<bool> {
+        let row = sqlx::query(AssertSqlSafe(sql.claim.clone()))
+            .bind(claim.key)
+            .bind(claim.kind)
+            .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
+            .bind(claim.token.0.as_slice())
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    async fn fetch_record(
+        conn: &mut Self::Connection,
+        sql: &GuardSql,
+        key: &str,
+    ) -> sqlx::Result<Option<GuardRecord>> {
+        let row = sqlx::query(AssertSqlSafe(sql.record.clone()))
+            .bind(key)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            let result: Option<Json<serde_json::Value>> = row.try_get(2)?;
+            Ok(GuardRecord::from_columns(
+                row.try_get(0)?,
+                row.try_get(1)?,
+                result.map(|json| json.0),
+                row.try_get(3)?,
+            ))
+        })
+        .transpose()
+    }
+
+    async fn store_result(
+        conn: &mut Self::Connection,
+        sql: &GuardSql,
+        key: &str,
+        result: &serde_json::Value,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(sql.store_result.clone()))
+            .bind(key)
+            .bind(Json(result))
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    fn is_transient(error: &sqlx::Error) -> bool {
+        let code = error.as_database_error().and_then(|e| e.code());
+        matches!(code.as_deref(), Some("40001" | "40P01"))
+    }
+}

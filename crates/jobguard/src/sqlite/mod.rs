@@ -1,0 +1,156 @@
+//! The SQLite backend.
+//!
+//! SQLite has one writer at a time. Guarded jobs open their transaction with `begin immediate`,
+//! which takes the write lock up front, and connections made by [`connect`] wait for it through
+//! a busy timeout, so concurrent deliveries queue instead of failing with `database is locked`.
+//! WAL mode lets readers proceed while a job writes.
+
+mod sql;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::types::Json;
+use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
+
+use crate::backend::{Backend, GuardRecord, GuardSql, NewClaim, sealed};
+use crate::error::Error;
+use crate::table::TableName;
+
+/// A [`Guard`](crate::Guard) on SQLite.
+pub type SqliteGuard = crate::Guard<Sqlite>;
+
+/// How long a connection waits for the write lock before giving up.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Opens a pool on a SQLite database set up for guarded jobs: created when missing, WAL
+/// journal, `synchronous = normal` (durable across application crashes; WAL's usual trade-off
+/// across power loss) and a [`BUSY_TIMEOUT`].
+///
+/// `url` is a `sqlite:` URL (`sqlite:jobs.db`, `sqlite::memory:` is refused: each connection
+/// would see its own empty database).
+///
+/// ```no_run
+/// # async fn demo() -> jobguard::Result<()> {
+/// let pool = jobguard::sqlite::connect("sqlite:jobs.db", 8).await?;
+/// let guard = jobguard::SqliteGuard::new(pool);
+/// guard.migrate().await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str, max_connections: u32) -> crate::Result<SqlitePool> {
+    let options = SqliteConnectOptions::from_str(url)?;
+    if options.get_filename().as_os_str() == ":memory:" {
+        return Err(Error::Database(sqlx::Error::Configuration(
+            "an in-memory SQLite database is private to one connection; use a file".into(),
+        )));
+    }
+    let options = options
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(BUSY_TIMEOUT);
+    Ok(SqlitePoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(options)
+        .await?)
+}
+
+impl sealed::Sealed for Sqlite {}
+
+impl Backend for Sqlite {
+    const NAME: &'static str = "sqlite";
+
+    fn guard_sql(table: &TableName) -> crate::Result<GuardSql> {
+        if let Some(schema) = table.schema() {
+            return Err(Error::InvalidName {
+                what: "schema (SQLite has none)",
+                name: schema.into(),
+            });
+        }
+        Ok(GuardSql {
+            table: table.clone(),
+            create: sql::create(table).into_iter().map(Arc::from).collect(),
+            claim: sql::claim(table).into(),
+            record: sql::record(table).into(),
+            store_result: sql::store_result(table).into(),
+        })
+    }
+
+    async fn migrate_guard(pool: &Pool<Self>, sql: &GuardSql) -> sqlx::Result<()> {
+        let mut tx = pool.begin_with("begin immediate").await?;
+        for statement in &sql.create {
+            sqlx::query(AssertSqlSafe(statement.clone()))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await
+    }
+
+    async fn begin(pool: &Pool<Self>) -> sqlx::Result<Transaction<'static, Self>> {
+        // A deferred transaction would take the write lock at its first write, and in WAL mode
+        // fail with SQLITE_BUSY instead of waiting when another writer got there first.
+        pool.begin_with("begin immediate").await
+    }
+
+    async fn insert_claim(
+        conn: &mut Self::Connection,
+        sql: &GuardSql,
+        claim: &NewClaim<'_>,
+    ) -> sqlx::Result<bool> {
+        let row = sqlx::query(AssertSqlSafe(sql.claim.clone()))
+            .bind(claim.key)
+            .bind(claim.kind)
+            .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
+            .bind(claim.token.0.as_slice())
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    async fn fetch_record(
+        conn: &mut Self::Connection,
+        sql: &GuardSql,
+        key: &str,
+    ) -> sqlx::Result<Option<GuardRecord>> {
+        let row = sqlx::query(AssertSqlSafe(sql.record.clone()))
+            .bind(key)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            let result: Option<Json<serde_json::Value>> = row.try_get(2)?;
+            Ok(GuardRecord::from_columns(
+                row.try_get(0)?,
+                row.try_get(1)?,
+                result.map(|json| json.0),
+                row.try_get(3)?,
+            ))
+        })
+        .transpose()
+    }
+
+    async fn store_result(
+        conn: &mut Self::Connection,
+        sql: &GuardSql,
+        key: &str,
+        result: &serde_json::Value,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(sql.store_result.clone()))
+            .bind(key)
+            .bind(Json(result))
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    fn is_transient(error: &sqlx::Error) -> bool {
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+        let code = error.as_database_error().and_then(|e| e.code());
+        code.and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+    }
+}

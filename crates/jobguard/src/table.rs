@@ -1,0 +1,146 @@
+//! Validated names for the tables jobguard creates.
+//!
+//! Table and schema names are the only parts of jobguard's SQL that cannot be bind parameters,
+//! so they are checked here once, against a strict identifier grammar, and quoted when spliced.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// The longest identifier PostgreSQL keeps without truncating it.
+const MAX_IDENT_LEN: usize = 63;
+
+/// A table name, optionally qualified by a PostgreSQL schema.
+///
+/// ```
+/// use jobguard::TableName;
+///
+/// let table = TableName::new("processed_jobs")?.in_schema("billing")?;
+/// assert_eq!(table.to_string(), "billing.processed_jobs");
+/// assert!(TableName::new("jobs; drop table users").is_err());
+/// # Ok::<(), jobguard::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TableName {
+    schema: Option<String>,
+    name: String,
+}
+
+impl TableName {
+    /// A table name: 1 to 63 ASCII letters, digits and underscores, not starting with a digit.
+    pub fn new(name: &str) -> Result<Self> {
+        Ok(TableName {
+            schema: None,
+            name: validate("table", name)?,
+        })
+    }
+
+    /// The same table in a PostgreSQL schema. SQLite has no schemas and refuses this name.
+    pub fn in_schema(mut self, schema: &str) -> Result<Self> {
+        self.schema = Some(validate("schema", schema)?);
+        Ok(self)
+    }
+
+    /// The schema, if any.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The unqualified table name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The name as it appears in SQL: quoted, and qualified when it has a schema.
+    pub(crate) fn quoted(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("\"{schema}\".\"{}\"", self.name),
+            None => format!("\"{}\"", self.name),
+        }
+    }
+
+    /// A quoted name for an object that belongs to this table, such as an index, kept within
+    /// PostgreSQL's identifier length.
+    pub(crate) fn derived(&self, suffix: &str) -> String {
+        let room = MAX_IDENT_LEN - suffix.len() - 1;
+        let stem = &self.name[..self.name.len().min(room)];
+        format!("\"{stem}_{suffix}\"")
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.schema {
+            Some(schema) => write!(f, "{schema}.{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+fn validate(what: &'static str, name: &str) -> Result<String> {
+    let mut chars = name.chars();
+    let starts_well = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let rest_plain = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if starts_well && rest_plain && name.len() <= MAX_IDENT_LEN {
+        Ok(name.to_owned())
+    } else {
+        Err(Error::InvalidName {
+            what,
+            name: name.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_plain_identifiers() {
+        for name in ["processed_jobs", "_x", "Jobs2", &"a".repeat(63)] {
+            assert_eq!(TableName::new(name).unwrap().name(), name);
+        }
+    }
+
+    #[test]
+    fn refuses_anything_that_would_need_escaping() {
+        for name in [
+            "",
+            "2jobs",
+            "jobs\"",
+            "a b",
+            "jobs;drop",
+            "jobs\0",
+            "tâche",
+            &"a".repeat(64),
+        ] {
+            assert!(
+                matches!(
+                    TableName::new(name),
+                    Err(Error::InvalidName { what: "table", .. })
+                ),
+                "{name:?} was accepted"
+            );
+        }
+        assert!(
+            TableName::new("jobs")
+                .unwrap()
+                .in_schema("public.x")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn quotes_and_derives_within_the_identifier_limit() {
+        let table = TableName::new(&"t".repeat(63))
+            .unwrap()
+            .in_schema("s")
+            .unwrap();
+        assert!(table.quoted().starts_with("\"s\".\"ttt"));
+        let index = table.derived("applied_at_idx");
+        assert_eq!(index.len(), 63 + 2);
+        assert!(index.ends_with("_applied_at_idx\""));
+    }
+}

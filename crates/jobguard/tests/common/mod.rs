@@ -1,0 +1,156 @@
+//! Test databases: one fresh PostgreSQL schema or SQLite file per test, and the ledger table
+//! the seed's credit job writes to.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use jobguard::Backend;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, Postgres};
+use sqlx::sqlite::Sqlite;
+use sqlx::{Executor, Pool};
+
+/// The admin URL of the PostgreSQL the tests use, or `None` to skip PostgreSQL tests. On CI a
+/// missing database fails the test instead.
+pub fn postgres_url() -> Option<String> {
+    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+            panic!(
+                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
+            )
+        }
+        _ => {
+            eprintln!("skipping: JOBGUARD_TEST_DATABASE_URL is unset (scripts/test sets it)");
+            None
+        }
+    }
+}
+
+/// A backend the conformance suite runs on, with the few statements the tests need.
+pub trait TestDb: Backend {
+    /// A pool on a database of this test's own, holding an empty `ledger` table.
+    fn open(test: &str, connections: u32) -> impl Future<Output = Option<Pool<Self>>> + Send;
+
+    fn insert_ledger(
+        conn: &mut Self::Connection,
+        account: i64,
+        amount: i64,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    fn count(pool: &Pool<Self>, sql: &'static str) -> impl Future<Output = i64> + Send;
+}
+
+pub async fn ledger_rows<DB: TestDb>(pool: &Pool<DB>) -> i64 {
+    DB::count(pool, "select count(*) from ledger").await
+}
+
+pub async fn ledger_total<DB: TestDb>(pool: &Pool<DB>) -> i64 {
+    DB::count(
+        pool,
+        "select cast(coalesce(sum(amount), 0) as bigint) from ledger",
+    )
+    .await
+}
+
+pub async fn guard_rows<DB: TestDb>(pool: &Pool<DB>) -> i64 {
+    DB::count(pool, "select count(*) from processed_jobs").await
+}
+
+pub const LEDGER: &str = "create table ledger (account bigint not null, amount bigint not null)";
+
+/// The schema a PostgreSQL test owns.
+pub fn schema_name(test: &str) -> String {
+    format!("jg_{test}")
+}
+
+/// Connect options for a PostgreSQL test's own schema, created empty.
+pub async fn postgres_options(test: &str) -> Option<PgConnectOptions> {
+    let url = postgres_url()?;
+    let schema = schema_name(test);
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("connect to PostgreSQL");
+    admin
+        .execute(sqlx::AssertSqlSafe(format!(
+            "drop schema if exists {schema} cascade; create schema {schema}"
+        )))
+        .await
+        .expect("create the test's schema");
+    admin.close().await;
+    let options: PgConnectOptions = url.parse().expect("a PostgreSQL URL");
+    Some(options.options([("search_path", schema.as_str())]))
+}
+
+impl TestDb for Postgres {
+    async fn open(test: &str, connections: u32) -> Option<Pool<Self>> {
+        let options = postgres_options(&format!("pg_{test}")).await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options)
+            .await
+            .expect("connect to the test schema");
+        pool.execute(LEDGER).await.expect("create ledger");
+        Some(pool)
+    }
+
+    async fn insert_ledger(
+        conn: &mut Self::Connection,
+        account: i64,
+        amount: i64,
+    ) -> sqlx::Result<()> {
+        sqlx::query("insert into ledger (account, amount) values ($1, $2)")
+            .bind(account)
+            .bind(amount)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn count(pool: &Pool<Self>, sql: &'static str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .expect(sql)
+    }
+}
+
+impl TestDb for Sqlite {
+    async fn open(test: &str, connections: u32) -> Option<Pool<Self>> {
+        let dir = std::env::temp_dir().join("jobguard-tests");
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(format!("{test}-{}.db", std::process::id()));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        let url = format!("sqlite:{}", path.display());
+        let pool = jobguard::sqlite::connect(&url, connections)
+            .await
+            .expect("open SQLite");
+        pool.execute(LEDGER).await.expect("create ledger");
+        Some(pool)
+    }
+
+    async fn insert_ledger(
+        conn: &mut Self::Connection,
+        account: i64,
+        amount: i64,
+    ) -> sqlx::Result<()> {
+        sqlx::query("insert into ledger (account, amount) values ($1, $2)")
+            .bind(account)
+            .bind(amount)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn count(pool: &Pool<Self>, sql: &'static str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .expect(sql)
+    }
+}
