@@ -18,7 +18,11 @@ use crate::table::TableName;
 /// The trait is sealed; its methods are an internal detail.
 pub trait Backend: Database + sealed::Sealed {
     /// The backend's name as shown to users: `postgres` or `sqlite`.
-    const NAME: &'static str;
+    const BACKEND: &'static str;
+
+    /// Whether the database admits one writing transaction at a time.
+    #[doc(hidden)]
+    const SINGLE_WRITER: bool;
 
     #[doc(hidden)]
     fn guard_sql(table: &TableName) -> crate::Result<GuardSql>;

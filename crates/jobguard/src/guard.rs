@@ -161,6 +161,9 @@ struct Inner<DB: Backend> {
     pool: Pool<DB>,
     sql: GuardSql,
     contention_attempts: u32,
+    /// On a single-writer database, guarded transactions of this process queue here, in order,
+    /// rather than in the database's busy handler, which polls with growing sleeps.
+    writer: Option<tokio::sync::Mutex<()>>,
 }
 
 impl<DB: Backend> Clone for Guard<DB> {
@@ -174,7 +177,7 @@ impl<DB: Backend> Clone for Guard<DB> {
 impl<DB: Backend> std::fmt::Debug for Guard<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
-            .field("backend", &<DB as Backend>::NAME)
+            .field("backend", &DB::BACKEND)
             .field("table", &self.inner.sql.table.to_string())
             .finish()
     }
@@ -200,11 +203,14 @@ impl<DB: Backend> Guard<DB> {
     /// suit the backend (a schema on SQLite).
     pub fn with_config(pool: Pool<DB>, config: GuardConfig) -> Result<Self> {
         let sql = DB::guard_sql(&config.table)?;
+        let writer = DB::SINGLE_WRITER.then(|| tokio::sync::Mutex::new(()));
+        let contention_attempts = config.contention_attempts;
         Ok(Guard {
             inner: Arc::new(Inner {
                 pool,
                 sql,
-                contention_attempts: config.contention_attempts,
+                contention_attempts,
+                writer,
             }),
         })
     }
@@ -407,6 +413,10 @@ impl<DB: Backend> Guard<DB> {
         F: AsyncFnMut(&mut DB::Connection) -> Result<T, JobError> + Send,
     {
         let token = ClaimToken::new();
+        let _writer = match &self.inner.writer {
+            Some(writer) => Some(writer.lock().await),
+            None => None,
+        };
         let mut tx = match DB::begin(&self.inner.pool).await {
             Ok(tx) => tx,
             Err(error) if DB::is_transient(&error) => return Ok(Attempt::Transient(error)),
@@ -518,12 +528,12 @@ impl<DB: Backend> Guard<DB> {
             .await?
             .ok_or(Error::Database(sqlx::Error::RowNotFound))?;
         // Only two known payloads can disagree: a key first run without a payload accepts any.
-        if let (Some(stored), Some(given)) = (&record.fingerprint, fingerprint) {
-            if stored != given {
-                return Err(Error::KeyReused {
-                    key: key.to_string(),
-                });
-            }
+        if let (Some(stored), Some(given)) = (&record.fingerprint, fingerprint)
+            && stored != given
+        {
+            return Err(Error::KeyReused {
+                key: key.to_string(),
+            });
         }
         Ok(Claim::Duplicate(record))
     }

@@ -44,7 +44,7 @@
 mod backend;
 mod error;
 mod fingerprint;
-mod guard;
+pub mod guard;
 pub mod key;
 pub mod metrics;
 mod table;

@@ -22,7 +22,8 @@ pub type PgGuard = crate::Guard<Postgres>;
 impl sealed::Sealed for Postgres {}
 
 impl Backend for Postgres {
-    const NAME: &'static str = "postgres";
+    const SINGLE_WRITER: bool = false;
+    const BACKEND: &'static str = "postgres";
 
     fn guard_sql(table: &TableName) -> crate::Result<GuardSql> {
         Ok(GuardSql {

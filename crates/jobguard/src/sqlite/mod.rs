@@ -63,7 +63,8 @@ pub async fn connect(url: &str, max_connections: u32) -> crate::Result<SqlitePoo
 impl sealed::Sealed for Sqlite {}
 
 impl Backend for Sqlite {
-    const NAME: &'static str = "sqlite";
+    const SINGLE_WRITER: bool = true;
+    const BACKEND: &'static str = "sqlite";
 
     fn guard_sql(table: &TableName) -> crate::Result<GuardSql> {
         if let Some(schema) = table.schema() {

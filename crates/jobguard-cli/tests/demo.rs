@@ -1,0 +1,150 @@
+//! `jobguard demo` run as a user runs it: the binary, its exit code and its `--json` output.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn jobguard(dir: &std::path::Path, args: &[&str]) -> (bool, Value, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run jobguard");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let json = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+    (output.status.success(), json, stderr)
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("jobguard-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn assert_seed_result(report: &Value, backend: &str) {
+    assert_eq!(report["backend"], backend);
+    assert_eq!(
+        (report["jobs"].as_u64(), report["deliveries"].as_u64()),
+        (Some(100), Some(3))
+    );
+    assert_eq!(report["concurrency"], 20);
+    let (naive, guarded) = (&report["naive"], &report["guarded"]);
+    assert_eq!(naive["effects"], 300, "{report}");
+    assert_eq!(naive["applied"], 300);
+    assert_eq!(guarded["effects"], 100, "{report}");
+    assert_eq!(guarded["applied"], 100);
+    assert_eq!(guarded["duplicates"], 200);
+    assert_eq!(guarded["balance_total"], report["expected_balance_total"]);
+    assert_eq!(
+        naive["balance_total"].as_i64().unwrap(),
+        3 * guarded["balance_total"].as_i64().unwrap()
+    );
+    assert!(guarded["seconds"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["exactly_once"], true);
+}
+
+#[test]
+fn demo_on_embedded_sqlite_with_no_server() {
+    let dir = scratch("sqlite");
+    let (ok, report, stderr) = jobguard(&dir, &["demo", "--json"]);
+    assert!(ok, "{stderr}");
+    assert_seed_result(&report, "sqlite");
+    assert!(
+        dir.join("jobguard-demo.db").exists(),
+        "the default database is a file in the working directory"
+    );
+
+    // Run again on the same file: the demo resets its own tables and gets the same result.
+    let (ok, report, stderr) = jobguard(&dir, &["demo", "--json"]);
+    assert!(ok, "{stderr}");
+    assert_seed_result(&report, "sqlite");
+}
+
+#[test]
+fn demo_leaves_other_tables_alone() {
+    let dir = scratch("others");
+    let url = format!("sqlite:{}", dir.join("app.db").display());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let pool = jobguard::sqlite::connect(&url, 1).await.unwrap();
+        sqlx::query("create table invoices (id integer primary key)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("insert into invoices values (1), (2)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    });
+    let (ok, _, stderr) = jobguard(&dir, &["demo", "--json", "--database-url", &url]);
+    assert!(ok, "{stderr}");
+    rt.block_on(async {
+        let pool = jobguard::sqlite::connect(&url, 1).await.unwrap();
+        let n: i64 = sqlx::query_scalar("select count(*) from invoices")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(n, 2);
+    });
+}
+
+#[test]
+fn demo_on_postgres() {
+    let Some(url) = postgres_url() else { return };
+    let (ok, report, stderr) =
+        jobguard(&scratch("pg"), &["demo", "--json", "--database-url", &url]);
+    assert!(ok, "{stderr}");
+    assert_seed_result(&report, "postgres");
+}
+
+#[test]
+fn demo_prints_a_readable_report() {
+    let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+        .args(["demo", "--jobs", "20", "--deliveries", "2"])
+        .current_dir(scratch("text2"))
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.contains("verdict: exactly once"), "{text}");
+    assert!(text.contains("balances x2"), "{text}");
+    assert!(text.contains('█'), "{text}");
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let dir = scratch("bad");
+    let (ok, _, stderr) = jobguard(
+        &dir,
+        &["demo", "--database-url", "mysql://root@127.0.0.1/test"],
+    );
+    assert!(!ok);
+    assert!(stderr.contains("unsupported database URL"), "{stderr}");
+    let (ok, _, stderr) = jobguard(
+        &dir,
+        &["demo", "--database-url", "postgres://nobody@127.0.0.1:1/x"],
+    );
+    assert!(!ok);
+    assert!(stderr.contains("cannot connect to PostgreSQL"), "{stderr}");
+    let (ok, _, stderr) = jobguard(&dir, &["demo", "--jobs", "0"]);
+    assert!(!ok);
+    assert!(stderr.contains("--jobs"), "{stderr}");
+}
+
+fn postgres_url() -> Option<String> {
+    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+            panic!(
+                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
+            )
+        }
+        _ => None,
+    }
+}

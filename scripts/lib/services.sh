@@ -1,0 +1,333 @@
+# shellcheck shell=bash
+#
+# Helpers for scripts/test and .ci/run: locate the Rust toolchain and a
+# PostgreSQL server for the test suite. Sourced, never executed directly.
+#
+# Entry points:
+#   ensure_cargo     - make sure `cargo` is on PATH, or explain how to get it.
+#   setup_postgres   - export JOBGUARD_TEST_DATABASE_URL (or warn / fail).
+#   pg_tool NAME     - path of a PostgreSQL program (psql, initdb, ...).
+#   redact_url URL   - URL with any password replaced by ***.
+#
+# Environment knobs (all optional):
+#   JOBGUARD_TEST_DATABASE_URL  use this server as-is (highest priority).
+#   DATABASE_URL                used when it is a postgres:// URL.
+#   JOBGUARD_PG_HOST/PORT       where to look for an already running server
+#                               (default 127.0.0.1:5432). Only the detection
+#                               step uses them, e.g. point PORT at a closed
+#                               port to force the throwaway cluster.
+#   JOBGUARD_PG_THROWAWAY_PORT  first port tried for the throwaway cluster
+#                               (default 54329; the next free one is used).
+#   CI                          when "true", a missing PostgreSQL is an error
+#                               instead of a warning.
+
+# The throwaway cluster's temp dir; empty when none was started.
+JOBGUARD_PG_TMP=""
+
+log() { printf '%s: %s\n' "${JOBGUARD_LOG_PREFIX:-scripts}" "$*" >&2; }
+warn() { log "WARNING: $*"; }
+die() {
+    log "ERROR: $*"
+    exit 1
+}
+
+is_ci() { [[ "${CI:-}" == "true" ]]; }
+is_root() { [[ "$(id -u)" -eq 0 ]]; }
+
+# --- Rust toolchain ---------------------------------------------------------
+
+ensure_cargo() {
+    if command -v cargo >/dev/null 2>&1; then
+        return 0
+    fi
+    # rustup installs here but non-login shells (CI runners, cron) often
+    # do not have it on PATH yet.
+    if [[ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]]; then
+        PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+        export PATH
+        return 0
+    fi
+    log "ERROR: cargo not found on PATH."
+    log "Install the Rust toolchain with rustup (https://rustup.rs):"
+    log "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh"
+    log "then open a new shell (or run: . \"\$HOME/.cargo/env\") and retry."
+    exit 1
+}
+
+# --- small utilities ----------------------------------------------------------
+
+# Print URL with the password (if any) replaced, so logs never leak it.
+redact_url() {
+    # shellcheck disable=SC2001  # a regex is needed; ${//} can't anchor this
+    sed -E 's#^([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@]*):[^@]*@#\1:***@#' <<<"$1"
+}
+
+# Print the path of PostgreSQL program NAME. Debian keeps the server
+# programs (initdb, pg_ctl) in /usr/lib/postgresql/<ver>/bin, off PATH,
+# so look there too, newest version first.
+pg_tool() {
+    local name=$1 dir
+    if command -v "$name" >/dev/null 2>&1; then
+        command -v "$name"
+        return 0
+    fi
+    for dir in $(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -type d -name bin 2>/dev/null | sort -rV); do
+        if [[ -x "$dir/$name" ]]; then
+            printf '%s\n' "$dir/$name"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# True when a TCP connect to HOST:PORT succeeds (i.e. something listens).
+tcp_open() {
+    local host=$1 port=$2
+    # `timeout` guards against firewalled ports that never answer.
+    if command -v timeout >/dev/null 2>&1; then
+        timeout 3 bash -c ": >/dev/tcp/$host/$port" 2>/dev/null
+    else
+        bash -c ": >/dev/tcp/$host/$port" 2>/dev/null
+    fi
+}
+
+# True when a PostgreSQL server seems to answer on HOST:PORT.
+pg_answers() {
+    local host=$1 port=$2 pg_isready
+    if pg_isready=$(pg_tool pg_isready); then
+        # Exit 0 = accepting, 1 = rejecting (e.g. starting up); both mean a
+        # server is there. 2 = no response, 3 = bad parameters.
+        local rc=0
+        "$pg_isready" -q -h "$host" -p "$port" -t 3 || rc=$?
+        [[ $rc -eq 0 || $rc -eq 1 ]]
+        return
+    fi
+    tcp_open "$host" "$port"
+}
+
+# True when psql can log in to URL and run a query. Without psql we cannot
+# check, so trust the caller's evidence (return 0).
+pg_url_works() {
+    local url=$1 psql
+    psql=$(pg_tool psql) || return 0
+    # -w: never prompt for a password (CI has no stdin).
+    PGCONNECT_TIMEOUT=5 "$psql" -w -X -A -t -q -d "$url" -c 'select 1' >/dev/null 2>&1
+}
+
+# --- detection ------------------------------------------------------------------
+
+# Step a: a URL the user chose explicitly. Sets PG_URL/PG_SOURCE.
+pg_from_env() {
+    if [[ -n "${JOBGUARD_TEST_DATABASE_URL:-}" ]]; then
+        PG_URL=$JOBGUARD_TEST_DATABASE_URL
+        PG_SOURCE="JOBGUARD_TEST_DATABASE_URL"
+        return 0
+    fi
+    if [[ "${DATABASE_URL:-}" == postgres* ]]; then
+        PG_URL=$DATABASE_URL
+        PG_SOURCE="DATABASE_URL"
+        return 0
+    fi
+    return 1
+}
+
+# Step b: a server already running locally (the dev machine's or CI's own).
+pg_from_local_server() {
+    local host=${JOBGUARD_PG_HOST:-127.0.0.1} port=${JOBGUARD_PG_PORT:-5432}
+    local url="postgres://postgres@$host:$port/postgres"
+    pg_answers "$host" "$port" || return 1
+    # Something answers, but trust auth for user postgres is not a given.
+    if ! pg_url_works "$url"; then
+        warn "a server answers on $host:$port but psql cannot log in as 'postgres' without a password; ignoring it"
+        warn "(set JOBGUARD_TEST_DATABASE_URL=postgres://USER:PASS@$host:$port/DB to use it)"
+        return 1
+    fi
+    PG_URL=$url
+    PG_SOURCE="running server on $host:$port"
+}
+
+# --- throwaway cluster ------------------------------------------------------------
+
+# Run a command as the user that owns the throwaway cluster. initdb and the
+# server refuse to run as root, so root delegates to the `postgres` user.
+as_pg_owner() {
+    if ! is_root; then
+        "$@"
+    elif command -v runuser >/dev/null 2>&1; then
+        runuser -u postgres -- "$@"
+    else
+        # su needs one shell string; quote every argument for it.
+        su postgres -s /bin/sh -c "$(printf '%q ' "$@")"
+    fi
+}
+
+# Install the server package when it is missing (root only: we will not
+# sudo behind the user's back).
+pg_install_server() {
+    if pg_tool initdb >/dev/null && pg_tool pg_ctl >/dev/null; then
+        return 0
+    fi
+    local cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql"
+    if ! is_root; then
+        warn "PostgreSQL server programs (initdb, pg_ctl) not found. Install them with:"
+        warn "  sudo sh -c '$cmd'"
+        return 1
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        warn "initdb not found and apt-get is unavailable; install PostgreSQL manually"
+        return 1
+    fi
+    log "initdb not found; installing PostgreSQL: $cmd"
+    # </dev/null: CI has no stdin and apt must never wait for an answer.
+    apt-get update </dev/null >&2 || return 1
+    DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql </dev/null >&2 || return 1
+    pg_tool initdb >/dev/null && pg_tool pg_ctl >/dev/null
+}
+
+# Root needs an unprivileged `postgres` account to own the cluster. The
+# Debian package creates it; create it ourselves if it is missing.
+pg_ensure_owner_user() {
+    is_root || return 0
+    id -u postgres >/dev/null 2>&1 && return 0
+    log "creating system user 'postgres' to own the throwaway cluster"
+    useradd --system --user-group --home-dir /nonexistent --no-create-home \
+        --shell /usr/sbin/nologin postgres
+}
+
+# Print the first port from JOBGUARD_PG_THROWAWAY_PORT (default 54329)
+# upwards that nothing listens on.
+pg_pick_port() {
+    local port=${JOBGUARD_PG_THROWAWAY_PORT:-54329} last
+    last=$((port + 50))
+    while ((port <= last)); do
+        if ! tcp_open 127.0.0.1 "$port"; then
+            printf '%s\n' "$port"
+            return 0
+        fi
+        port=$((port + 1))
+    done
+    return 1
+}
+
+# Make the temp dir that holds data dir, socket and log. When root it must be
+# reachable by `postgres`: a TMPDIR under /root would not be, so fall back to
+# /tmp in that case.
+pg_make_tmpdir() {
+    local dir
+    dir=$(mktemp -d "${TMPDIR:-/tmp}/jobguard-pg.XXXXXX") || return 1
+    if is_root; then
+        chown postgres: "$dir" || return 1
+        if ! as_pg_owner test -w "$dir"; then
+            rm -rf "$dir"
+            dir=$(mktemp -d /tmp/jobguard-pg.XXXXXX) || return 1
+            chown postgres: "$dir" || return 1
+        fi
+    fi
+    printf '%s\n' "$dir"
+}
+
+# EXIT trap: stop the throwaway cluster and delete its files. Must never
+# fail, and must keep the script's exit status.
+pg_cleanup() {
+    local rc=$?
+    if [[ -n "$JOBGUARD_PG_TMP" && -d "$JOBGUARD_PG_TMP" ]]; then
+        local data="$JOBGUARD_PG_TMP/data" pg_ctl pid
+        if [[ -f "$data/postmaster.pid" ]]; then
+            log "stopping throwaway PostgreSQL cluster"
+            if pg_ctl=$(pg_tool pg_ctl); then
+                (cd "$JOBGUARD_PG_TMP" && as_pg_owner "$pg_ctl" -D "$data" -m fast -w -t 30 stop >/dev/null 2>&1) || true
+            fi
+            # pg_ctl failed or is gone: signal the postmaster we started.
+            if [[ -f "$data/postmaster.pid" ]]; then
+                pid=$(head -n1 "$data/postmaster.pid" 2>/dev/null || true)
+                if [[ "$pid" =~ ^[0-9]+$ ]]; then
+                    kill -TERM "$pid" 2>/dev/null || true
+                    sleep 2
+                fi
+            fi
+        fi
+        rm -rf "$JOBGUARD_PG_TMP"
+        JOBGUARD_PG_TMP=""
+    fi
+    exit "$rc"
+}
+
+# Step c: initdb + pg_ctl start a private cluster in a temp dir. Sets
+# PG_URL/PG_SOURCE. Runs under `if`, so every step checks errors itself.
+pg_start_throwaway() {
+    pg_install_server || return 1
+    pg_ensure_owner_user || return 1
+
+    local initdb pg_ctl port tmp
+    initdb=$(pg_tool initdb) || return 1
+    pg_ctl=$(pg_tool pg_ctl) || return 1
+    port=$(pg_pick_port) || {
+        warn "no free port found for the throwaway cluster"
+        return 1
+    }
+    tmp=$(pg_make_tmpdir) || return 1
+
+    # Register cleanup before anything is started. INT/TERM go through
+    # `exit` so the EXIT trap runs on Ctrl-C or a CI cancel as well.
+    JOBGUARD_PG_TMP=$tmp
+    trap pg_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+
+    log "starting throwaway PostgreSQL cluster ($initdb) on 127.0.0.1:$port in $tmp"
+    # cd: the postgres user may not be allowed into the caller's cwd.
+    # --locale=C: exists on every machine, unlike en_US.UTF-8.
+    # --no-sync: the data is thrown away, durability is pointless.
+    if ! (cd "$tmp" && as_pg_owner "$initdb" -D "$tmp/data" -U postgres \
+        --auth=trust -E UTF8 --locale=C --no-sync >"$tmp/initdb.log" 2>&1); then
+        warn "initdb failed:"
+        sed 's/^/    /' "$tmp/initdb.log" >&2
+        return 1
+    fi
+
+    # Settings appended to the cluster's own config (pg_ctl -o would need
+    # nested quoting). Speed over safety: it is a test database.
+    cat >>"$tmp/data/postgresql.conf" <<EOF
+
+# --- added by jobguard scripts/test ---
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$tmp'
+max_connections = 200
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+EOF
+
+    if ! (cd "$tmp" && as_pg_owner "$pg_ctl" -D "$tmp/data" -l "$tmp/server.log" \
+        -w -t 60 start >/dev/null 2>&1); then
+        warn "pg_ctl start failed; server log:"
+        sed 's/^/    /' "$tmp/server.log" >&2 2>/dev/null || true
+        return 1
+    fi
+
+    PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
+    PG_SOURCE="throwaway cluster (stopped and removed on exit)"
+}
+
+# --- orchestration ---------------------------------------------------------------
+
+# Export JOBGUARD_TEST_DATABASE_URL pointing at a usable PostgreSQL, trying
+# in order: explicit env, a local running server, a throwaway cluster. When
+# none works: fail on CI (a skipped suite must never pass CI), warn elsewhere.
+setup_postgres() {
+    PG_URL=""
+    PG_SOURCE=""
+    if pg_from_env || pg_from_local_server || pg_start_throwaway; then
+        export JOBGUARD_TEST_DATABASE_URL="$PG_URL"
+        log "PostgreSQL: $(redact_url "$PG_URL") [$PG_SOURCE]"
+        return 0
+    fi
+
+    unset JOBGUARD_TEST_DATABASE_URL
+    if is_ci; then
+        die "CI=true but no PostgreSQL is available for the tests (see messages above)."
+    fi
+    warn "no PostgreSQL available: PostgreSQL tests will be SKIPPED."
+    warn "set JOBGUARD_TEST_DATABASE_URL, run a server on 127.0.0.1:5432, or install PostgreSQL."
+}
