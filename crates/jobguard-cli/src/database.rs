@@ -30,7 +30,11 @@ impl Database {
             // One direct connection first: a pool retries refused connections until its
             // acquire timeout, which makes a wrong URL look like a hang.
             let options: PgConnectOptions = url.parse().with_context(hint)?;
-            PgConnection::connect_with(&options).await.with_context(hint)?.close().await?;
+            PgConnection::connect_with(&options)
+                .await
+                .with_context(hint)?
+                .close()
+                .await?;
             let pool = PgPoolOptions::new()
                 .max_connections(connections)
                 .min_connections(connections.min(4))
