@@ -39,13 +39,13 @@ pub trait Backend: Database + sealed::Sealed {
         pool: &Pool<Self>,
     ) -> impl Future<Output = sqlx::Result<Transaction<'static, Self>>> + Send;
 
-    /// Inserts the guard row; true when this call claimed the key.
+    /// Inserts the guard row, or reads the row that holds the key.
     #[doc(hidden)]
-    fn insert_claim(
+    fn claim(
         conn: &mut Self::Connection,
         sql: &GuardSql,
         claim: &NewClaim<'_>,
-    ) -> impl Future<Output = sqlx::Result<bool>> + Send;
+    ) -> impl Future<Output = sqlx::Result<ClaimRow>> + Send;
 
     #[doc(hidden)]
     fn fetch_record(
@@ -91,6 +91,18 @@ pub struct NewClaim<'a> {
     pub(crate) kind: &'a str,
     pub(crate) fingerprint: Option<&'a Fingerprint>,
     pub(crate) token: &'a ClaimToken,
+}
+
+/// What inserting a guard row found.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum ClaimRow {
+    /// The row was inserted: this transaction holds the key.
+    Claimed,
+    /// A committed row holds the key.
+    Held(GuardRecord),
+    /// The insert conflicted, but the row was gone when read (deleted in between).
+    Vanished,
 }
 
 /// Identifies one attempt to claim a key.

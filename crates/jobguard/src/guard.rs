@@ -51,7 +51,7 @@ use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
 use tracing::Instrument;
 
-use crate::backend::{Backend, ClaimToken, GuardRecord, GuardSql, NewClaim};
+use crate::backend::{Backend, ClaimRow, ClaimToken, GuardRecord, GuardSql, NewClaim};
 use crate::error::{Error, JobError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
@@ -431,7 +431,9 @@ impl<DB: Backend> Guard<DB> {
             Err(error) => return Err(error),
         };
         if let Claim::Duplicate(record) = claim {
-            end(tx).await;
+            // The duplicate wrote nothing. Dropping the transaction queues its rollback on the
+            // connection, which the pool flushes on release, instead of waiting for it here.
+            drop(tx);
             return Ok(Attempt::Done(Outcome::Duplicate(duplicate_of(
                 key, record,
             )?)));
@@ -521,12 +523,11 @@ impl<DB: Backend> Guard<DB> {
             fingerprint,
             token,
         };
-        if DB::insert_claim(conn, sql, &new).await? {
-            return Ok(Claim::Claimed);
-        }
-        let record = DB::fetch_record(conn, sql, key.as_str())
-            .await?
-            .ok_or(Error::Database(sqlx::Error::RowNotFound))?;
+        let record = match DB::claim(conn, sql, &new).await? {
+            ClaimRow::Claimed => return Ok(Claim::Claimed),
+            ClaimRow::Held(record) => record,
+            ClaimRow::Vanished => return Err(Error::Database(sqlx::Error::RowNotFound)),
+        };
         // Only two known payloads can disagree: a key first run without a payload accepts any.
         if let (Some(stored), Some(given)) = (&record.fingerprint, fingerprint)
             && stored != given

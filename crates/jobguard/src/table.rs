@@ -66,6 +66,15 @@ impl TableName {
         let stem = &self.name[..self.name.len().min(room)];
         format!("\"{stem}_{suffix}\"")
     }
+
+    /// [`derived`](Self::derived), qualified by the table's schema, for objects such as
+    /// functions that do not follow their table into its schema.
+    pub(crate) fn derived_qualified(&self, suffix: &str) -> String {
+        match &self.schema {
+            Some(schema) => format!("\"{schema}\".{}", self.derived(suffix)),
+            None => self.derived(suffix),
+        }
+    }
 }
 
 impl fmt::Display for TableName {

@@ -13,7 +13,7 @@ use sqlx::postgres::Postgres;
 use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
 
-use crate::backend::{Backend, GuardRecord, GuardSql, NewClaim, sealed};
+use crate::backend::{Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, sealed};
 use crate::table::TableName;
 
 /// A [`Guard`](crate::Guard) on PostgreSQL.
@@ -55,11 +55,11 @@ impl Backend for Postgres {
         pool.begin().await
     }
 
-    async fn insert_claim(
+    async fn claim(
         conn: &mut Self::Connection,
         sql: &GuardSql,
         claim: &NewClaim<'_>,
-    ) -> sqlx::Result<bool> {
+    ) -> sqlx::Result<ClaimRow> {
         let row = sqlx::query(AssertSqlSafe(sql.claim.clone()))
             .bind(claim.key)
             .bind(claim.kind)
@@ -67,7 +67,17 @@ impl Backend for Postgres {
             .bind(claim.token.0.as_slice())
             .fetch_optional(conn)
             .await?;
-        Ok(row.is_some())
+        let Some(row) = row else { return Ok(ClaimRow::Vanished) };
+        if row.try_get::<bool, _>(0)? {
+            return Ok(ClaimRow::Claimed);
+        }
+        let result: Option<Json<serde_json::Value>> = row.try_get(3)?;
+        Ok(ClaimRow::Held(GuardRecord::from_columns(
+            row.try_get(1)?,
+            row.try_get(2)?,
+            result.map(|json| json.0),
+            row.try_get(4)?,
+        )))
     }
 
     async fn fetch_record(

@@ -18,7 +18,7 @@ use sqlx::sqlite::{
 use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
 
-use crate::backend::{Backend, GuardRecord, GuardSql, NewClaim, sealed};
+use crate::backend::{Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, sealed};
 use crate::error::Error;
 use crate::table::TableName;
 
@@ -98,19 +98,27 @@ impl Backend for Sqlite {
         pool.begin_with("begin immediate").await
     }
 
-    async fn insert_claim(
+    async fn claim(
         conn: &mut Self::Connection,
         sql: &GuardSql,
         claim: &NewClaim<'_>,
-    ) -> sqlx::Result<bool> {
+    ) -> sqlx::Result<ClaimRow> {
         let row = sqlx::query(AssertSqlSafe(sql.claim.clone()))
             .bind(claim.key)
             .bind(claim.kind)
             .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
             .bind(claim.token.0.as_slice())
-            .fetch_optional(conn)
+            .fetch_optional(&mut *conn)
             .await?;
-        Ok(row.is_some())
+        if row.is_some() {
+            return Ok(ClaimRow::Claimed);
+        }
+        // Under `begin immediate` no other writer runs, so the row read is the one that
+        // conflicted, unless it was deleted before this transaction began.
+        Ok(match Self::fetch_record(conn, sql, claim.key).await? {
+            Some(record) => ClaimRow::Held(record),
+            None => ClaimRow::Vanished,
+        })
     }
 
     async fn fetch_record(
