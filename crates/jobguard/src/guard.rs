@@ -183,6 +183,23 @@ impl<DB: Backend> std::fmt::Debug for Guard<DB> {
     }
 }
 
+/// Records a `failed` outcome when dropped armed, that is while a panic unwinds.
+struct PanicCounter<'a> {
+    kind: &'a str,
+    armed: bool,
+}
+
+impl Drop for PanicCounter<'_> {
+    fn drop(&mut self) {
+        if self.armed && std::thread::panicking() {
+            record_outcome(self.kind, "failed");
+        }
+    }
+}
+
+/// How long the check after a lost commit waits for a commit still in flight.
+const WITNESS_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How one attempt of a guarded run ended, before retries and metrics.
 enum Attempt<T> {
     Done(Outcome<T>),
@@ -366,6 +383,11 @@ impl<DB: Backend> Guard<DB> {
         F: AsyncFnMut(&mut DB::Connection) -> Result<T, JobError> + Send,
     {
         let span = tracing::debug_span!("guarded_job", job.key = %key, job.kind = key.kind());
+        // Counts a delivery whose effect panicked, which never reaches the count below.
+        let mut unwinding = PanicCounter {
+            kind: key.kind(),
+            armed: true,
+        };
         let result = async {
             let mut attempt = 1;
             loop {
@@ -397,6 +419,7 @@ impl<DB: Backend> Guard<DB> {
             Ok(outcome) => outcome.label(),
             Err(_) => "failed",
         };
+        unwinding.armed = false;
         record_outcome(key.kind(), label);
         tracing::debug!(job.key = %key, outcome = label, "guarded job finished");
         result
@@ -488,7 +511,34 @@ impl<DB: Backend> Guard<DB> {
         T: DeserializeOwned,
     {
         tracing::warn!(job.key = %key, error = %commit_error, "commit failed; checking the guard row");
-        let record = match self.lookup(key).await {
+        // Claiming the key in a new transaction waits for the old one if the server is still
+        // committing it: inserted means it rolled back, a conflict means it committed. A plain
+        // read could miss a commit that is still in flight.
+        let probe = async {
+            let mut tx = DB::begin(&self.inner.pool).await?;
+            let probe_token = ClaimToken::new();
+            let new = NewClaim {
+                key: key.as_str(),
+                kind: key.kind(),
+                fingerprint: None,
+                token: &probe_token,
+            };
+            let record = match DB::claim(&mut tx, &self.inner.sql, &new).await? {
+                ClaimRow::Held(record) => Some(record),
+                ClaimRow::Claimed | ClaimRow::Vanished => None,
+            };
+            tx.rollback().await?;
+            Ok::<_, sqlx::Error>(record)
+        };
+        let probe = tokio::time::timeout(WITNESS_TIMEOUT, probe)
+            .await
+            .unwrap_or_else(|_| {
+                Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the guard row stayed locked while checking whether the commit happened",
+                )))
+            });
+        let record = match probe.map_err(Error::Database) {
             Ok(record) => record,
             Err(Error::Database(source)) => {
                 return Err(Error::OutcomeUnknown {

@@ -325,8 +325,9 @@ async fn panic_mid_effect_rolls_back() {
 mod proxy {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
     use tokio::net::{TcpListener, TcpStream};
-    use tokio::sync::watch;
+    use tokio::sync::{Notify, watch};
 
     /// The simple-protocol `Query` message sqlx sends to commit a transaction.
     const COMMIT_QUERY: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
@@ -344,6 +345,9 @@ mod proxy {
         /// Like `AfterCommit`, then closes every other connection and every new one until
         /// [`Proxy::accept_again`]: nobody can check what happened.
         AfterCommitThenUnreachable,
+        /// Forwards the commit and closes the client's side at once, while the server is still
+        /// committing; the server's side stays open until the server has answered.
+        CommitInFlight,
         /// Drops the commit and closes both sides: the server rolls back.
         BeforeCommit,
     }
@@ -353,6 +357,7 @@ mod proxy {
         armed: Mutex<Option<Fault>>,
         refuse: AtomicBool,
         fired: AtomicUsize,
+        fired_notify: Notify,
         server_committed: AtomicBool,
         kill: watch::Sender<u64>,
     }
@@ -381,6 +386,7 @@ mod proxy {
                 armed: Mutex::new(None),
                 refuse: AtomicBool::new(false),
                 fired: AtomicUsize::new(0),
+                fired_notify: Notify::new(),
                 server_committed: AtomicBool::new(false),
                 kill: watch::channel(0).0,
             });
@@ -421,8 +427,12 @@ mod proxy {
             self.state.refuse.store(false, Ordering::SeqCst);
         }
 
-        /// How many commits were cut.
-        pub fn fired(&self) -> usize {
+        /// Waits until the armed fault was injected and, when the commit was forwarded, the
+        /// server answered it; then returns how many commits were cut.
+        pub async fn fired(&self) -> usize {
+            tokio::time::timeout(Duration::from_secs(10), self.state.fired_notify.notified())
+                .await
+                .expect("the proxy never cut a commit");
             self.state.fired.load(Ordering::SeqCst)
         }
 
@@ -438,13 +448,13 @@ mod proxy {
             .any(|window| window == needle)
     }
 
-    async fn serve(state: Arc<State>, mut client: TcpStream) {
-        let Ok(mut server) = TcpStream::connect(state.upstream).await else {
+    async fn serve(state: Arc<State>, client: TcpStream) {
+        let Ok(server) = TcpStream::connect(state.upstream).await else {
             return;
         };
         let mut kill = state.kill.subscribe();
-        let (mut client_rd, mut client_wr) = client.split();
-        let (mut server_rd, mut server_wr) = server.split();
+        let (mut client_rd, mut client_wr) = client.into_split();
+        let (mut server_rd, mut server_wr) = server.into_split();
         let mut up = vec![0_u8; 64 * 1024];
         let mut down = vec![0_u8; 64 * 1024];
         loop {
@@ -455,8 +465,9 @@ mod proxy {
                     if contains(chunk, COMMIT_QUERY) {
                         let fault = state.armed.lock().unwrap().take();
                         if let Some(fault) = fault {
-                            cut(&state, fault, chunk, &mut server_rd, &mut server_wr).await;
-                            return; // closes both sides
+                            let client = (client_rd, client_wr);
+                            cut(&state, fault, chunk, client, server_rd, server_wr).await;
+                            return;
                         }
                     }
                     if server_wr.write_all(chunk).await.is_err() {
@@ -474,18 +485,23 @@ mod proxy {
         }
     }
 
+    /// Injects `fault` into a connection whose client just sent `commit`; closes both sides.
     async fn cut(
         state: &State,
         fault: Fault,
         commit: &[u8],
-        server_rd: &mut (impl AsyncReadExt + Unpin),
-        server_wr: &mut (impl AsyncWriteExt + Unpin),
+        client: (OwnedReadHalf, OwnedWriteHalf),
+        mut server_rd: OwnedReadHalf,
+        mut server_wr: OwnedWriteHalf,
     ) {
         if fault != Fault::BeforeCommit {
             server_wr
                 .write_all(commit)
                 .await
                 .expect("forward the commit");
+            if fault == Fault::CommitInFlight {
+                drop(client);
+            }
             // Swallow the server's answer; wait until it is complete, so the commit is done.
             let mut answer = Vec::new();
             let mut buf = [0_u8; 4096];
@@ -508,6 +524,9 @@ mod proxy {
             state.kill.send_modify(|generation| *generation += 1);
         }
         state.fired.fetch_add(1, Ordering::SeqCst);
+        state.fired_notify.notify_one();
+        // Dropping the halves closes both sides (the client's is already closed when the
+        // commit was left in flight).
     }
 }
 
@@ -572,7 +591,7 @@ async fn connection_lost_after_commit_is_applied() {
 
         proxy.arm(Fault::AfterCommit);
         let outcome = credit(&guard, &key(1)).await;
-        assert_eq!(proxy.fired(), 1, "the commit was cut");
+        assert_eq!(proxy.fired().await, 1, "the commit was cut");
         assert!(proxy.server_committed(), "the server committed");
         assert!(matches!(outcome, Ok(Outcome::Applied(500))), "{outcome:?}");
         assert_eq!(ledger_rows(&direct).await, 1);
@@ -603,7 +622,7 @@ async fn connection_lost_before_commit_is_retryable() {
 
         proxy.arm(Fault::BeforeCommit);
         let result = credit(&guard, &key(1)).await;
-        assert_eq!(proxy.fired(), 1, "the commit was cut");
+        assert_eq!(proxy.fired().await, 1, "the commit was cut");
         assert!(!proxy.server_committed());
         let Err(error) = &result else {
             panic!("expected an error: {result:?}")
@@ -639,7 +658,7 @@ async fn connection_lost_with_unreachable_witness_is_unknown() {
 
         proxy.arm(Fault::AfterCommitThenUnreachable);
         let result = credit(&guard, &key(1)).await;
-        assert_eq!(proxy.fired(), 1, "the commit was cut");
+        assert_eq!(proxy.fired().await, 1, "the commit was cut");
         assert!(proxy.server_committed(), "the server committed");
         let Err(error @ Error::OutcomeUnknown { key: unknown, .. }) = &result else {
             panic!("expected OutcomeUnknown: {result:?}")
@@ -654,6 +673,99 @@ async fn connection_lost_with_unreachable_witness_is_unknown() {
             panic!("{redelivery:?}")
         };
         assert_eq!(dup.result, Some(500));
+        assert_eq!(
+            (ledger_rows(&direct).await, guard_rows(&direct).await),
+            (1, 1)
+        );
+    })
+    .await;
+}
+
+/// A serialization failure raised by the server at `COMMIT` (here by a deferred constraint
+/// trigger, which runs at commit) is retried like one raised by the effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serialization_failure_at_commit_is_retried() {
+    bounded(async {
+        let Some(pool) = Postgres::open("fault_serialization_at_commit", 4).await else {
+            return;
+        };
+        let guard = PgGuard::new(pool.clone());
+        guard.migrate().await.unwrap();
+        // A sequence, not a table: its counter survives the rollback of the failed commit.
+        pool.execute(
+            "create sequence commit_faults;
+             create function fail_first_commit() returns trigger language plpgsql as $$
+             begin
+                 if nextval('commit_faults') = 1 then
+                     raise exception 'conflict at commit' using errcode = '40001';
+                 end if;
+                 return null;
+             end $$;
+             create constraint trigger fail_first_commit after insert on ledger
+                 deferrable initially deferred for each row execute function fail_first_commit()",
+        )
+        .await
+        .unwrap();
+
+        let mut calls = 0_u32;
+        let outcome = guard
+            .run(&key(1), async |conn| -> Result<u32, JobError> {
+                calls += 1;
+                Postgres::insert_ledger(conn, 7, 500).await?;
+                Ok(calls)
+            })
+            .await;
+
+        assert!(matches!(outcome, Ok(Outcome::Applied(2))), "{outcome:?}");
+        assert_eq!(calls, 2, "the effect ran again after the failed commit");
+        let faults: i64 = sqlx::query_scalar("select last_value from commit_faults")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(faults, 2, "the trigger ran at both commits");
+        assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (1, 1));
+    })
+    .await;
+}
+
+/// The client's side of the connection drops right after it sent `COMMIT`, while the server is
+/// still committing (a deferred trigger makes the commit take a second). The witness looks
+/// before the commit lands, so it finds no guard row; but "no row yet" does not mean "rolled
+/// back": the run must not report an error that says nothing was applied (only
+/// `OutcomeUnknown`, or `Applied` after waiting for the old transaction to end, are true).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_lost_while_commit_in_flight_is_not_reported_as_rolled_back() {
+    bounded(async {
+        let Some((direct, proxy, pool)) = proxied("commit_in_flight", 2).await else {
+            return;
+        };
+        let guard = PgGuard::new(pool);
+        guard.migrate().await.unwrap();
+        direct
+            .execute(
+                "create function slow_commit() returns trigger language plpgsql as $$
+                 begin perform pg_sleep(1); return null; end $$;
+                 create constraint trigger slow_commit after insert on ledger
+                     deferrable initially deferred for each row execute function slow_commit()",
+            )
+            .await
+            .unwrap();
+
+        proxy.arm(Fault::CommitInFlight);
+        let result = credit(&guard, &key(1)).await;
+        assert_eq!(proxy.fired().await, 1, "the commit was cut");
+        assert!(proxy.server_committed(), "the server committed");
+        assert_eq!(ledger_rows(&direct).await, 1, "the commit landed");
+        match &result {
+            Ok(Outcome::Applied(500)) | Err(Error::OutcomeUnknown { .. }) => {}
+            other => panic!(
+                "the commit landed, but the run reported {other:?}: an error other than \
+                 OutcomeUnknown says nothing was applied"
+            ),
+        }
+
+        let redelivery = credit(&guard, &key(1)).await.unwrap();
+        assert!(redelivery.is_duplicate(), "{redelivery:?}");
         assert_eq!(
             (ledger_rows(&direct).await, guard_rows(&direct).await),
             (1, 1)
