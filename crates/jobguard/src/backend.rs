@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sqlx::{Database, Pool, Transaction};
 
 use crate::fingerprint::Fingerprint;
+use crate::queue::{JobRow, Lease, LeasedJob, NewJob, QueueSql, Settle};
 use crate::table::TableName;
 
 /// A database jobguard can guard jobs on: [`sqlx::Postgres`] or [`sqlx::Sqlite`].
@@ -28,9 +29,14 @@ pub trait Backend: Database + sealed::Sealed {
     fn guard_sql(table: &TableName) -> crate::Result<GuardSql>;
 
     #[doc(hidden)]
-    fn migrate_guard(
+    fn queue_sql(table: &TableName) -> crate::Result<QueueSql>;
+
+    /// Runs `create ... if not exists` statements, one migration of `table` at a time.
+    #[doc(hidden)]
+    fn migrate_statements(
         pool: &Pool<Self>,
-        sql: &GuardSql,
+        table: &TableName,
+        statements: &[Arc<str>],
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
     /// Opens the transaction a guarded job runs in.
@@ -61,6 +67,72 @@ pub trait Backend: Database + sealed::Sealed {
         key: &str,
         result: &serde_json::Value,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    #[doc(hidden)]
+    fn enqueue(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        job: &NewJob,
+    ) -> impl Future<Output = sqlx::Result<Option<i64>>> + Send;
+
+    #[doc(hidden)]
+    fn live_job(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        key: &str,
+    ) -> impl Future<Output = sqlx::Result<Option<(i64, String, serde_json::Value)>>> + Send;
+
+    #[doc(hidden)]
+    fn notify(
+        conn: &mut Self::Connection,
+        statement: &Arc<str>,
+        channel: &str,
+        payload: &str,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    #[doc(hidden)]
+    fn fetch(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        queue: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> impl Future<Output = sqlx::Result<Vec<LeasedJob>>> + Send;
+
+    /// Ends or extends a lease; false when the lease is no longer held.
+    #[doc(hidden)]
+    fn settle(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        lease: Lease,
+        how: Settle<'_>,
+    ) -> impl Future<Output = sqlx::Result<bool>> + Send;
+
+    #[doc(hidden)]
+    fn rescue(pool: &Pool<Self>, sql: &QueueSql) -> impl Future<Output = sqlx::Result<u64>> + Send;
+
+    #[doc(hidden)]
+    fn counts(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+    ) -> impl Future<Output = sqlx::Result<Vec<(String, i64)>>> + Send;
+
+    #[doc(hidden)]
+    fn list(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        state: Option<&str>,
+        kind: Option<&str>,
+        limit: u32,
+    ) -> impl Future<Output = crate::Result<Vec<JobRow>>> + Send;
+
+    #[doc(hidden)]
+    fn replay(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        id: Option<i64>,
+        kind: Option<&str>,
+    ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
 
     /// Serialization failures, deadlocks and busy databases: rolling back and running the whole
     /// transaction again may succeed.
@@ -156,10 +228,232 @@ impl GuardRecord {
         token: Vec<u8>,
     ) -> Self {
         GuardRecord {
-            applied_at: UNIX_EPOCH + Duration::from_micros(applied_at_micros.max(0) as u64),
+            applied_at: micros_to_time(applied_at_micros),
             fingerprint: fingerprint.as_deref().and_then(Fingerprint::from_slice),
             result: result.filter(|value| !value.is_null()),
             token: <[u8; 16]>::try_from(token.as_slice()).ok().map(ClaimToken),
         }
     }
 }
+
+/// A time stored or computed as microseconds since the Unix epoch.
+pub(crate) fn micros_to_time(micros: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64)
+}
+
+pub(crate) fn duration_micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// The statements whose binding and decoding are the same on every backend: only their SQL
+/// differs, and that comes from the backend's `GuardSql` and `QueueSql`. Expanded inside each
+/// `impl Backend`, where the backend's `Row` and `Connection` types are concrete.
+macro_rules! shared_statements {
+    () => {
+        async fn fetch_record(
+            conn: &mut Self::Connection,
+            sql: &$crate::backend::GuardSql,
+            key: &str,
+        ) -> sqlx::Result<Option<$crate::backend::GuardRecord>> {
+            use sqlx::Row as _;
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql.record.clone()))
+                .bind(key)
+                .fetch_optional(conn)
+                .await?;
+            row.map(|row| {
+                let result: Option<sqlx::types::Json<serde_json::Value>> = row.try_get(2)?;
+                Ok($crate::backend::GuardRecord::from_columns(
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    result.map(|json| json.0),
+                    row.try_get(3)?,
+                ))
+            })
+            .transpose()
+        }
+
+        async fn store_result(
+            conn: &mut Self::Connection,
+            sql: &$crate::backend::GuardSql,
+            key: &str,
+            result: &serde_json::Value,
+        ) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(sql.store_result.clone()))
+                .bind(key)
+                .bind(sqlx::types::Json(result))
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn enqueue(
+            conn: &mut Self::Connection,
+            sql: &$crate::queue::QueueSql,
+            job: &$crate::queue::NewJob,
+        ) -> sqlx::Result<Option<i64>> {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.enqueue.clone()))
+                .bind(&job.kind)
+                .bind(job.key.as_str())
+                .bind(&job.queue)
+                .bind(sqlx::types::Json(&job.payload))
+                .bind(job.max_attempts as i32)
+                .bind($crate::backend::duration_micros(job.delay))
+                .fetch_optional(conn)
+                .await
+        }
+
+        async fn live_job(
+            conn: &mut Self::Connection,
+            sql: &$crate::queue::QueueSql,
+            key: &str,
+        ) -> sqlx::Result<Option<(i64, String, serde_json::Value)>> {
+            let row: Option<(i64, String, sqlx::types::Json<serde_json::Value>)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql.live_job.clone()))
+                    .bind(key)
+                    .fetch_optional(conn)
+                    .await?;
+            Ok(row.map(|(id, kind, payload)| (id, kind, payload.0)))
+        }
+
+        async fn notify(
+            conn: &mut Self::Connection,
+            statement: &std::sync::Arc<str>,
+            channel: &str,
+            payload: &str,
+        ) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+                .bind(channel)
+                .bind(payload)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn fetch(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::queue::QueueSql,
+            queue: &str,
+            limit: u32,
+            lease: std::time::Duration,
+        ) -> sqlx::Result<Vec<$crate::queue::LeasedJob>> {
+            use sqlx::Row as _;
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.fetch.clone()))
+                .bind(queue)
+                .bind(i64::from(limit))
+                .bind($crate::backend::duration_micros(lease))
+                .fetch_all(pool)
+                .await?;
+            rows.into_iter()
+                .map(|row| {
+                    let payload: sqlx::types::Json<serde_json::Value> = row.try_get(3)?;
+                    Ok($crate::queue::LeasedJob {
+                        lease: $crate::queue::Lease {
+                            job_id: row.try_get(0)?,
+                            attempt: row.try_get(4)?,
+                        },
+                        kind: row.try_get(1)?,
+                        key: row.try_get(2)?,
+                        payload: payload.0,
+                        max_attempts: row.try_get(5)?,
+                        leased_until: $crate::backend::micros_to_time(row.try_get(6)?),
+                    })
+                })
+                .collect()
+        }
+
+        async fn settle(
+            conn: &mut Self::Connection,
+            sql: &$crate::queue::QueueSql,
+            lease: $crate::queue::Lease,
+            how: $crate::queue::Settle<'_>,
+        ) -> sqlx::Result<bool> {
+            use $crate::backend::duration_micros;
+            use $crate::queue::Settle;
+            let statement = match how {
+                Settle::Complete => &sql.complete,
+                Settle::Retry { .. } => &sql.retry,
+                Settle::Dead { .. } => &sql.dead,
+                Settle::Release => &sql.release,
+                Settle::Extend { .. } => &sql.heartbeat,
+            };
+            let query = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+                .bind(lease.job_id)
+                .bind(lease.attempt);
+            let query = match how {
+                Settle::Complete | Settle::Release => query,
+                Settle::Retry { delay, error } => query.bind(duration_micros(delay)).bind(error),
+                Settle::Dead { error } => query.bind(error),
+                Settle::Extend { lease } => query.bind(duration_micros(lease)),
+            };
+            Ok(query.execute(conn).await?.rows_affected() == 1)
+        }
+
+        async fn rescue(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::queue::QueueSql,
+        ) -> sqlx::Result<u64> {
+            let done = sqlx::query(sqlx::AssertSqlSafe(sql.rescue.clone()))
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn counts(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::queue::QueueSql,
+        ) -> sqlx::Result<Vec<(String, i64)>> {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
+                .fetch_all(pool)
+                .await
+        }
+
+        async fn list(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::queue::QueueSql,
+            state: Option<&str>,
+            kind: Option<&str>,
+            limit: u32,
+        ) -> $crate::Result<Vec<$crate::queue::JobRow>> {
+            use sqlx::Row as _;
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.list.clone()))
+                .bind(state)
+                .bind(kind)
+                .bind(i64::from(limit))
+                .fetch_all(pool)
+                .await?;
+            rows.into_iter()
+                .map(|row| {
+                    let state: String = row.try_get(4)?;
+                    let payload: sqlx::types::Json<serde_json::Value> = row.try_get(10)?;
+                    Ok($crate::queue::JobRow {
+                        id: row.try_get(0)?,
+                        kind: row.try_get(1)?,
+                        key: row.try_get(2)?,
+                        queue: row.try_get(3)?,
+                        state: state.parse()?,
+                        attempt: row.try_get(5)?,
+                        max_attempts: row.try_get(6)?,
+                        run_at: $crate::backend::micros_to_time(row.try_get(7)?),
+                        last_error: row.try_get(8)?,
+                        created_at: $crate::backend::micros_to_time(row.try_get(9)?),
+                        payload: payload.0,
+                    })
+                })
+                .collect()
+        }
+
+        async fn replay(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::queue::QueueSql,
+            id: Option<i64>,
+            kind: Option<&str>,
+        ) -> sqlx::Result<Vec<i64>> {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.replay.clone()))
+                .bind(id)
+                .bind(kind)
+                .fetch_all(pool)
+                .await
+        }
+    };
+}
+pub(crate) use shared_statements;

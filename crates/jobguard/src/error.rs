@@ -56,6 +56,28 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A payload the queue cannot store.
+    #[error("the payload of job `{key}` cannot be enqueued: {reason}")]
+    InvalidPayload {
+        /// The job key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The job's lease is no longer held: it expired and the job was handed out again, or it
+    /// was released. Whatever this worker did in the transaction must roll back.
+    #[error(
+        "the lease on attempt {attempt} of job {job_id} is no longer held (it expired and the \
+         job was handed out again); roll back, the current holder runs the job"
+    )]
+    Fenced {
+        /// The job's id.
+        job_id: i64,
+        /// The attempt whose lease was lost.
+        attempt: i32,
+    },
+
     /// The job's effect returned an error. The guard row was rolled back with the effect, so a
     /// later delivery of the same key applies it.
     #[error("the effect of job `{key}` failed and was rolled back{}: {source}",

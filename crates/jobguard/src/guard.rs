@@ -245,7 +245,8 @@ impl<DB: Backend> Guard<DB> {
     /// Creates the guard table and its index when missing. Safe to call from many processes at
     /// once and on every start.
     pub async fn migrate(&self) -> Result<()> {
-        Ok(DB::migrate_guard(&self.inner.pool, &self.inner.sql).await?)
+        let sql = &self.inner.sql;
+        Ok(DB::migrate_statements(&self.inner.pool, &sql.table, &sql.create).await?)
     }
 
     /// Runs `effect` once for `key`, however many times the job is delivered.

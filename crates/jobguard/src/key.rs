@@ -384,7 +384,7 @@ pub enum KeyError {
 }
 
 /// Checks the kind rules shared by [`JobKey::new`] and [`JobKey::parse`].
-fn check_kind(kind: &str) -> Result<(), KeyError> {
+pub(crate) fn check_kind(kind: &str) -> Result<(), KeyError> {
     if kind.is_empty() {
         return Err(KeyError::EmptyKind);
     }

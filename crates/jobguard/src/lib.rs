@@ -47,6 +47,8 @@ mod fingerprint;
 pub mod guard;
 pub mod key;
 pub mod metrics;
+pub mod queue;
+mod retry;
 mod table;
 
 #[cfg(feature = "postgres")]
@@ -66,6 +68,8 @@ pub use guard::{Claim, Duplicate, Guard, GuardConfig, Outcome};
 pub use key::{JobKey, KeyError};
 #[cfg(feature = "postgres")]
 pub use postgres::PgGuard;
+pub use queue::Queue;
+pub use retry::RetryPolicy;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteGuard;
 pub use table::TableName;

@@ -5,6 +5,7 @@
 //! needed for the guard. Serialization failures (`40001`) and deadlocks (`40P01`) that the
 //! job's own effect runs into are retried a bounded number of times.
 
+mod queue_sql;
 mod sql;
 
 use std::sync::Arc;
@@ -35,15 +36,24 @@ impl Backend for Postgres {
         })
     }
 
-    async fn migrate_guard(pool: &Pool<Self>, sql: &GuardSql) -> sqlx::Result<()> {
+    fn queue_sql(table: &TableName) -> crate::Result<crate::queue::QueueSql> {
+        Self::guard_sql(table)?;
+        Ok(queue_sql::queue_sql(table))
+    }
+
+    async fn migrate_statements(
+        pool: &Pool<Self>,
+        table: &TableName,
+        statements: &[Arc<str>],
+    ) -> sqlx::Result<()> {
         let mut tx = pool.begin().await?;
         // Workers starting together would race on `create ... if not exists`, which is not
         // atomic in PostgreSQL's catalog; one lock per table makes them take turns.
         sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(format!("jobguard:migrate:{}", sql.table))
+            .bind(format!("jobguard:migrate:{table}"))
             .execute(&mut *tx)
             .await?;
-        for statement in &sql.create {
+        for statement in statements {
             sqlx::query(AssertSqlSafe(statement.clone()))
                 .execute(&mut *tx)
                 .await?;
@@ -67,7 +77,9 @@ impl Backend for Postgres {
             .bind(claim.token.0.as_slice())
             .fetch_optional(conn)
             .await?;
-        let Some(row) = row else { return Ok(ClaimRow::Vanished) };
+        let Some(row) = row else {
+            return Ok(ClaimRow::Vanished);
+        };
         if row.try_get::<bool, _>(0)? {
             return Ok(ClaimRow::Claimed);
         }
@@ -80,40 +92,7 @@ impl Backend for Postgres {
         )))
     }
 
-    async fn fetch_record(
-        conn: &mut Self::Connection,
-        sql: &GuardSql,
-        key: &str,
-    ) -> sqlx::Result<Option<GuardRecord>> {
-        let row = sqlx::query(AssertSqlSafe(sql.record.clone()))
-            .bind(key)
-            .fetch_optional(conn)
-            .await?;
-        row.map(|row| {
-            let result: Option<Json<serde_json::Value>> = row.try_get(2)?;
-            Ok(GuardRecord::from_columns(
-                row.try_get(0)?,
-                row.try_get(1)?,
-                result.map(|json| json.0),
-                row.try_get(3)?,
-            ))
-        })
-        .transpose()
-    }
-
-    async fn store_result(
-        conn: &mut Self::Connection,
-        sql: &GuardSql,
-        key: &str,
-        result: &serde_json::Value,
-    ) -> sqlx::Result<()> {
-        sqlx::query(AssertSqlSafe(sql.store_result.clone()))
-            .bind(key)
-            .bind(Json(result))
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
+    crate::backend::shared_statements!();
 
     fn is_transient(error: &sqlx::Error) -> bool {
         let code = error.as_database_error().and_then(|e| e.code());

@@ -64,7 +64,10 @@ pub(crate) fn create_claim_function(table: &TableName) -> String {
 /// Claims a key: one row, `claimed` true, or the row that holds the key; no row when that row
 /// was deleted between the conflict and the read.
 pub(crate) fn claim(table: &TableName) -> String {
-    format!("select * from {}($1, $2, $3, $4)", table.derived_qualified("claim"))
+    format!(
+        "select * from {}($1, $2, $3, $4)",
+        table.derived_qualified("claim")
+    )
 }
 
 /// Read in a new statement after a conflict, so under read committed it sees the row that the

@@ -5,6 +5,7 @@
 //! a busy timeout, so concurrent deliveries queue instead of failing with `database is locked`.
 //! WAL mode lets readers proceed while a job writes.
 
+mod queue_sql;
 mod sql;
 
 use std::str::FromStr;
@@ -15,10 +16,9 @@ use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::types::Json;
-use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
+use sqlx::{AssertSqlSafe, Pool, Transaction};
 
-use crate::backend::{Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, sealed};
+use crate::backend::{Backend, ClaimRow, GuardSql, NewClaim, sealed};
 use crate::error::Error;
 use crate::table::TableName;
 
@@ -82,9 +82,19 @@ impl Backend for Sqlite {
         })
     }
 
-    async fn migrate_guard(pool: &Pool<Self>, sql: &GuardSql) -> sqlx::Result<()> {
+    fn queue_sql(table: &TableName) -> crate::Result<crate::queue::QueueSql> {
+        Self::guard_sql(table)?;
+        Ok(queue_sql::queue_sql(table))
+    }
+
+    async fn migrate_statements(
+        pool: &Pool<Self>,
+        _table: &TableName,
+        statements: &[Arc<str>],
+    ) -> sqlx::Result<()> {
+        // `begin immediate` already makes concurrent migrations take turns.
         let mut tx = pool.begin_with("begin immediate").await?;
-        for statement in &sql.create {
+        for statement in statements {
             sqlx::query(AssertSqlSafe(statement.clone()))
                 .execute(&mut *tx)
                 .await?;
@@ -121,40 +131,7 @@ impl Backend for Sqlite {
         })
     }
 
-    async fn fetch_record(
-        conn: &mut Self::Connection,
-        sql: &GuardSql,
-        key: &str,
-    ) -> sqlx::Result<Option<GuardRecord>> {
-        let row = sqlx::query(AssertSqlSafe(sql.record.clone()))
-            .bind(key)
-            .fetch_optional(conn)
-            .await?;
-        row.map(|row| {
-            let result: Option<Json<serde_json::Value>> = row.try_get(2)?;
-            Ok(GuardRecord::from_columns(
-                row.try_get(0)?,
-                row.try_get(1)?,
-                result.map(|json| json.0),
-                row.try_get(3)?,
-            ))
-        })
-        .transpose()
-    }
-
-    async fn store_result(
-        conn: &mut Self::Connection,
-        sql: &GuardSql,
-        key: &str,
-        result: &serde_json::Value,
-    ) -> sqlx::Result<()> {
-        sqlx::query(AssertSqlSafe(sql.store_result.clone()))
-            .bind(key)
-            .bind(Json(result))
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
+    crate::backend::shared_statements!();
 
     fn is_transient(error: &sqlx::Error) -> bool {
         // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.

@@ -3,7 +3,8 @@
 use crate::table::TableName;
 
 /// Now by the database clock, in microseconds since the Unix epoch (millisecond precision).
-const NOW_MICROS: &str = "cast((julianday('now') - 2440587.5) * 86400000000.0 as integer)";
+pub(crate) const NOW_MICROS: &str =
+    "cast((julianday('now') - 2440587.5) * 86400000000.0 as integer)";
 
 pub(crate) fn create(table: &TableName) -> Vec<String> {
     let t = table.quoted();

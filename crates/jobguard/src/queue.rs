@@ -1,0 +1,549 @@
+//! A job queue on PostgreSQL or SQLite, built for at-least-once delivery that the guard turns
+//! into exactly-once effects.
+//!
+//! Jobs wait in one table. Workers take them in batches with a *lease* (a visibility timeout
+//! computed by the database clock); a job whose lease expires is handed out again, to the same
+//! or another worker. Completing, retrying or extending a job names the attempt that holds the
+//! lease, so a worker whose lease expired and was taken over changes nothing: it is *fenced*.
+//!
+//! ```no_run
+//! use jobguard::queue::{NewJob, Queue};
+//! use jobguard::JobKey;
+//!
+//! # async fn f(pool: sqlx::PgPool) -> jobguard::Result<()> {
+//! let queue = Queue::new(pool);
+//! queue.migrate().await?;
+//! let key = JobKey::new("credit", ["order-8812"])?;
+//! let job = NewJob::new(key, &serde_json::json!({"account": 7, "amount": 500}))?;
+//! let first = queue.enqueue(&job).await?;
+//! let again = queue.enqueue(&job).await?; // the producer retried: same job, no second row
+//! assert_eq!(first.id, again.id);
+//! assert!(first.inserted && !again.inserted);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::Pool;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::key::{JobKey, check_kind};
+use crate::table::TableName;
+
+/// The queue a job goes to unless told otherwise.
+pub const DEFAULT_QUEUE: &str = "default";
+/// The largest payload accepted, in bytes of JSON.
+pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+/// The PostgreSQL channel on which enqueues wake idle workers.
+pub const NOTIFY_CHANNEL: &str = "jobguard_jobs";
+
+/// A job to enqueue: a kind, a key, a JSON payload and where and when to run it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewJob {
+    pub(crate) kind: String,
+    pub(crate) key: JobKey,
+    pub(crate) payload: Value,
+    pub(crate) queue: String,
+    pub(crate) max_attempts: u32,
+    pub(crate) delay: Duration,
+}
+
+impl NewJob {
+    /// A job whose kind is its key's kind, on the default queue, with 10 attempts.
+    ///
+    /// The payload is validated here: it must serialize to JSON of at most
+    /// [`MAX_PAYLOAD_BYTES`] without NUL characters (PostgreSQL rejects `\u0000` in `jsonb`).
+    pub fn new<P: Serialize + ?Sized>(key: JobKey, payload: &P) -> Result<Self> {
+        let payload = serde_json::to_value(payload).map_err(|source| Error::Payload {
+            key: key.to_string(),
+            source,
+        })?;
+        check_payload(&key, &payload)?;
+        Ok(NewJob {
+            kind: key.kind().to_owned(),
+            key,
+            payload,
+            queue: DEFAULT_QUEUE.to_owned(),
+            max_attempts: 10,
+            delay: Duration::ZERO,
+        })
+    }
+
+    /// Runs the job with the handler registered for `kind` rather than the key's kind.
+    pub fn kind(mut self, kind: &str) -> Result<Self> {
+        check_kind(kind)?;
+        self.kind = kind.to_owned();
+        Ok(self)
+    }
+
+    /// Puts the job on another queue (same naming rules as a kind).
+    pub fn queue(mut self, queue: &str) -> Result<Self> {
+        check_kind(queue)?;
+        self.queue = queue.to_owned();
+        Ok(self)
+    }
+
+    /// Attempts before the job is dead-lettered (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.clamp(1, i32::MAX as u32);
+        self
+    }
+
+    /// Makes the job available only after `delay`, by the database clock.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// The job's key.
+    pub fn key(&self) -> &JobKey {
+        &self.key
+    }
+}
+
+fn check_payload(key: &JobKey, payload: &Value) -> Result<()> {
+    fn has_nul(value: &Value) -> bool {
+        match value {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(items) => items.iter().any(has_nul),
+            Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+    let invalid = |reason: String| {
+        Err(Error::InvalidPayload {
+            key: key.to_string(),
+            reason,
+        })
+    };
+    if has_nul(payload) {
+        return invalid("it contains a NUL character, which PostgreSQL cannot store".into());
+    }
+    let size = serde_json::to_vec(payload)
+        .map(|bytes| bytes.len())
+        .unwrap_or(usize::MAX);
+    if size > MAX_PAYLOAD_BYTES {
+        return invalid(format!(
+            "it is {size} bytes of JSON, over the limit of {MAX_PAYLOAD_BYTES}; store large \
+             data elsewhere and enqueue a reference to it"
+        ));
+    }
+    Ok(())
+}
+
+/// What [`Queue::enqueue`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id.
+    pub id: i64,
+    /// False when a job with the same key was already waiting or running and was returned
+    /// instead of inserting another.
+    pub inserted: bool,
+}
+
+/// The right to finish one attempt of a job: its id and attempt number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Lease {
+    /// The job's id.
+    pub job_id: i64,
+    /// The attempt this lease is for, starting at 1.
+    pub attempt: i32,
+}
+
+/// A job taken from the queue under a lease.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeasedJob {
+    /// The lease to complete, retry, extend or release the job with.
+    pub lease: Lease,
+    /// The handler to run.
+    pub kind: String,
+    /// The job key as stored.
+    pub key: String,
+    /// The payload.
+    pub payload: Value,
+    /// Attempts before the job is dead-lettered.
+    pub max_attempts: i32,
+    /// When the lease expires, by the database clock.
+    pub leased_until: SystemTime,
+}
+
+/// Where a job is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting to run, now or at its run time.
+    Available,
+    /// Leased to a worker.
+    Running,
+    /// Finished.
+    Completed,
+    /// Failed for good: out of attempts, or a fatal error. Can be replayed.
+    Dead,
+}
+
+impl JobState {
+    /// The state's name as stored.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            JobState::Available => "available",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "available" => Ok(JobState::Available),
+            "running" => Ok(JobState::Running),
+            "completed" => Ok(JobState::Completed),
+            "dead" => Ok(JobState::Dead),
+            other => Err(Error::Database(sqlx::Error::Decode(
+                format!("unknown job state `{other}`").into(),
+            ))),
+        }
+    }
+}
+
+/// A job as listed by [`Queue::list`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobRow {
+    /// The job's id.
+    pub id: i64,
+    /// The handler it runs with.
+    pub kind: String,
+    /// The job key.
+    pub key: String,
+    /// The queue it is on.
+    pub queue: String,
+    /// Where it is in its life.
+    pub state: JobState,
+    /// Attempts made so far.
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// When it runs, or ran last.
+    #[serde(serialize_with = "serialize_time")]
+    pub run_at: SystemTime,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
+    /// When it was enqueued.
+    #[serde(serialize_with = "serialize_time")]
+    pub created_at: SystemTime,
+    /// The payload.
+    pub payload: Value,
+}
+
+fn serialize_time<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    let micros = time
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    s.serialize_u64(micros as u64 / 1000)
+}
+
+/// Which dead jobs [`Queue::replay`] brings back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// One job, by id.
+    Job(i64),
+    /// Every dead job of a kind.
+    Kind(String),
+    /// Every dead job.
+    All,
+}
+
+/// Job counts by state, from [`Queue::counts`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Waiting to run.
+    pub available: i64,
+    /// Leased to a worker.
+    pub running: i64,
+    /// Finished.
+    pub completed: i64,
+    /// Dead-lettered.
+    pub dead: i64,
+}
+
+/// The queue's statements, built once from its validated table name.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct QueueSql {
+    pub(crate) table: TableName,
+    pub(crate) create: Vec<Arc<str>>,
+    pub(crate) enqueue: Arc<str>,
+    pub(crate) live_job: Arc<str>,
+    pub(crate) fetch: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) retry: Arc<str>,
+    pub(crate) dead: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) heartbeat: Arc<str>,
+    pub(crate) rescue: Arc<str>,
+    pub(crate) counts: Arc<str>,
+    pub(crate) list: Arc<str>,
+    pub(crate) replay: Arc<str>,
+    pub(crate) notify: Option<Arc<str>>,
+}
+
+/// How a settled lease ends.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum Settle<'a> {
+    Complete,
+    Retry { delay: Duration, error: &'a str },
+    Dead { error: &'a str },
+    Release,
+    Extend { lease: Duration },
+}
+
+/// The job queue. Cheap to clone.
+pub struct Queue<DB: Backend> {
+    inner: Arc<QueueInner<DB>>,
+}
+
+struct QueueInner<DB: Backend> {
+    pool: Pool<DB>,
+    sql: QueueSql,
+    /// Microseconds since `started` of the last notification, to send at most one per
+    /// [`NOTIFY_EVERY`]: a NOTIFY per insert would serialise commits under load.
+    last_notify: AtomicU64,
+    started: Instant,
+}
+
+const NOTIFY_EVERY: Duration = Duration::from_millis(20);
+
+impl<DB: Backend> Clone for Queue<DB> {
+    fn clone(&self) -> Self {
+        Queue {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<DB: Backend> fmt::Debug for Queue<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue")
+            .field("table", &self.inner.sql.table.to_string())
+            .finish()
+    }
+}
+
+impl<DB: Backend> Queue<DB> {
+    /// The table jobs wait in unless configured: `jobguard_jobs`.
+    pub const DEFAULT_TABLE: &'static str = "jobguard_jobs";
+
+    /// A queue on the `jobguard_jobs` table.
+    pub fn new(pool: Pool<DB>) -> Self {
+        let table = TableName::new(Self::DEFAULT_TABLE).expect("the default name is valid");
+        Self::with_table(pool, table).expect("the default table suits every backend")
+    }
+
+    /// A queue on another table. Fails for a schema on SQLite.
+    pub fn with_table(pool: Pool<DB>, table: TableName) -> Result<Self> {
+        let sql = DB::queue_sql(&table)?;
+        let inner = QueueInner {
+            pool,
+            sql,
+            last_notify: AtomicU64::new(0),
+            started: Instant::now(),
+        };
+        Ok(Queue {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The pool the queue uses.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.inner.pool
+    }
+
+    /// Creates the queue's table and indexes when missing.
+    pub async fn migrate(&self) -> Result<()> {
+        Ok(DB::migrate_statements(
+            &self.inner.pool,
+            &self.inner.sql.table,
+            &self.inner.sql.create,
+        )
+        .await?)
+    }
+
+    /// Enqueues a job, or returns the job with the same key that is already waiting or
+    /// running. Visible to workers as soon as this returns.
+    ///
+    /// The same key with another payload or kind is refused with [`Error::KeyReused`].
+    pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
+        let mut conn = self.inner.pool.acquire().await?;
+        self.enqueue_tx(&mut conn, job).await
+    }
+
+    /// Enqueues a job inside the caller's transaction. Workers see it when the transaction
+    /// **commits**; on **rollback** it was never enqueued. Enqueue a job in the same
+    /// transaction as the state change that calls for it, and the two cannot disagree.
+    pub async fn enqueue_tx(&self, conn: &mut DB::Connection, job: &NewJob) -> Result<Enqueued> {
+        let sql = &self.inner.sql;
+        // A live job holding the key can finish between the insert and the read; then the
+        // insert succeeds on the second round.
+        for _ in 0..3 {
+            if let Some(id) = DB::enqueue(conn, sql, job).await? {
+                self.notify(conn, &job.queue).await?;
+                return Ok(Enqueued { id, inserted: true });
+            }
+            if let Some((id, kind, payload)) = DB::live_job(conn, sql, job.key.as_str()).await? {
+                if kind != job.kind || payload != job.payload {
+                    return Err(Error::KeyReused {
+                        key: job.key.to_string(),
+                    });
+                }
+                return Ok(Enqueued {
+                    id,
+                    inserted: false,
+                });
+            }
+        }
+        Err(Error::Database(sqlx::Error::Protocol(format!(
+            "the live job of `{}` kept changing while enqueueing",
+            job.key
+        ))))
+    }
+
+    async fn notify(&self, conn: &mut DB::Connection, queue: &str) -> Result<()> {
+        let Some(notify) = &self.inner.sql.notify else {
+            return Ok(());
+        };
+        let now = self.inner.started.elapsed().as_micros() as u64;
+        let last = self.inner.last_notify.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < NOTIFY_EVERY.as_micros() as u64 {
+            return Ok(());
+        }
+        self.inner.last_notify.store(now.max(1), Ordering::Relaxed);
+        Ok(DB::notify(conn, notify, NOTIFY_CHANNEL, queue).await?)
+    }
+
+    /// Takes up to `limit` available jobs of `queue`, oldest run time first, each under a lease
+    /// of `lease` by the database clock.
+    pub async fn fetch(&self, queue: &str, limit: u32, lease: Duration) -> Result<Vec<LeasedJob>> {
+        let mut jobs = DB::fetch(&self.inner.pool, &self.inner.sql, queue, limit, lease).await?;
+        jobs.sort_by_key(|job| job.lease.job_id);
+        Ok(jobs)
+    }
+
+    /// Completes a job inside the caller's transaction, which should hold the job's effect.
+    /// On **commit** the job is done together with its effect; on **rollback** neither
+    /// happened and the job runs again when its lease expires.
+    ///
+    /// Fails with [`Error::Fenced`] when the lease is no longer held: the lease expired and the
+    /// job was handed out again, or it was released. Roll back then: the holder of the newer
+    /// lease runs the job.
+    pub async fn complete_tx(&self, conn: &mut DB::Connection, lease: Lease) -> Result<()> {
+        self.settle(conn, lease, Settle::Complete).await
+    }
+
+    /// Schedules another attempt after `delay`, recording `error`.
+    pub async fn retry(&self, lease: Lease, delay: Duration, error: &str) -> Result<()> {
+        let mut conn = self.inner.pool.acquire().await?;
+        self.settle(&mut conn, lease, Settle::Retry { delay, error })
+            .await
+    }
+
+    /// Dead-letters a job, recording `error`.
+    pub async fn dead_letter(&self, lease: Lease, error: &str) -> Result<()> {
+        let mut conn = self.inner.pool.acquire().await?;
+        self.settle(&mut conn, lease, Settle::Dead { error }).await
+    }
+
+    /// Gives a job back without counting the attempt, for a worker shutting down before it
+    /// started the job.
+    pub async fn release(&self, lease: Lease) -> Result<()> {
+        let mut conn = self.inner.pool.acquire().await?;
+        self.settle(&mut conn, lease, Settle::Release).await
+    }
+
+    /// Extends a lease to `by` from now, by the database clock, for a job that runs long (a
+    /// heartbeat).
+    pub async fn extend(&self, lease: Lease, by: Duration) -> Result<()> {
+        let mut conn = self.inner.pool.acquire().await?;
+        self.settle(&mut conn, lease, Settle::Extend { lease: by })
+            .await
+    }
+
+    async fn settle(&self, conn: &mut DB::Connection, lease: Lease, how: Settle<'_>) -> Result<()> {
+        if DB::settle(conn, &self.inner.sql, lease, how).await? {
+            Ok(())
+        } else {
+            Err(Error::Fenced {
+                job_id: lease.job_id,
+                attempt: lease.attempt,
+            })
+        }
+    }
+
+    /// Makes jobs whose lease expired available again, or dead when that was their last
+    /// attempt. Returns how many jobs it moved.
+    pub async fn rescue(&self) -> Result<u64> {
+        Ok(DB::rescue(&self.inner.pool, &self.inner.sql).await?)
+    }
+
+    /// Job counts by state.
+    pub async fn counts(&self) -> Result<Counts> {
+        let mut counts = Counts::default();
+        for (state, n) in DB::counts(&self.inner.pool, &self.inner.sql).await? {
+            match state.parse()? {
+                JobState::Available => counts.available = n,
+                JobState::Running => counts.running = n,
+                JobState::Completed => counts.completed = n,
+                JobState::Dead => counts.dead = n,
+            }
+        }
+        Ok(counts)
+    }
+
+    /// The newest jobs, optionally of one state and kind.
+    pub async fn list(
+        &self,
+        state: Option<JobState>,
+        kind: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<JobRow>> {
+        DB::list(
+            &self.inner.pool,
+            &self.inner.sql,
+            state.map(|s| s.as_str()),
+            kind,
+            limit,
+        )
+        .await
+    }
+
+    /// Makes dead jobs available again with fresh attempts. A job whose key has a live job
+    /// already stays dead. Returns the ids replayed.
+    ///
+    /// A replayed job whose key the guard still holds reports a duplicate: replay is safe as
+    /// long as the guard's retention covers the replay window.
+    pub async fn replay(&self, which: &Replay) -> Result<Vec<i64>> {
+        let (id, kind) = match which {
+            Replay::Job(id) => (Some(*id), None),
+            Replay::Kind(kind) => (None, Some(kind.as_str())),
+            Replay::All => (None, None),
+        };
+        Ok(DB::replay(&self.inner.pool, &self.inner.sql, id, kind).await?)
+    }
+}

@@ -1,0 +1,123 @@
+//! The job queue's SQL for SQLite. Times are integer microseconds since the Unix epoch by the
+//! database clock; durations arrive as microseconds.
+
+use super::sql::NOW_MICROS as NOW;
+use crate::queue::QueueSql;
+use crate::table::TableName;
+
+pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
+    let t = table.quoted();
+    let live = "state in ('available', 'running')";
+    let fenced = "where id = $1 and attempt = $2 and state = 'running'";
+    let create = vec![
+        format!(
+            "create table if not exists {t} (
+                id           integer primary key autoincrement,
+                kind         text not null,
+                job_key      text not null,
+                queue        text not null,
+                payload      text not null,
+                state        text not null
+                             check (state in ('available', 'running', 'completed', 'dead')),
+                attempt      integer not null default 0,
+                max_attempts integer not null check (max_attempts > 0),
+                run_at       integer not null,
+                leased_until integer,
+                last_error   text,
+                created_at   integer not null,
+                finished_at  integer
+            )"
+        ),
+        // One live job per key: a producer that enqueues the same work twice gets the job
+        // that is already waiting or running, enforced by the index, not a check-then-insert.
+        format!(
+            "create unique index if not exists {} on {t} (job_key) where {live}",
+            table.derived("live_key")
+        ),
+        format!(
+            "create index if not exists {} on {t} (queue, run_at, id) where state = 'available'",
+            table.derived("fetch")
+        ),
+        format!(
+            "create index if not exists {} on {t} (leased_until) where state = 'running'",
+            table.derived("leases")
+        ),
+    ];
+    QueueSql {
+        table: table.clone(),
+        create: create.into_iter().map(Into::into).collect(),
+        enqueue: format!(
+            "insert into {t}
+                 (kind, job_key, queue, payload, state, max_attempts, run_at, created_at)
+             values ($1, $2, $3, $4, 'available', $5, {NOW} + $6, {NOW})
+             on conflict (job_key) where {live} do nothing
+             returning id"
+        )
+        .into(),
+        live_job: format!("select id, kind, payload from {t} where job_key = $1 and {live}").into(),
+        // Fetching runs in a `begin immediate` transaction: SQLite's one writer at a time
+        // makes two workers take different jobs.
+        fetch: format!(
+            "update {t}
+             set state = 'running', attempt = attempt + 1, leased_until = {NOW} + $3
+             where id in (select id from {t}
+                          where state = 'available' and queue = $1 and run_at <= {NOW}
+                          order by run_at, id limit $2)
+             returning id, kind, job_key, payload, attempt, max_attempts, leased_until"
+        )
+        .into(),
+        // Every statement that ends or extends a lease names the attempt that holds it, so a
+        // worker whose lease expired and was taken over changes nothing.
+        complete: format!(
+            "update {t} set state = 'completed', finished_at = {NOW}, leased_until = null {fenced}"
+        )
+        .into(),
+        retry: format!(
+            "update {t} set state = 'available', run_at = {NOW} + $3, last_error = $4,
+             leased_until = null {fenced}"
+        )
+        .into(),
+        dead: format!(
+            "update {t} set state = 'dead', finished_at = {NOW}, last_error = $3,
+             leased_until = null {fenced}"
+        )
+        .into(),
+        release: format!(
+            "update {t} set state = 'available', attempt = attempt - 1, leased_until = null {fenced}"
+        )
+        .into(),
+        heartbeat: format!("update {t} set leased_until = {NOW} + $3 {fenced}").into(),
+        rescue: format!(
+            "update {t}
+             set state = case when attempt >= max_attempts then 'dead' else 'available' end,
+                 finished_at = case when attempt >= max_attempts then {NOW} end,
+                 last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
+                 leased_until = null
+             where state = 'running' and leased_until < {NOW}"
+        )
+        .into(),
+        counts: format!("select state, count(*) from {t} group by state").into(),
+        list: format!(
+            "select id, kind, job_key, queue, state, attempt, max_attempts, run_at, last_error,
+                    created_at, payload
+             from {t}
+             where ($1 is null or state = $1) and ($2 is null or kind = $2)
+             order by id desc limit $3"
+        )
+        .into(),
+        // The newest dead job of a key comes back, and only when no live job holds the key.
+        replay: format!(
+            "update {t} as j
+             set state = 'available', attempt = 0, run_at = {NOW}, finished_at = null,
+                 leased_until = null
+             where j.state = 'dead'
+               and ($1 is null or j.id = $1) and ($2 is null or j.kind = $2)
+               and j.id = (select max(d.id) from {t} d
+                           where d.job_key = j.job_key and d.state = 'dead')
+               and not exists (select 1 from {t} l where l.job_key = j.job_key and l.{live})
+             returning id"
+        )
+        .into(),
+        notify: None,
+    }
+}
