@@ -134,6 +134,10 @@ pub trait Backend: Database + sealed::Sealed {
         kind: Option<&str>,
     ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
 
+    /// A source of wake-ups for idle workers when jobs are enqueued, if the database has one.
+    #[doc(hidden)]
+    fn listen(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<Option<Wakeup>>> + Send;
+
     /// Serialization failures, deadlocks and busy databases: rolling back and running the whole
     /// transaction again may succeed.
     #[doc(hidden)]
@@ -234,6 +238,15 @@ impl GuardRecord {
             token: <[u8; 16]>::try_from(token.as_slice()).ok().map(ClaimToken),
         }
     }
+}
+
+/// Wakes an idle worker when a job is enqueued (PostgreSQL's LISTEN/NOTIFY).
+#[doc(hidden)]
+pub struct Wakeup(pub(crate) Box<dyn WakeupSource>);
+
+pub(crate) trait WakeupSource: Send {
+    /// Resolves at the next notification, or after an error has been logged and waited out.
+    fn next(&mut self) -> futures::future::BoxFuture<'_, ()>;
 }
 
 /// A time stored or computed as microseconds since the Unix epoch.

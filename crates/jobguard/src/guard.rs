@@ -57,6 +57,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
 use crate::metrics::record_outcome;
 use crate::table::TableName;
+use crate::writer::WriterLock;
 
 /// What a delivery of a guarded job did.
 #[derive(Clone, Debug, PartialEq)]
@@ -161,9 +162,7 @@ struct Inner<DB: Backend> {
     pool: Pool<DB>,
     sql: GuardSql,
     contention_attempts: u32,
-    /// On a single-writer database, guarded transactions of this process queue here, in order,
-    /// rather than in the database's busy handler, which polls with growing sleeps.
-    writer: Option<tokio::sync::Mutex<()>>,
+    writer: WriterLock,
 }
 
 impl<DB: Backend> Clone for Guard<DB> {
@@ -181,6 +180,12 @@ impl<DB: Backend> std::fmt::Debug for Guard<DB> {
             .field("table", &self.inner.sql.table.to_string())
             .finish()
     }
+}
+
+/// A transaction opened by [`Guard::begin`].
+pub(crate) struct GuardedTx<DB: Backend> {
+    pub(crate) tx: Transaction<'static, DB>,
+    _writer: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 /// Records a `failed` outcome when dropped armed, that is while a panic unwinds.
@@ -219,8 +224,16 @@ impl<DB: Backend> Guard<DB> {
     /// A guard with its own table or contention limit. Fails when the table name does not
     /// suit the backend (a schema on SQLite).
     pub fn with_config(pool: Pool<DB>, config: GuardConfig) -> Result<Self> {
+        Self::with_writer(pool, config, WriterLock::for_backend::<DB>())
+    }
+
+    /// A guard that takes turns with the writers of a [`Queue`](crate::Queue) on SQLite.
+    pub(crate) fn with_writer(
+        pool: Pool<DB>,
+        config: GuardConfig,
+        writer: WriterLock,
+    ) -> Result<Self> {
         let sql = DB::guard_sql(&config.table)?;
-        let writer = DB::SINGLE_WRITER.then(|| tokio::sync::Mutex::new(()));
         let contention_attempts = config.contention_attempts;
         Ok(Guard {
             inner: Arc::new(Inner {
@@ -247,6 +260,17 @@ impl<DB: Backend> Guard<DB> {
     pub async fn migrate(&self) -> Result<()> {
         let sql = &self.inner.sql;
         Ok(DB::migrate_statements(&self.inner.pool, &sql.table, &sql.create).await?)
+    }
+
+    /// Opens the transaction a guarded job runs in, holding this process's turn to write on
+    /// SQLite until it ends.
+    pub(crate) async fn begin(&self) -> Result<GuardedTx<DB>> {
+        let writer = self.inner.writer.acquire().await;
+        let tx = DB::begin(&self.inner.pool).await?;
+        Ok(GuardedTx {
+            tx,
+            _writer: writer,
+        })
     }
 
     /// Runs `effect` once for `key`, however many times the job is delivered.
@@ -437,10 +461,7 @@ impl<DB: Backend> Guard<DB> {
         F: AsyncFnMut(&mut DB::Connection) -> Result<T, JobError> + Send,
     {
         let token = ClaimToken::new();
-        let _writer = match &self.inner.writer {
-            Some(writer) => Some(writer.lock().await),
-            None => None,
-        };
+        let _writer = self.inner.writer.acquire().await;
         let mut tx = match DB::begin(&self.inner.pool).await {
             Ok(tx) => tx,
             Err(error) if DB::is_transient(&error) => return Ok(Attempt::Transient(error)),

@@ -50,6 +50,8 @@ pub mod metrics;
 pub mod queue;
 mod retry;
 mod table;
+pub mod worker;
+mod writer;
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -73,3 +75,4 @@ pub use retry::RetryPolicy;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteGuard;
 pub use table::TableName;
+pub use worker::{Job, Worker, WorkerConfig, WorkerStats};

@@ -34,8 +34,10 @@ use sqlx::Pool;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::guard::{Guard, GuardConfig};
 use crate::key::{JobKey, check_kind};
 use crate::table::TableName;
+use crate::writer::WriterLock;
 
 /// The queue a job goes to unless told otherwise.
 pub const DEFAULT_QUEUE: &str = "default";
@@ -323,6 +325,7 @@ pub struct Queue<DB: Backend> {
 struct QueueInner<DB: Backend> {
     pool: Pool<DB>,
     sql: QueueSql,
+    writer: WriterLock,
     /// Microseconds since `started` of the last notification, to send at most one per
     /// [`NOTIFY_EVERY`]: a NOTIFY per insert would serialise commits under load.
     last_notify: AtomicU64,
@@ -363,12 +366,19 @@ impl<DB: Backend> Queue<DB> {
         let inner = QueueInner {
             pool,
             sql,
+            writer: WriterLock::for_backend::<DB>(),
             last_notify: AtomicU64::new(0),
             started: Instant::now(),
         };
         Ok(Queue {
             inner: Arc::new(inner),
         })
+    }
+
+    /// A guard on the same database whose writers take turns with this queue's on SQLite, as
+    /// the [`Worker`](crate::Worker) uses.
+    pub fn guard(&self, config: GuardConfig) -> Result<Guard<DB>> {
+        Guard::with_writer(self.inner.pool.clone(), config, self.inner.writer.clone())
     }
 
     /// The pool the queue uses.
@@ -391,6 +401,7 @@ impl<DB: Backend> Queue<DB> {
     ///
     /// The same key with another payload or kind is refused with [`Error::KeyReused`].
     pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
+        let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
         self.enqueue_tx(&mut conn, job).await
     }
@@ -441,6 +452,7 @@ impl<DB: Backend> Queue<DB> {
     /// Takes up to `limit` available jobs of `queue`, oldest run time first, each under a lease
     /// of `lease` by the database clock.
     pub async fn fetch(&self, queue: &str, limit: u32, lease: Duration) -> Result<Vec<LeasedJob>> {
+        let _writer = self.inner.writer.acquire().await;
         let mut jobs = DB::fetch(&self.inner.pool, &self.inner.sql, queue, limit, lease).await?;
         jobs.sort_by_key(|job| job.lease.job_id);
         Ok(jobs)
@@ -459,6 +471,7 @@ impl<DB: Backend> Queue<DB> {
 
     /// Schedules another attempt after `delay`, recording `error`.
     pub async fn retry(&self, lease: Lease, delay: Duration, error: &str) -> Result<()> {
+        let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
         self.settle(&mut conn, lease, Settle::Retry { delay, error })
             .await
@@ -466,6 +479,7 @@ impl<DB: Backend> Queue<DB> {
 
     /// Dead-letters a job, recording `error`.
     pub async fn dead_letter(&self, lease: Lease, error: &str) -> Result<()> {
+        let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
         self.settle(&mut conn, lease, Settle::Dead { error }).await
     }
@@ -473,6 +487,7 @@ impl<DB: Backend> Queue<DB> {
     /// Gives a job back without counting the attempt, for a worker shutting down before it
     /// started the job.
     pub async fn release(&self, lease: Lease) -> Result<()> {
+        let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
         self.settle(&mut conn, lease, Settle::Release).await
     }
@@ -480,6 +495,7 @@ impl<DB: Backend> Queue<DB> {
     /// Extends a lease to `by` from now, by the database clock, for a job that runs long (a
     /// heartbeat).
     pub async fn extend(&self, lease: Lease, by: Duration) -> Result<()> {
+        let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
         self.settle(&mut conn, lease, Settle::Extend { lease: by })
             .await
@@ -499,6 +515,7 @@ impl<DB: Backend> Queue<DB> {
     /// Makes jobs whose lease expired available again, or dead when that was their last
     /// attempt. Returns how many jobs it moved.
     pub async fn rescue(&self) -> Result<u64> {
+        let _writer = self.inner.writer.acquire().await;
         Ok(DB::rescue(&self.inner.pool, &self.inner.sql).await?)
     }
 
@@ -544,6 +561,7 @@ impl<DB: Backend> Queue<DB> {
             Replay::Kind(kind) => (None, Some(kind.as_str())),
             Replay::All => (None, None),
         };
+        let _writer = self.inner.writer.acquire().await;
         Ok(DB::replay(&self.inner.pool, &self.inner.sql, id, kind).await?)
     }
 }

@@ -14,13 +14,31 @@ use sqlx::postgres::Postgres;
 use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
 
-use crate::backend::{Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, sealed};
+use futures::future::BoxFuture;
+use sqlx::postgres::PgListener;
+
+use crate::backend::{
+    Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, sealed,
+};
 use crate::table::TableName;
 
 /// A [`Guard`](crate::Guard) on PostgreSQL.
 pub type PgGuard = crate::Guard<Postgres>;
 
 impl sealed::Sealed for Postgres {}
+
+impl WakeupSource for PgListener {
+    fn next(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            // The listener reconnects by itself; after an error the worker's polling covers
+            // the gap, so wait a little rather than spin.
+            if let Err(error) = self.recv().await {
+                tracing::debug!(%error, "the job notification listener failed; polling meanwhile");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        })
+    }
+}
 
 impl Backend for Postgres {
     const SINGLE_WRITER: bool = false;
@@ -93,6 +111,12 @@ impl Backend for Postgres {
     }
 
     crate::backend::shared_statements!();
+
+    async fn listen(pool: &Pool<Self>) -> sqlx::Result<Option<Wakeup>> {
+        let mut listener = PgListener::connect_with(pool).await?;
+        listener.listen(crate::queue::NOTIFY_CHANNEL).await?;
+        Ok(Some(Wakeup(Box::new(listener))))
+    }
 
     fn is_transient(error: &sqlx::Error) -> bool {
         let code = error.as_database_error().and_then(|e| e.code());

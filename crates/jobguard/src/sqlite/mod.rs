@@ -133,6 +133,10 @@ impl Backend for Sqlite {
 
     crate::backend::shared_statements!();
 
+    async fn listen(_pool: &Pool<Self>) -> sqlx::Result<Option<crate::backend::Wakeup>> {
+        Ok(None)
+    }
+
     fn is_transient(error: &sqlx::Error) -> bool {
         // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
         let code = error.as_database_error().and_then(|e| e.code());

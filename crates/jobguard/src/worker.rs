@@ -1,0 +1,662 @@
+//! The worker: takes jobs from the [`Queue`], and runs each one in a single transaction that
+//! claims the guard row, applies the job's effect and completes the job.
+//!
+//! For a job whose effect is a database write, that one commit makes three things true at once
+//! or none of them: the effect happened, the key is recorded, the job is done. A worker that
+//! crashes anywhere before the commit leaves no trace and the job runs again when its lease
+//! expires; a worker that crashes after the commit leaves a completed job. A job delivered again
+//! anyway (a lease that expired while the first worker was still running, a replay, the same
+//! work enqueued twice) finds its key in the guard and is completed as a duplicate.
+//!
+//! ```no_run
+//! use jobguard::{Job, JobError, JobKey, KeyError, Queue, Worker};
+//! use serde::{Deserialize, Serialize};
+//! use sqlx::PgConnection;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Credit {
+//!     order: String,
+//!     account: i64,
+//!     amount: i64,
+//! }
+//!
+//! impl Job<sqlx::Postgres> for Credit {
+//!     const KIND: &'static str = "credit";
+//!
+//!     fn key(&self) -> Result<JobKey, KeyError> {
+//!         JobKey::new("credit", [&self.order])
+//!     }
+//!
+//!     async fn run(&self, conn: &mut PgConnection) -> Result<(), JobError> {
+//!         sqlx::query("insert into ledger (account, amount) values ($1, $2)")
+//!             .bind(self.account)
+//!             .bind(self.amount)
+//!             .execute(conn)
+//!             .await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn f(pool: sqlx::PgPool) -> jobguard::Result<()> {
+//! let queue = Queue::new(pool);
+//! queue.migrate().await?;
+//! queue.enqueue_job(&Credit { order: "order-8812".into(), account: 7, amount: 500 }).await?;
+//! let worker = Worker::new(queue)?.register::<Credit>();
+//! let stats = worker.run(jobguard::worker::shutdown_signal()).await?;
+//! println!("{} applied, {} duplicates", stats.applied, stats.duplicates);
+//! # Ok(()) }
+//! ```
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::backend::Backend;
+use crate::error::{Error, JobError, Result};
+use crate::guard::{Claim, Guard, GuardConfig};
+use crate::key::{JobKey, KeyError};
+use crate::metrics::record_outcome;
+use crate::queue::{DEFAULT_QUEUE, Enqueued, Lease, LeasedJob, NewJob, Queue};
+use crate::retry::RetryPolicy;
+
+/// A kind of job the worker can run.
+///
+/// The job's fields are its payload (stored as JSON); [`key`](Job::key) derives its key from
+/// the business operation; [`run`](Job::run) applies its effect on the worker's open
+/// transaction, after the guard claimed the key and before the job is completed, all of which
+/// commit together.
+pub trait Job<DB: Backend>: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The kind the job is enqueued and registered under.
+    const KIND: &'static str;
+
+    /// The job's key, derived from the business operation, e.g. `credit:order-8812`.
+    fn key(&self) -> Result<JobKey, KeyError>;
+
+    /// The job's effect, on the transaction that commits it with the guard row and the job's
+    /// completion. Return [`JobError::fatal`] for errors no retry can fix.
+    fn run(&self, conn: &mut DB::Connection) -> impl Future<Output = Result<(), JobError>> + Send;
+}
+
+impl NewJob {
+    /// The job for a [`Job`] value: its kind, key and payload.
+    pub fn from_job<DB: Backend, J: Job<DB>>(job: &J) -> Result<Self> {
+        NewJob::new(job.key()?, job)?.kind(J::KIND)
+    }
+}
+
+impl<DB: Backend> Queue<DB> {
+    /// Enqueues a [`Job`] value; see [`enqueue`](Queue::enqueue).
+    pub async fn enqueue_job<J: Job<DB>>(&self, job: &J) -> Result<Enqueued> {
+        self.enqueue(&NewJob::from_job::<DB, J>(job)?).await
+    }
+}
+
+/// How a [`Worker`] runs.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// The queue to take jobs from.
+    pub queue: String,
+    /// Jobs run at once.
+    pub concurrency: usize,
+    /// How long a job is leased for; running jobs extend it every third of it.
+    pub lease: Duration,
+    /// How often an idle worker looks for jobs without a notification.
+    pub poll_interval: Duration,
+    /// When failed jobs run again.
+    pub retry: RetryPolicy,
+    /// How long running jobs get to finish after shutdown is asked; then they are rolled back
+    /// and their jobs given back.
+    pub shutdown_timeout: Duration,
+    /// Return as soon as the queue is empty and no job is running (for tests and benchmarks).
+    pub stop_when_idle: bool,
+    /// The guard table.
+    pub guard: GuardConfig,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            queue: DEFAULT_QUEUE.to_owned(),
+            concurrency: 10,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            retry: RetryPolicy::default(),
+            shutdown_timeout: Duration::from_secs(30),
+            stop_when_idle: false,
+            guard: GuardConfig::default(),
+        }
+    }
+}
+
+/// What a worker did, by outcome.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WorkerStats {
+    /// Jobs whose effect this worker committed.
+    pub applied: u64,
+    /// Jobs whose key the guard already held: completed without running the effect.
+    pub duplicates: u64,
+    /// Attempts that failed and were scheduled to run again.
+    pub failed: u64,
+    /// Jobs dead-lettered: out of attempts, a fatal error, an unknown kind or a bad payload.
+    pub dead: u64,
+    /// Attempts whose lease had been taken over: rolled back, the new holder runs the job.
+    pub fenced: u64,
+    /// Jobs given back at shutdown.
+    pub released: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    applied: AtomicU64,
+    duplicates: AtomicU64,
+    failed: AtomicU64,
+    dead: AtomicU64,
+    fenced: AtomicU64,
+    released: AtomicU64,
+}
+
+/// How one job ended for this worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    Applied,
+    Duplicate,
+    Failed,
+    Dead,
+    Fenced,
+}
+
+impl Ended {
+    fn label(self) -> &'static str {
+        match self {
+            Ended::Applied => "applied",
+            Ended::Duplicate => "duplicate",
+            Ended::Failed => "failed",
+            Ended::Dead => "dead",
+            Ended::Fenced => "fenced",
+        }
+    }
+}
+
+/// Why an attempt did not commit.
+enum Failure {
+    /// Rolled back by contention; run the attempt again now.
+    Transient(sqlx::Error),
+    /// The lease was taken over.
+    Fenced,
+    /// The job failed; retry later or dead-letter.
+    Failed { message: String, fatal: bool },
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Fenced { .. } => Failure::Fenced,
+            error => Failure::Failed {
+                fatal: !error.is_retryable(),
+                message: error.to_string(),
+            },
+        }
+    }
+}
+
+/// Runs registered [`Job`] kinds from a [`Queue`].
+pub struct Worker<DB: Backend> {
+    queue: Queue<DB>,
+    guard: Guard<DB>,
+    handlers: HashMap<&'static str, Arc<dyn Handler<DB>>>,
+    config: WorkerConfig,
+}
+
+impl<DB: Backend> Worker<DB> {
+    /// A worker on `queue` with the default configuration and no job kinds yet.
+    pub fn new(queue: Queue<DB>) -> Result<Self> {
+        Self::with_config(queue, WorkerConfig::default())
+    }
+
+    /// A worker with its own configuration.
+    pub fn with_config(queue: Queue<DB>, config: WorkerConfig) -> Result<Self> {
+        let guard = queue.guard(config.guard.clone())?;
+        Ok(Worker {
+            queue,
+            guard,
+            handlers: HashMap::new(),
+            config,
+        })
+    }
+
+    /// Runs jobs of kind `J::KIND` as `J`.
+    pub fn register<J: Job<DB>>(mut self) -> Self {
+        self.handlers
+            .insert(J::KIND, Arc::new(TypedHandler::<J>(PhantomData)));
+        self
+    }
+
+    /// The guard the worker claims keys with; migrate it with the queue.
+    pub fn guard(&self) -> &Guard<DB> {
+        &self.guard
+    }
+
+    /// Runs until `shutdown` resolves (see [`shutdown_signal`]), or until the queue is empty
+    /// with [`WorkerConfig::stop_when_idle`].
+    ///
+    /// After shutdown is asked it takes no new jobs, lets running jobs finish within
+    /// [`WorkerConfig::shutdown_timeout`], then rolls back the rest and gives their jobs back.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<WorkerStats> {
+        let worker = Arc::new(self);
+        let counters = Arc::new(Counters::default());
+        let leases: Arc<Mutex<HashSet<Lease>>> = Arc::default();
+        let permits = Arc::new(Semaphore::new(worker.config.concurrency.max(1)));
+        let mut tasks = JoinSet::new();
+        let mut wakeup = match DB::listen(worker.queue.pool()).await {
+            Ok(wakeup) => wakeup,
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for new jobs; polling only");
+                None
+            }
+        };
+        let rescue_every = (worker.config.lease / 2).max(Duration::from_millis(100));
+        let mut last_rescue: Option<Instant> = None;
+        let mut shutdown = std::pin::pin!(shutdown);
+
+        loop {
+            while let Some(joined) = tasks.try_join_next() {
+                log_join(joined);
+            }
+            // On SQLite a running job holds the only write lock, so the queue's own writes wait
+            // for it: shutdown must not.
+            if last_rescue.is_none_or(|at| at.elapsed() >= rescue_every) {
+                let rescued = tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    rescued = worker.queue.rescue() => rescued,
+                };
+                match rescued {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(jobs = n, "rescued jobs whose lease expired"),
+                    Err(error) => tracing::warn!(%error, "rescuing expired leases failed"),
+                }
+                last_rescue = Some(Instant::now());
+            }
+            let free = permits.available_permits();
+            let mut fetched = 0;
+            if free > 0 {
+                let fetch =
+                    worker
+                        .queue
+                        .fetch(&worker.config.queue, free as u32, worker.config.lease);
+                let fetched_jobs = tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    jobs = fetch => jobs,
+                };
+                match fetched_jobs {
+                    Ok(jobs) => {
+                        fetched = jobs.len();
+                        for job in jobs {
+                            let permit = Arc::clone(&permits)
+                                .acquire_owned()
+                                .await
+                                .expect("never closed");
+                            leases.lock().expect("not poisoned").insert(job.lease);
+                            let (worker, counters, leases) = (
+                                Arc::clone(&worker),
+                                Arc::clone(&counters),
+                                Arc::clone(&leases),
+                            );
+                            tasks.spawn(async move {
+                                let lease = job.lease;
+                                worker.process(job, &counters, permit).await;
+                                leases.lock().expect("not poisoned").remove(&lease);
+                            });
+                        }
+                    }
+                    Err(error) => tracing::warn!(%error, "fetching jobs failed; retrying"),
+                }
+            }
+            if fetched > 0 && fetched == free {
+                continue;
+            }
+            if worker.config.stop_when_idle && fetched == 0 && tasks.is_empty() {
+                break;
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                Some(joined) = tasks.join_next(), if !tasks.is_empty() => log_join(joined),
+                () = next_wakeup(&mut wakeup) => {}
+                () = tokio::time::sleep(worker.config.poll_interval) => {}
+            }
+        }
+
+        let drained = tokio::time::timeout(worker.config.shutdown_timeout, async {
+            while let Some(joined) = tasks.join_next().await {
+                log_join(joined);
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                jobs = tasks.len(),
+                "running jobs did not finish in time; rolling them back"
+            );
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+            let unfinished: Vec<Lease> = leases.lock().expect("not poisoned").drain().collect();
+            for lease in unfinished {
+                match worker.queue.release(lease).await {
+                    Ok(()) => {
+                        counters.released.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, job.id = lease.job_id, "giving a job back failed; its lease will expire")
+                    }
+                }
+            }
+        }
+        Ok(counters.snapshot())
+    }
+
+    async fn process(&self, job: LeasedJob, counters: &Counters, _permit: OwnedSemaphorePermit) {
+        let span = tracing::info_span!(
+            "job",
+            job.id = job.lease.job_id,
+            job.kind = %job.kind,
+            job.key = %job.key,
+            attempt = job.lease.attempt,
+        );
+        let started = Instant::now();
+        let ended = self.execute(&job).instrument(span.clone()).await;
+        span.in_scope(|| {
+            tracing::debug!(
+                outcome = ended.label(),
+                seconds = started.elapsed().as_secs_f64(),
+                "job ended"
+            );
+        });
+        record_outcome(&job.kind, ended.label());
+        counters.count(ended);
+    }
+
+    async fn execute(&self, job: &LeasedJob) -> Ended {
+        let Some(handler) = self.handlers.get(job.kind.as_str()) else {
+            let message = format!(
+                "unknown job kind `{}`: no handler is registered for it in this worker",
+                job.kind
+            );
+            return self.bury(job, &message).await;
+        };
+        let runnable = match handler.decode(&job.payload) {
+            Ok(runnable) => runnable,
+            Err(error) => {
+                let message = format!(
+                    "the payload does not deserialize into a `{}` job: {error}",
+                    job.kind
+                );
+                return self.bury(job, &message).await;
+            }
+        };
+        let key = match JobKey::parse(&job.key) {
+            Ok(key) => key,
+            Err(error) => {
+                return self
+                    .bury(job, &format!("the stored job key is invalid: {error}"))
+                    .await;
+            }
+        };
+        let _heartbeat = self.heartbeat(job.lease);
+        let mut contention = 0;
+        loop {
+            match self.attempt(job, &key, &*runnable).await {
+                Ok(ended) => return ended,
+                Err(Failure::Transient(error)) if contention < 5 => {
+                    contention += 1;
+                    tracing::debug!(%error, contention, "rolled back by contention; running again");
+                    tokio::time::sleep(Duration::from_millis(2 << contention)).await;
+                }
+                Err(Failure::Transient(error)) => {
+                    return self.fail(job, &error.to_string(), false).await;
+                }
+                Err(Failure::Fenced) => return Ended::Fenced,
+                Err(Failure::Failed { message, fatal }) => {
+                    return self.fail(job, &message, fatal).await;
+                }
+            }
+        }
+    }
+
+    /// One transaction: claim the key, run the effect, complete the job, commit.
+    async fn attempt(
+        &self,
+        job: &LeasedJob,
+        key: &JobKey,
+        runnable: &dyn Runnable<DB>,
+    ) -> Result<Ended, Failure> {
+        let mut guarded = self
+            .guard
+            .begin()
+            .await
+            .map_err(|e| transient_or::<DB>(e, Failure::from))?;
+        let tx = &mut guarded.tx;
+        let ended = match self
+            .guard
+            .claim_with_payload_tx(tx, key, &job.payload)
+            .await
+        {
+            Ok(Claim::Duplicate(_)) => Ended::Duplicate,
+            Ok(Claim::Claimed) => match AssertUnwindSafe(runnable.run(tx)).catch_unwind().await {
+                Ok(Ok(())) => Ended::Applied,
+                Ok(Err(error)) => {
+                    let (source, fatal) = error.into_parts();
+                    return Err(match source.downcast::<sqlx::Error>() {
+                        Ok(db) if DB::is_transient(&db) => Failure::Transient(*db),
+                        Ok(db) => Failure::Failed {
+                            message: db.to_string(),
+                            fatal,
+                        },
+                        Err(source) => Failure::Failed {
+                            message: source.to_string(),
+                            fatal,
+                        },
+                    });
+                }
+                Err(panic) => {
+                    let message = panic_message(&panic);
+                    return Err(Failure::Failed {
+                        message: format!("the job panicked: {message}"),
+                        fatal: false,
+                    });
+                }
+            },
+            Err(error) => return Err(transient_or::<DB>(error, Failure::from)),
+        };
+        self.queue
+            .complete_tx(tx, job.lease)
+            .await
+            .map_err(|e| transient_or::<DB>(e, Failure::from))?;
+        guarded
+            .tx
+            .commit()
+            .await
+            .map_err(|e| transient_or::<DB>(Error::Database(e), Failure::from))?;
+        Ok(ended)
+    }
+
+    /// Retries a failed attempt later, or dead-letters it when it was fatal or the last one.
+    async fn fail(&self, job: &LeasedJob, message: &str, fatal: bool) -> Ended {
+        if fatal || job.lease.attempt >= job.max_attempts {
+            return self.bury(job, message).await;
+        }
+        tracing::warn!(error = message, "job failed; it will run again");
+        let delay = self
+            .config
+            .retry
+            .next_delay(job.lease.attempt.max(1) as u32);
+        match self.queue.retry(job.lease, delay, message).await {
+            Ok(()) => Ended::Failed,
+            Err(Error::Fenced { .. }) => Ended::Fenced,
+            Err(error) => {
+                tracing::warn!(%error, "scheduling a retry failed; the job runs again when its lease expires");
+                Ended::Failed
+            }
+        }
+    }
+
+    async fn bury(&self, job: &LeasedJob, message: &str) -> Ended {
+        tracing::warn!(error = message, "job dead-lettered");
+        match self.queue.dead_letter(job.lease, message).await {
+            Ok(()) => Ended::Dead,
+            Err(Error::Fenced { .. }) => Ended::Fenced,
+            Err(error) => {
+                tracing::warn!(%error, "dead-lettering failed; the job runs again when its lease expires");
+                Ended::Failed
+            }
+        }
+    }
+
+    /// Extends the lease every third of its length while the job runs; stops when dropped.
+    fn heartbeat(&self, lease: Lease) -> AbortOnDrop {
+        let queue = self.queue.clone();
+        let length = self.config.lease;
+        AbortOnDrop(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(length / 3).await;
+                match queue.extend(lease, length).await {
+                    Ok(()) => {}
+                    Err(Error::Fenced { .. }) => {
+                        tracing::warn!(
+                            job.id = lease.job_id,
+                            "lost the lease; this attempt will be rolled back"
+                        );
+                        return;
+                    }
+                    Err(error) => tracing::warn!(%error, "extending a lease failed"),
+                }
+            }
+        }))
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM (Ctrl-C elsewhere): pass it to [`Worker::run`].
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(mut interrupt), Ok(mut terminate)) => {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn transient_or<DB: Backend>(error: Error, otherwise: impl FnOnce(Error) -> Failure) -> Failure {
+    match error {
+        Error::Database(db) if DB::is_transient(&db) => Failure::Transient(db),
+        error => otherwise(error),
+    }
+}
+
+async fn next_wakeup(wakeup: &mut Option<crate::backend::Wakeup>) {
+    match wakeup {
+        Some(wakeup) => wakeup.0.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn log_join(joined: std::result::Result<(), tokio::task::JoinError>) {
+    if let Err(error) = joined
+        && error.is_panic()
+    {
+        tracing::error!(%error, "a job task panicked outside the job");
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".to_owned())
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Counters {
+    fn count(&self, ended: Ended) {
+        let counter = match ended {
+            Ended::Applied => &self.applied,
+            Ended::Duplicate => &self.duplicates,
+            Ended::Failed => &self.failed,
+            Ended::Dead => &self.dead,
+            Ended::Fenced => &self.fenced,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> WorkerStats {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        WorkerStats {
+            applied: get(&self.applied),
+            duplicates: get(&self.duplicates),
+            failed: get(&self.failed),
+            dead: get(&self.dead),
+            fenced: get(&self.fenced),
+            released: get(&self.released),
+        }
+    }
+}
+
+/// Turns a stored payload into a runnable job of one kind.
+trait Handler<DB: Backend>: Send + Sync {
+    fn decode(&self, payload: &Value) -> Result<Box<dyn Runnable<DB>>, serde_json::Error>;
+}
+
+struct TypedHandler<J>(PhantomData<fn() -> J>);
+
+impl<DB: Backend, J: Job<DB>> Handler<DB> for TypedHandler<J> {
+    fn decode(&self, payload: &Value) -> Result<Box<dyn Runnable<DB>>, serde_json::Error> {
+        Ok(Box::new(J::deserialize(payload)?))
+    }
+}
+
+/// A decoded job, its type erased.
+trait Runnable<DB: Backend>: Send + Sync {
+    fn run<'a>(&'a self, conn: &'a mut DB::Connection) -> BoxFuture<'a, Result<(), JobError>>;
+}
+
+impl<DB: Backend, J: Job<DB>> Runnable<DB> for J {
+    fn run<'a>(&'a self, conn: &'a mut DB::Connection) -> BoxFuture<'a, Result<(), JobError>> {
+        Box::pin(Job::run(self, conn))
+    }
+}

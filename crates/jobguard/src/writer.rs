@@ -1,0 +1,28 @@
+//! Turn-taking for writers on a database that admits one writing transaction at a time.
+//!
+//! SQLite makes a second writer wait in its busy handler, which polls with growing sleeps. When
+//! the writers of one process queue on this lock instead, they run back to back, in order.
+
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::backend::Backend;
+
+/// Shared by the guard and the queue of one database; a no-op on PostgreSQL.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct WriterLock(Option<Arc<Mutex<()>>>);
+
+impl WriterLock {
+    pub(crate) fn for_backend<DB: Backend>() -> Self {
+        WriterLock(DB::SINGLE_WRITER.then(|| Arc::new(Mutex::new(()))))
+    }
+
+    /// Waits for this process's turn to write; hold the returned guard until commit.
+    pub(crate) async fn acquire(&self) -> Option<OwnedMutexGuard<()>> {
+        match &self.0 {
+            Some(lock) => Some(Arc::clone(lock).lock_owned().await),
+            None => None,
+        }
+    }
+}

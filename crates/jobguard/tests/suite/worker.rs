@@ -1,0 +1,241 @@
+// The worker's conformance suite, included once per backend by `tests/worker.rs` with `DB` set
+// to the backend's type.
+
+use std::time::Duration;
+
+use jobguard::queue::{JobState, NewJob, Replay};
+use jobguard::{Job, JobError, JobKey, KeyError, Outcome, Queue, Worker, WorkerConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::common::{TestDb, guard_rows, ledger_rows, ledger_total};
+
+type Conn = <DB as sqlx::Database>::Connection;
+
+/// The seed's credit job.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Credit {
+    order: u32,
+    amount: i64,
+}
+
+impl Job<DB> for Credit {
+    const KIND: &'static str = "credit";
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new("credit", [format!("order-{}", self.order)])
+    }
+
+    async fn run(&self, conn: &mut Conn) -> Result<(), JobError> {
+        DB::insert_ledger(conn, 7, self.amount).await?;
+        Ok(())
+    }
+}
+
+/// Writes its effect, then fails: retryable unless `fatal`, or panics.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Flaky {
+    order: u32,
+    fatal: bool,
+    panic: bool,
+}
+
+impl Job<DB> for Flaky {
+    const KIND: &'static str = "flaky";
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new("flaky", [format!("order-{}", self.order)])
+    }
+
+    async fn run(&self, conn: &mut Conn) -> Result<(), JobError> {
+        DB::insert_ledger(conn, 9, 1).await?;
+        if self.panic {
+            panic!("flaky job {} panicked", self.order);
+        }
+        if self.fatal {
+            return Err(JobError::fatal(format!("order {} does not exist", self.order)));
+        }
+        Err(JobError::msg("the ledger service timed out"))
+    }
+}
+
+/// Sleeps inside its transaction, for shutdown tests.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Slow {
+    order: u32,
+    millis: u64,
+}
+
+impl Job<DB> for Slow {
+    const KIND: &'static str = "slow";
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new("slow", [format!("order-{}", self.order)])
+    }
+
+    async fn run(&self, conn: &mut Conn) -> Result<(), JobError> {
+        DB::insert_ledger(conn, 8, 1).await?;
+        tokio::time::sleep(Duration::from_millis(self.millis)).await;
+        Ok(())
+    }
+}
+
+fn draining() -> WorkerConfig {
+    WorkerConfig {
+        concurrency: 4,
+        stop_when_idle: true,
+        poll_interval: Duration::from_millis(50),
+        retry: jobguard::RetryPolicy { base: Duration::ZERO, ..Default::default() },
+        ..WorkerConfig::default()
+    }
+}
+
+async fn setup(test: &str) -> Option<(sqlx::Pool<DB>, Queue<DB>)> {
+    let pool = DB::open(test, 8).await?;
+    let queue = Queue::new(pool.clone());
+    queue.migrate().await.unwrap();
+    queue.guard(Default::default()).unwrap().migrate().await.unwrap();
+    Some((pool, queue))
+}
+
+async fn drain(queue: &Queue<DB>) -> jobguard::WorkerStats {
+    let worker = Worker::with_config(queue.clone(), draining())
+        .unwrap()
+        .register::<Credit>()
+        .register::<Flaky>()
+        .register::<Slow>();
+    tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
+        .await
+        .expect("the worker drained the queue in time")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_job_is_applied_once_and_completed() {
+    let Some((pool, queue)) = setup("worker_every_job_once").await else { return };
+    for order in 0..100 {
+        let credit = Credit { order, amount: 500 };
+        assert!(queue.enqueue_job(&credit).await.unwrap().inserted);
+        // The producer enqueues the same work again from another code path.
+        assert!(!queue.enqueue_job(&credit).await.unwrap().inserted);
+    }
+    let stats = drain(&queue).await;
+    assert_eq!((stats.applied, stats.duplicates, stats.failed, stats.dead), (100, 0, 0, 0));
+    assert_eq!(ledger_rows(&pool).await, 100);
+    assert_eq!(ledger_total(&pool).await, 100 * 500);
+    assert_eq!(guard_rows(&pool).await, 100);
+    let counts = queue.counts().await.unwrap();
+    assert_eq!((counts.completed, counts.available, counts.running), (100, 0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_already_applied_completes_as_a_duplicate() {
+    let Some((pool, queue)) = setup("worker_duplicate").await else { return };
+    let credit = Credit { order: 1, amount: 500 };
+    // Applied once already, say by an earlier job whose completion was lost.
+    let guard = queue.guard(Default::default()).unwrap();
+    let payload = serde_json::to_value(&credit).unwrap();
+    let outcome = guard
+        .run_with_payload(&credit.key().unwrap(), &payload, async |conn| {
+            DB::insert_ledger(conn, 7, 500).await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Applied(())));
+
+    queue.enqueue_job(&credit).await.unwrap();
+    let stats = drain(&queue).await;
+    assert_eq!((stats.applied, stats.duplicates), (0, 1));
+    assert_eq!(ledger_rows(&pool).await, 1, "the effect was not applied again");
+    assert_eq!(queue.counts().await.unwrap().completed, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_retry_then_dead_letter_and_roll_back_their_effect() {
+    let Some((pool, queue)) = setup("worker_failures").await else { return };
+    let retryable = NewJob::from_job::<DB, _>(&Flaky { order: 1, fatal: false, panic: false })
+        .unwrap()
+        .max_attempts(3);
+    let fatal = NewJob::from_job::<DB, _>(&Flaky { order: 2, fatal: true, panic: false }).unwrap();
+    let panics = NewJob::from_job::<DB, _>(&Flaky { order: 3, fatal: false, panic: true })
+        .unwrap()
+        .max_attempts(2);
+    for job in [&retryable, &fatal, &panics] {
+        queue.enqueue(job).await.unwrap();
+    }
+    let stats = drain(&queue).await;
+    // 2 retries + 1 dead for the retryable job, 1 dead for the fatal one, 1 retry + 1 dead for
+    // the panicking one.
+    assert_eq!((stats.failed, stats.dead, stats.applied), (3, 3, 0), "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 0, "every failed attempt rolled back its effect");
+    assert_eq!(guard_rows(&pool).await, 0, "and its guard row");
+
+    let dead = queue.list(Some(JobState::Dead), None, 10).await.unwrap();
+    assert_eq!(dead.len(), 3);
+    let error_of = |order: &str| {
+        dead.iter().find(|j| j.key.ends_with(order)).unwrap().last_error.clone().unwrap()
+    };
+    assert!(error_of("order-1").contains("timed out"), "{dead:?}");
+    assert!(error_of("order-2").contains("order 2 does not exist"), "{dead:?}");
+    assert!(error_of("order-3").contains("panicked"), "{dead:?}");
+    let attempts: Vec<i32> = dead.iter().map(|j| j.attempt).collect();
+    assert!(attempts.contains(&3) && attempts.contains(&1) && attempts.contains(&2), "{attempts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_kinds_and_bad_payloads_are_dead_lettered_not_retried() {
+    let Some((pool, queue)) = setup("worker_bad_input").await else { return };
+    let unknown = NewJob::new(JobKey::new("refund", ["order-1"]).unwrap(), &json!({"x": 1})).unwrap();
+    let malformed = NewJob::new(JobKey::new("credit", ["order-2"]).unwrap(), &json!({"order": "two"}))
+        .unwrap();
+    queue.enqueue(&unknown).await.unwrap();
+    queue.enqueue(&malformed).await.unwrap();
+    let stats = drain(&queue).await;
+    assert_eq!((stats.dead, stats.failed, stats.applied), (2, 0, 0), "{stats:?}");
+    let dead = queue.list(Some(JobState::Dead), None, 10).await.unwrap();
+    let errors: Vec<String> = dead.iter().filter_map(|j| j.last_error.clone()).collect();
+    assert!(errors.iter().any(|e| e.contains("unknown job kind `refund`")), "{errors:?}");
+    assert!(errors.iter().any(|e| e.contains("does not deserialize into a `credit` job")), "{errors:?}");
+    assert_eq!(ledger_rows(&pool).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_a_dead_job_whose_key_the_guard_holds_is_a_duplicate() {
+    let Some((pool, queue)) = setup("worker_replay").await else { return };
+    let credit = Credit { order: 5, amount: 500 };
+    queue.enqueue_job(&credit).await.unwrap();
+    assert_eq!(drain(&queue).await.applied, 1);
+
+    // The same work enqueued again and dead-lettered, e.g. by an operator or a broken worker.
+    let second = queue.enqueue_job(&credit).await.unwrap();
+    assert!(second.inserted, "the first job is completed, so this is a new job");
+    let leased = queue.fetch("default", 1, Duration::from_secs(30)).await.unwrap();
+    queue.dead_letter(leased[0].lease, "dead-lettered by hand").await.unwrap();
+
+    assert_eq!(queue.replay(&Replay::Job(second.id)).await.unwrap(), vec![second.id]);
+    let stats = drain(&queue).await;
+    assert_eq!((stats.applied, stats.duplicates), (0, 1), "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_running_jobs_then_gives_back_the_rest() {
+    let Some((pool, queue)) = setup("worker_shutdown").await else { return };
+    queue.enqueue_job(&Slow { order: 1, millis: 100 }).await.unwrap();
+    queue.enqueue_job(&Slow { order: 2, millis: 60_000 }).await.unwrap();
+    let config = WorkerConfig {
+        concurrency: 2,
+        shutdown_timeout: Duration::from_millis(1500),
+        poll_interval: Duration::from_millis(50),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::with_config(queue.clone(), config).unwrap().register::<Slow>();
+    let stats = worker.run(tokio::time::sleep(Duration::from_millis(500))).await.unwrap();
+
+    assert_eq!((stats.applied, stats.released), (1, 1), "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 1, "the job cut short was rolled back");
+    let available = queue.list(Some(JobState::Available), None, 10).await.unwrap();
+    assert_eq!(available.len(), 1);
+    assert_eq!(available[0].attempt, 0, "giving the job back did not use up an attempt");
+}
