@@ -45,6 +45,12 @@ pub trait Backend: Database + sealed::Sealed {
         pool: &Pool<Self>,
     ) -> impl Future<Output = sqlx::Result<Transaction<'static, Self>>> + Send;
 
+    /// Opens the transaction a guarded job runs in on a connection the caller holds.
+    #[doc(hidden)]
+    fn begin_on(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = sqlx::Result<Transaction<'_, Self>>> + Send;
+
     /// Inserts the guard row, or reads the row that holds the key.
     #[doc(hidden)]
     fn claim(
@@ -363,6 +369,7 @@ macro_rules! shared_statements {
                         lease: $crate::queue::Lease {
                             job_id: row.try_get(0)?,
                             attempt: row.try_get(4)?,
+                            token: row.try_get(7)?,
                         },
                         kind: row.try_get(1)?,
                         key: row.try_get(2)?,
@@ -391,7 +398,7 @@ macro_rules! shared_statements {
             };
             let query = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
                 .bind(lease.job_id)
-                .bind(lease.attempt);
+                .bind(lease.token);
             let query = match how {
                 Settle::Complete | Settle::Release => query,
                 Settle::Retry { delay, error } => query.bind(duration_micros(delay)).bind(error),
@@ -470,3 +477,14 @@ macro_rules! shared_statements {
     };
 }
 pub(crate) use shared_statements;
+
+/// Whether an error means the connection itself is gone, so it must not be used again.
+pub(crate) fn is_connection_error(error: &sqlx::Error) -> bool {
+    matches!(
+        error,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed
+    )
+}

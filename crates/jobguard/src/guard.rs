@@ -182,9 +182,9 @@ impl<DB: Backend> std::fmt::Debug for Guard<DB> {
     }
 }
 
-/// A transaction opened by [`Guard::begin`].
-pub(crate) struct GuardedTx<DB: Backend> {
-    pub(crate) tx: Transaction<'static, DB>,
+/// A transaction opened by [`Guard::begin_on`].
+pub(crate) struct GuardedTx<'c, DB: Backend> {
+    pub(crate) tx: Transaction<'c, DB>,
     _writer: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
@@ -262,11 +262,14 @@ impl<DB: Backend> Guard<DB> {
         Ok(DB::migrate_statements(&self.inner.pool, &sql.table, &sql.create).await?)
     }
 
-    /// Opens the transaction a guarded job runs in, holding this process's turn to write on
-    /// SQLite until it ends.
-    pub(crate) async fn begin(&self) -> Result<GuardedTx<DB>> {
+    /// Opens the transaction a guarded job runs in on `conn`, holding this process's turn to
+    /// write on SQLite until it ends.
+    pub(crate) async fn begin_on<'c>(
+        &self,
+        conn: &'c mut DB::Connection,
+    ) -> Result<GuardedTx<'c, DB>> {
         let writer = self.inner.writer.acquire().await;
-        let tx = DB::begin(&self.inner.pool).await?;
+        let tx = DB::begin_on(conn).await?;
         Ok(GuardedTx {
             tx,
             _writer: writer,

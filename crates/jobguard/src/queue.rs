@@ -150,13 +150,19 @@ pub struct Enqueued {
     pub inserted: bool,
 }
 
-/// The right to finish one attempt of a job: its id and attempt number.
+/// The right to finish one attempt of a job.
+///
+/// Every fetch of a job draws a new token, and only the newest token can complete, retry,
+/// extend or release the job: a worker whose lease expired and was taken over is fenced off,
+/// even after the job was released or replayed and its attempt count went back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Lease {
     /// The job's id.
     pub job_id: i64,
     /// The attempt this lease is for, starting at 1.
     pub attempt: i32,
+    /// The fencing token: how many times the job has been fetched, this time included.
+    pub token: i64,
 }
 
 /// A job taken from the queue under a lease.
@@ -482,6 +488,31 @@ impl<DB: Backend> Queue<DB> {
         let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
         self.settle(&mut conn, lease, Settle::Dead { error }).await
+    }
+
+    /// [`retry`](Self::retry) on a connection the caller holds, outside any transaction.
+    pub(crate) async fn retry_on(
+        &self,
+        conn: &mut DB::Connection,
+        lease: Lease,
+        delay: Duration,
+        error: &str,
+    ) -> Result<()> {
+        let _writer = self.inner.writer.acquire().await;
+        self.settle(conn, lease, Settle::Retry { delay, error })
+            .await
+    }
+
+    /// [`dead_letter`](Self::dead_letter) on a connection the caller holds, outside any
+    /// transaction.
+    pub(crate) async fn dead_letter_on(
+        &self,
+        conn: &mut DB::Connection,
+        lease: Lease,
+        error: &str,
+    ) -> Result<()> {
+        let _writer = self.inner.writer.acquire().await;
+        self.settle(conn, lease, Settle::Dead { error }).await
     }
 
     /// Gives a job back without counting the attempt, for a worker shutting down before it

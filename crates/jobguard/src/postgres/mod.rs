@@ -83,6 +83,10 @@ impl Backend for Postgres {
         pool.begin().await
     }
 
+    async fn begin_on(conn: &mut Self::Connection) -> sqlx::Result<Transaction<'_, Self>> {
+        sqlx::Connection::begin(conn).await
+    }
+
     async fn claim(
         conn: &mut Self::Connection,
         sql: &GuardSql,

@@ -8,7 +8,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
     let live = "state in ('available', 'running')";
     let micros = "* interval '1 microsecond'";
-    let fenced = "where id = $1 and attempt = $2 and state = 'running'";
+    let fenced = "where id = $1 and lease_token = $2 and state = 'running'";
     let mut create = Vec::new();
     if let Some(schema) = table.schema() {
         create.push(format!("create schema if not exists \"{schema}\""));
@@ -24,6 +24,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                 state        text not null
                              check (state in ('available', 'running', 'completed', 'dead')),
                 attempt      integer not null default 0,
+                lease_token  bigint not null default 0,
                 max_attempts integer not null check (max_attempts > 0),
                 run_at       timestamptz not null default now(),
                 leased_until timestamptz,
@@ -68,10 +69,11 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  for update skip locked
              )
              update {t} j
-             set state = 'running', attempt = j.attempt + 1, leased_until = now() + $3 {micros}
+             set state = 'running', attempt = j.attempt + 1, lease_token = j.lease_token + 1,
+                 leased_until = now() + $3 {micros}
              from picked where j.id = picked.id
              returning j.id, j.kind, j.job_key, j.payload, j.attempt, j.max_attempts,
-                       (extract(epoch from j.leased_until) * 1000000)::int8"
+                       (extract(epoch from j.leased_until) * 1000000)::int8, j.lease_token"
         )
         .into(),
         // Every statement that ends or extends a lease names the attempt that holds it, so a

@@ -108,6 +108,10 @@ impl Backend for Sqlite {
         pool.begin_with("begin immediate").await
     }
 
+    async fn begin_on(conn: &mut Self::Connection) -> sqlx::Result<Transaction<'_, Self>> {
+        sqlx::Connection::begin_with(conn, "begin immediate").await
+    }
+
     async fn claim(
         conn: &mut Self::Connection,
         sql: &GuardSql,

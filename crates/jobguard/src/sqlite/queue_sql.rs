@@ -8,7 +8,7 @@ use crate::table::TableName;
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
     let live = "state in ('available', 'running')";
-    let fenced = "where id = $1 and attempt = $2 and state = 'running'";
+    let fenced = "where id = $1 and lease_token = $2 and state = 'running'";
     let create = vec![
         format!(
             "create table if not exists {t} (
@@ -20,6 +20,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                 state        text not null
                              check (state in ('available', 'running', 'completed', 'dead')),
                 attempt      integer not null default 0,
+                lease_token  bigint not null default 0,
                 max_attempts integer not null check (max_attempts > 0),
                 run_at       integer not null,
                 leased_until integer,
@@ -59,11 +60,12 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         // makes two workers take different jobs.
         fetch: format!(
             "update {t}
-             set state = 'running', attempt = attempt + 1, leased_until = {NOW} + $3
+             set state = 'running', attempt = attempt + 1, lease_token = lease_token + 1,
+                 leased_until = {NOW} + $3
              where id in (select id from {t}
                           where state = 'available' and queue = $1 and run_at <= {NOW}
                           order by run_at, id limit $2)
-             returning id, kind, job_key, payload, attempt, max_attempts, leased_until"
+             returning id, kind, job_key, payload, attempt, max_attempts, leased_until, lease_token"
         )
         .into(),
         // Every statement that ends or extends a lease names the attempt that holds it, so a
