@@ -9,12 +9,17 @@ use sqlx::Pool;
 
 use crate::experiment::{self, RunReport, Shape};
 use crate::ledger::LedgerDb;
+use crate::scenarios::Scenario;
 
 /// The demo's result, as printed by `--json`.
 #[derive(Debug, Serialize)]
 pub struct DemoReport {
     pub backend: &'static str,
     pub database: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<Scenario>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scenario_description: Option<&'static str>,
     pub jobs: usize,
     pub deliveries: usize,
     pub concurrency: u32,
@@ -54,6 +59,8 @@ pub async fn run<DB: LedgerDb>(
     Ok(DemoReport {
         backend: DB::BACKEND,
         database,
+        scenario: None,
+        scenario_description: None,
         jobs: shape.jobs,
         deliveries: shape.deliveries,
         concurrency: shape.concurrency,
@@ -85,10 +92,22 @@ pub fn progress_bar(shape: &Shape, show: bool) -> ProgressBar {
 /// The human-readable report: a table, bars and the verdict.
 pub fn render(report: &DemoReport) -> String {
     let mut out = String::new();
-    out += &format!(
-        "jobguard demo: {} credit jobs, each delivered {} times at once over {} connections\n",
-        report.jobs, report.deliveries, report.concurrency
-    );
+    match (report.scenario, report.scenario_description) {
+        (Some(scenario), Some(description)) => {
+            let name = serde_json::to_value(scenario).unwrap_or_default();
+            out += &format!(
+                "jobguard demo --scenario {}: {} credit jobs through the job queue\n{description}\n",
+                name.as_str().unwrap_or_default(),
+                report.jobs
+            );
+        }
+        _ => {
+            out += &format!(
+                "jobguard demo: {} credit jobs, each delivered {} times at once over {} connections\n",
+                report.jobs, report.deliveries, report.concurrency
+            );
+        }
+    }
     out += &format!("database: {} ({})\n\n", report.database, report.backend);
 
     let mut table = Table::new();
@@ -102,11 +121,10 @@ pub fn render(report: &DemoReport) -> String {
         "balance total",
         "seconds",
     ]);
-    let deliveries = report.jobs * report.deliveries;
     for (name, run) in [("naive", &report.naive), ("guarded", &report.guarded)] {
         table.add_row(vec![
             Cell::new(name),
-            Cell::new(deliveries).set_alignment(CellAlignment::Right),
+            Cell::new(run.deliveries).set_alignment(CellAlignment::Right),
             Cell::new(run.effects).set_alignment(CellAlignment::Right),
             Cell::new(run.applied).set_alignment(CellAlignment::Right),
             Cell::new(run.duplicates).set_alignment(CellAlignment::Right),

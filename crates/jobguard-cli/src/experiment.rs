@@ -11,7 +11,7 @@ use jobguard::{Guard, Outcome};
 use serde::Serialize;
 use sqlx::Pool;
 
-use crate::ledger::{Credit, GUARDED_LEDGER, LedgerDb, NAIVE_LEDGER};
+use crate::ledger::{Credit, Ledger, LedgerDb};
 
 /// The experiment's size.
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -30,6 +30,8 @@ impl Shape {
 /// What one run (naive or guarded) did, read back from its ledger.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunReport {
+    /// Deliveries made: every time a job ran, whatever it did.
+    pub deliveries: usize,
     /// Ledger rows written: the effects that actually happened.
     pub effects: i64,
     pub applied: usize,
@@ -68,7 +70,7 @@ pub async fn run_naive<DB: LedgerDb>(
     let report = deliver_all(credits, shape, progress, move |credit| {
         let pool = pool.clone();
         async move {
-            DB::credit_naive(&pool, &credit)
+            crate::ledger::credit_naive(&pool, &credit)
                 .await
                 .map(Outcome::Applied)
                 .map_err(Into::into)
@@ -101,9 +103,9 @@ pub async fn read_back<DB: LedgerDb>(
     guarded: bool,
 ) -> anyhow::Result<()> {
     let ledger = if guarded {
-        GUARDED_LEDGER
+        Ledger::Guarded
     } else {
-        NAIVE_LEDGER
+        Ledger::Naive
     };
     (report.effects, report.balance_total) = DB::read(pool, ledger).await?;
     Ok(())
@@ -153,7 +155,10 @@ where
             })
         })
         .collect();
-    let mut report = RunReport::default();
+    let mut report = RunReport {
+        deliveries: total,
+        ..RunReport::default()
+    };
     for worker in workers {
         let tally = worker.await.expect("a delivery worker panicked");
         report.applied += tally.applied;

@@ -6,19 +6,22 @@
 use std::future::Future;
 
 use jobguard::{Backend, Guard, GuardConfig, JobKey, Outcome, TableName};
+use serde::{Deserialize, Serialize};
 use sqlx::postgres::Postgres;
 use sqlx::sqlite::Sqlite;
-use sqlx::{Executor, Pool};
+use sqlx::{Executor, Pool, Transaction};
 
 /// The demo's own tables; nothing else in the database is touched.
 pub const NAIVE_LEDGER: &str = "jobguard_demo_ledger_naive";
 /// The ledger the guarded job writes to.
 pub const GUARDED_LEDGER: &str = "jobguard_demo_ledger_guarded";
+/// The ledger of `jobguard bench queue`.
+pub const BENCH_LEDGER: &str = "jobguard_bench_ledger";
 /// The guard table of the demo.
 pub const GUARD_TABLE: &str = "jobguard_demo_processed_jobs";
 
 /// One credit job: a key derived from the order, and what it credits.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Credit {
     pub key: JobKey,
     pub account: i64,
@@ -36,28 +39,60 @@ impl Credit {
     }
 }
 
+/// Which ledger a job appends to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ledger {
+    Naive,
+    Guarded,
+    /// The ledger of `jobguard bench queue`.
+    Bench,
+}
+
+impl Ledger {
+    pub fn table(self) -> &'static str {
+        match self {
+            Ledger::Naive => NAIVE_LEDGER,
+            Ledger::Guarded => GUARDED_LEDGER,
+            Ledger::Bench => BENCH_LEDGER,
+        }
+    }
+}
+
 /// A database the credit job runs on.
 pub trait LedgerDb: Backend {
     /// Drops and creates the demo's ledgers and guard table.
     fn reset(pool: &Pool<Self>) -> impl Future<Output = anyhow::Result<Guard<Self>>> + Send;
 
-    /// The naive job: one transaction that appends the credit, on every delivery.
-    fn credit_naive(
+    /// Opens the transaction a naive job runs in.
+    fn open_tx(
         pool: &Pool<Self>,
+    ) -> impl Future<Output = sqlx::Result<Transaction<'static, Self>>> + Send;
+
+    /// Appends a credit to a ledger.
+    fn append(
+        conn: &mut Self::Connection,
+        ledger: Ledger,
         credit: &Credit,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
-    /// The effect of the guarded job, inside the guard's transaction.
-    fn append(
+    /// Appends to the benchmark's ledger.
+    fn append_bench(
         conn: &mut Self::Connection,
-        credit: &Credit,
+        amount: i64,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
     /// Rows and total amount in a ledger.
     fn read(
         pool: &Pool<Self>,
-        ledger: &'static str,
+        ledger: Ledger,
     ) -> impl Future<Output = sqlx::Result<(i64, i64)>> + Send;
+}
+
+/// The naive job: one transaction that appends the credit, on every delivery.
+pub async fn credit_naive<DB: LedgerDb>(pool: &Pool<DB>, credit: &Credit) -> sqlx::Result<()> {
+    let mut tx = DB::open_tx(pool).await?;
+    DB::append(&mut tx, Ledger::Naive, credit).await?;
+    tx.commit().await
 }
 
 /// The guarded job: claim the key, append the credit, commit both together.
@@ -67,134 +102,153 @@ pub async fn credit_guarded<DB: LedgerDb>(
 ) -> jobguard::Result<Outcome<()>> {
     let key = credit.key.clone();
     guard
-        .run(&key, async move |conn| {
-            DB::append(conn, &credit).await?;
+        .run_with_payload(&key, &(credit.account, credit.amount), async move |conn| {
+            DB::append(conn, Ledger::Guarded, &credit).await?;
             Ok(())
         })
         .await
 }
 
-fn guard_for<DB: Backend>(pool: &Pool<DB>) -> anyhow::Result<Guard<DB>> {
+pub fn guard_for<DB: Backend>(pool: &Pool<DB>) -> anyhow::Result<Guard<DB>> {
     let config = GuardConfig::default().table(TableName::new(GUARD_TABLE)?);
     Ok(Guard::with_config(pool.clone(), config)?)
 }
 
-macro_rules! ledger_sql {
-    ($ledger:expr, $id:literal) => {
-        concat!(
-            "create table ",
-            $ledger,
-            " (id ",
-            $id,
-            ", account bigint not null, amount bigint not null)"
-        )
-    };
+/// The ledgers' DDL; the same on both backends but for the id column.
+fn create_ledger(ledger: Ledger, id: &str) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(format!(
+        "create table {} (id {id}, account bigint not null, amount bigint not null)",
+        ledger.table()
+    ))
+}
+
+/// Drops the demo's tables, creates its ledgers and migrates its guard.
+async fn recreate<DB: LedgerDb>(
+    mut tx: Transaction<'static, DB>,
+    pool: &Pool<DB>,
+    id: &str,
+) -> anyhow::Result<Guard<DB>>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    for table in DEMO_TABLES {
+        tx.execute(sqlx::AssertSqlSafe(format!("drop table if exists {table}")))
+            .await?;
+    }
+    for ledger in [Ledger::Naive, Ledger::Guarded] {
+        tx.execute(create_ledger(ledger, id)).await?;
+    }
+    tx.commit().await?;
+    let guard = guard_for(pool)?;
+    guard.migrate().await?;
+    Ok(guard)
+}
+
+/// Every table the demo owns, dropped and recreated on each run.
+pub const DEMO_TABLES: [&str; 5] = [
+    NAIVE_LEDGER,
+    GUARDED_LEDGER,
+    GUARD_TABLE,
+    crate::scenarios::NAIVE_JOBS,
+    crate::scenarios::GUARDED_JOBS,
+];
+
+async fn append_to<'c, DB: Backend>(
+    conn: &'c mut DB::Connection,
+    ledger: Ledger,
+    credit: &Credit,
+) -> sqlx::Result<()>
+where
+    &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
+{
+    let sql = format!(
+        "insert into {} (account, amount) values ($1, $2)",
+        ledger.table()
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(credit.account)
+        .bind(credit.amount)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 impl LedgerDb for Postgres {
     async fn reset(pool: &Pool<Self>) -> anyhow::Result<Guard<Self>> {
-        let mut tx = pool.begin().await?;
-        for table in [NAIVE_LEDGER, GUARDED_LEDGER, GUARD_TABLE] {
-            tx.execute(sqlx::AssertSqlSafe(format!("drop table if exists {table}")))
-                .await?;
-        }
-        tx.execute(ledger_sql!(
-            "jobguard_demo_ledger_naive",
-            "bigserial primary key"
-        ))
-        .await?;
-        tx.execute(ledger_sql!(
-            "jobguard_demo_ledger_guarded",
-            "bigserial primary key"
-        ))
-        .await?;
-        tx.commit().await?;
-        let guard = guard_for(pool)?;
-        guard.migrate().await?;
-        Ok(guard)
+        recreate(pool.begin().await?, pool, "bigserial primary key").await
     }
 
-    async fn credit_naive(pool: &Pool<Self>, credit: &Credit) -> sqlx::Result<()> {
-        let mut tx = pool.begin().await?;
-        sqlx::query("insert into jobguard_demo_ledger_naive (account, amount) values ($1, $2)")
-            .bind(credit.account)
-            .bind(credit.amount)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
+    async fn open_tx(pool: &Pool<Self>) -> sqlx::Result<Transaction<'static, Self>> {
+        pool.begin().await
     }
 
-    async fn append(conn: &mut Self::Connection, credit: &Credit) -> sqlx::Result<()> {
-        sqlx::query("insert into jobguard_demo_ledger_guarded (account, amount) values ($1, $2)")
-            .bind(credit.account)
-            .bind(credit.amount)
+    async fn append(
+        conn: &mut Self::Connection,
+        ledger: Ledger,
+        credit: &Credit,
+    ) -> sqlx::Result<()> {
+        append_to::<Self>(conn, ledger, credit).await
+    }
+
+    async fn append_bench(conn: &mut Self::Connection, amount: i64) -> sqlx::Result<()> {
+        sqlx::query("insert into jobguard_bench_ledger (account, amount) values (7, $1)")
+            .bind(amount)
             .execute(conn)
             .await?;
         Ok(())
     }
 
-    async fn read(pool: &Pool<Self>, ledger: &'static str) -> sqlx::Result<(i64, i64)> {
-        let sql = match ledger {
-            NAIVE_LEDGER => {
-                "select count(*), coalesce(sum(amount), 0)::int8 from jobguard_demo_ledger_naive"
-            }
-            _ => {
-                "select count(*), coalesce(sum(amount), 0)::int8 from jobguard_demo_ledger_guarded"
-            }
-        };
-        sqlx::query_as(sql).fetch_one(pool).await
+    async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
+        let sql = format!(
+            "select count(*), cast(coalesce(sum(amount), 0) as bigint) from {}",
+            ledger.table()
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_one(pool)
+            .await
     }
 }
 
 impl LedgerDb for Sqlite {
     async fn reset(pool: &Pool<Self>) -> anyhow::Result<Guard<Self>> {
-        let mut tx = pool.begin_with("begin immediate").await?;
-        for table in [NAIVE_LEDGER, GUARDED_LEDGER, GUARD_TABLE] {
-            tx.execute(sqlx::AssertSqlSafe(format!("drop table if exists {table}")))
-                .await?;
-        }
-        tx.execute(ledger_sql!(
-            "jobguard_demo_ledger_naive",
-            "integer primary key"
-        ))
-        .await?;
-        tx.execute(ledger_sql!(
-            "jobguard_demo_ledger_guarded",
-            "integer primary key"
-        ))
-        .await?;
-        tx.commit().await?;
-        let guard = guard_for(pool)?;
-        guard.migrate().await?;
-        Ok(guard)
+        recreate(
+            pool.begin_with("begin immediate").await?,
+            pool,
+            "integer primary key",
+        )
+        .await
     }
 
-    async fn credit_naive(pool: &Pool<Self>, credit: &Credit) -> sqlx::Result<()> {
-        let mut tx = pool.begin_with("begin immediate").await?;
-        sqlx::query("insert into jobguard_demo_ledger_naive (account, amount) values ($1, $2)")
-            .bind(credit.account)
-            .bind(credit.amount)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
+    async fn open_tx(pool: &Pool<Self>) -> sqlx::Result<Transaction<'static, Self>> {
+        // Take the write lock up front, as the guard does, so writers queue instead of failing.
+        pool.begin_with("begin immediate").await
     }
 
-    async fn append(conn: &mut Self::Connection, credit: &Credit) -> sqlx::Result<()> {
-        sqlx::query("insert into jobguard_demo_ledger_guarded (account, amount) values ($1, $2)")
-            .bind(credit.account)
-            .bind(credit.amount)
+    async fn append(
+        conn: &mut Self::Connection,
+        ledger: Ledger,
+        credit: &Credit,
+    ) -> sqlx::Result<()> {
+        append_to::<Self>(conn, ledger, credit).await
+    }
+
+    async fn append_bench(conn: &mut Self::Connection, amount: i64) -> sqlx::Result<()> {
+        sqlx::query("insert into jobguard_bench_ledger (account, amount) values (7, $1)")
+            .bind(amount)
             .execute(conn)
             .await?;
         Ok(())
     }
 
-    async fn read(pool: &Pool<Self>, ledger: &'static str) -> sqlx::Result<(i64, i64)> {
-        let sql = match ledger {
-            NAIVE_LEDGER => {
-                "select count(*), coalesce(sum(amount), 0) from jobguard_demo_ledger_naive"
-            }
-            _ => "select count(*), coalesce(sum(amount), 0) from jobguard_demo_ledger_guarded",
-        };
-        sqlx::query_as(sql).fetch_one(pool).await
+    async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
+        let sql = format!(
+            "select count(*), cast(coalesce(sum(amount), 0) as bigint) from {}",
+            ledger.table()
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_one(pool)
+            .await
     }
 }

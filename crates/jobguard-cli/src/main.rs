@@ -1,10 +1,14 @@
 //! The `jobguard` command line: a thin layer over the `jobguard` library.
 
 mod bench;
+mod bench_queue;
 mod database;
 mod demo;
 mod experiment;
+mod jobs;
 mod ledger;
+mod ops;
+mod scenarios;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -30,12 +34,42 @@ enum Command {
     /// Measure what the guard costs.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// One delivery loop of a demo scenario, in its own process.
+    #[command(hide = true)]
+    ScenarioWorker(scenarios::WorkerArgs),
+    /// Run the built-in jobs (credit, noop, fail) from the queue until Ctrl-C.
+    Worker(ops::WorkerArgs),
+    /// Put a job on the queue, unless a job with its key is already waiting or running.
+    Enqueue(ops::EnqueueArgs),
+    /// Job counts by state and the newest jobs.
+    Jobs(ops::JobsArgs),
+    /// List and replay dead-lettered jobs.
+    #[command(subcommand)]
+    Dead(ops::DeadCommand),
 }
 
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Deliveries per second of the naive and the guarded credit job, side by side.
     Guard(BenchArgs),
+    /// Jobs per second drained by the worker, against pgbench running the same transaction.
+    Queue(BenchQueueArgs),
+}
+
+#[derive(Args)]
+struct BenchQueueArgs {
+    /// Jobs to enqueue and drain, for each kind of job.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    jobs: u32,
+    /// Jobs run at once, and connections in the pool (and pgbench clients).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    concurrency: u32,
+    /// postgres://user@host/db, or sqlite:path.db for an embedded database.
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_URL, hide_env_values = true)]
+    database_url: String,
+    /// Print one JSON object instead of the report.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -71,6 +105,10 @@ impl ExperimentArgs {
 struct DemoArgs {
     #[command(flatten)]
     experiment: ExperimentArgs,
+    /// Run an at-least-once failure for real through the job queue instead (20 jobs unless
+    /// --jobs says otherwise).
+    #[arg(long, value_enum)]
+    scenario: Option<scenarios::Scenario>,
 }
 
 #[derive(Args)]
@@ -104,21 +142,41 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => demo(args).await,
+        Command::ScenarioWorker(args) => scenario_worker(args).await,
         Command::Bench(BenchCommand::Guard(args)) => bench_guard(args).await,
+        Command::Bench(BenchCommand::Queue(args)) => bench_queue(args).await,
+        Command::Worker(args) => ops::worker(args).await,
+        Command::Enqueue(args) => ops::enqueue(args).await,
+        Command::Jobs(args) => ops::jobs(args).await,
+        Command::Dead(command) => ops::dead(command).await,
     }
 }
 
 async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    let scenario = args.scenario;
     let args = args.experiment;
-    let shape = args.shape(100);
     let database = redact(&args.database_url);
-    let show_progress = !args.json && std::io::stderr().is_terminal();
-    let report = match Database::connect(&args.database_url, shape.concurrency).await? {
-        Database::Postgres(pool) => {
-            demo::run::<Postgres>(&pool, database, shape, show_progress).await?
+    let report = if let Some(scenario) = scenario {
+        let jobs = args.shape(20).jobs;
+        let url = &args.database_url;
+        match Database::connect(url, 4).await? {
+            Database::Postgres(pool) => {
+                scenarios::run::<Postgres>(&pool, url, database, scenario, jobs).await?
+            }
+            Database::Sqlite(pool) => {
+                scenarios::run::<Sqlite>(&pool, url, database, scenario, jobs).await?
+            }
         }
-        Database::Sqlite(pool) => {
-            demo::run::<Sqlite>(&pool, database, shape, show_progress).await?
+    } else {
+        let shape = args.shape(100);
+        let show_progress = !args.json && std::io::stderr().is_terminal();
+        match Database::connect(&args.database_url, shape.concurrency).await? {
+            Database::Postgres(pool) => {
+                demo::run::<Postgres>(&pool, database, shape, show_progress).await?
+            }
+            Database::Sqlite(pool) => {
+                demo::run::<Sqlite>(&pool, database, shape, show_progress).await?
+            }
         }
     };
     if args.json {
@@ -148,6 +206,35 @@ async fn bench_guard(args: BenchArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", bench::render(&report));
+    }
+    Ok(if report.exactly_once {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn scenario_worker(args: scenarios::WorkerArgs) -> anyhow::Result<ExitCode> {
+    match Database::connect(args.database_url(), 4).await? {
+        Database::Postgres(pool) => scenarios::worker_process::<Postgres>(&pool, &args).await?,
+        Database::Sqlite(pool) => scenarios::worker_process::<Sqlite>(&pool, &args).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn bench_queue(args: BenchQueueArgs) -> anyhow::Result<ExitCode> {
+    let (url, jobs, concurrency) = (&args.database_url, args.jobs as usize, args.concurrency);
+    // The worker's connections, plus one for its notifications and one for heartbeats.
+    let report = match Database::connect(url, concurrency + 2).await? {
+        Database::Postgres(pool) => {
+            bench_queue::run::<Postgres>(&pool, url, jobs, concurrency).await?
+        }
+        Database::Sqlite(pool) => bench_queue::run::<Sqlite>(&pool, url, jobs, concurrency).await?,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", bench_queue::render(&report));
     }
     Ok(if report.exactly_once {
         ExitCode::SUCCESS

@@ -96,7 +96,9 @@ fn demo_leaves_other_tables_alone() {
 
 #[test]
 fn demo_on_postgres() {
-    let Some(url) = postgres_url() else { return };
+    let Some(url) = postgres_schema_url("demo") else {
+        return;
+    };
     let (ok, report, stderr) =
         jobguard(&scratch("pg"), &["demo", "--json", "--database-url", &url]);
     assert!(ok, "{stderr}");
@@ -135,6 +137,92 @@ fn bad_input_gets_a_clear_error() {
     let (ok, _, stderr) = jobguard(&dir, &["demo", "--jobs", "0"]);
     assert!(!ok);
     assert!(stderr.contains("--jobs"), "{stderr}");
+}
+
+/// A URL whose connections use a fresh schema of this test's own, so demos running at the same
+/// time do not share tables.
+fn postgres_schema_url(name: &str) -> Option<String> {
+    let url = postgres_url()?;
+    let schema = format!("jg_cli_{name}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let pool = sqlx::PgPool::connect(&url)
+            .await
+            .expect("connect to PostgreSQL");
+        let reset = format!("drop schema if exists {schema} cascade; create schema {schema}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(reset))
+            .execute(&pool)
+            .await
+            .unwrap();
+    });
+    let separator = if url.contains('?') { '&' } else { '?' };
+    Some(format!(
+        "{url}{separator}options=-c%20search_path%3D{schema}"
+    ))
+}
+
+/// Runs a scenario and checks the seed's claim: the naive job repeats effects, the guarded job
+/// applies each job once and reports the rest as duplicates.
+fn assert_scenario(url: Option<&str>, name: &str, naive_effects: i64, duplicates: u64) {
+    let dir = scratch(&format!(
+        "scenario-{name}-{}",
+        if url.is_some() { "pg" } else { "sqlite" }
+    ));
+    let mut args = vec!["demo", "--json", "--scenario", name];
+    if let Some(url) = url {
+        args.extend(["--database-url", url]);
+    }
+    let (ok, report, stderr) = jobguard(&dir, &args);
+    assert!(ok, "{name}: {stderr}");
+    assert_eq!(report["scenario"], name);
+    assert_eq!(report["jobs"], 20);
+    assert_eq!(
+        report["naive"]["effects"], naive_effects,
+        "{name}: {report}"
+    );
+    assert_eq!(report["guarded"]["effects"], 20, "{name}: {report}");
+    assert_eq!(report["guarded"]["applied"], 20, "{name}: {report}");
+    assert_eq!(
+        report["guarded"]["duplicates"], duplicates,
+        "{name}: {report}"
+    );
+    assert_eq!(
+        report["guarded"]["balance_total"],
+        report["expected_balance_total"]
+    );
+    assert_eq!(report["exactly_once"], true);
+}
+
+const SCENARIOS: [(&str, i64, u64); 4] = [
+    // Every 5th job's worker process is killed after its effect and before its ack: 4 kills.
+    ("crash-before-ack", 24, 4),
+    // Every job's first attempt answers after the caller gave up: every job runs twice.
+    ("retry-after-timeout", 40, 20),
+    // The slow worker's 5 jobs are run again by the second worker while it still runs them.
+    ("lease-expiry", 25, 5),
+    // 10 jobs enqueued twice while waiting (the queue returns the live job) and 10 after they
+    // completed (the guard reports them): the naive producer's random keys run all 40.
+    ("double-enqueue", 40, 10),
+];
+
+#[test]
+fn scenarios_on_embedded_sqlite() {
+    for (name, naive, duplicates) in SCENARIOS {
+        assert_scenario(None, name, naive, duplicates);
+    }
+}
+
+#[test]
+fn scenarios_on_postgres() {
+    for (name, naive, duplicates) in SCENARIOS {
+        let Some(url) = postgres_schema_url(&name.replace('-', "_")) else {
+            return;
+        };
+        assert_scenario(Some(&url), name, naive, duplicates);
+    }
 }
 
 fn postgres_url() -> Option<String> {

@@ -59,6 +59,24 @@ pub trait Backend: Database + sealed::Sealed {
         claim: &NewClaim<'_>,
     ) -> impl Future<Output = sqlx::Result<ClaimRow>> + Send;
 
+    /// Claims the key and completes the job of `lease`; false when the lease is not held.
+    /// Backends that can do both in one statement override this.
+    #[doc(hidden)]
+    fn claim_completing(
+        conn: &mut Self::Connection,
+        guard: &GuardSql,
+        queue: &QueueSql,
+        claim: &NewClaim<'_>,
+        lease: Lease,
+    ) -> impl Future<Output = sqlx::Result<(ClaimRow, bool)>> + Send {
+        async move {
+            if !Self::settle(conn, queue, lease, Settle::Complete).await? {
+                return Ok((ClaimRow::Vanished, false));
+            }
+            Ok((Self::claim(conn, guard, claim).await?, true))
+        }
+    }
+
     #[doc(hidden)]
     fn fetch_record(
         conn: &mut Self::Connection,

@@ -56,6 +56,7 @@ use crate::error::{Error, JobError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
 use crate::metrics::record_outcome;
+use crate::queue::{Lease, QueueSql};
 use crate::table::TableName;
 use crate::writer::WriterLock;
 
@@ -591,28 +592,62 @@ impl<DB: Backend> Guard<DB> {
         fingerprint: Option<&Fingerprint>,
         token: &ClaimToken,
     ) -> Result<Claim> {
-        let sql = &self.inner.sql;
         let new = NewClaim {
             key: key.as_str(),
             kind: key.kind(),
             fingerprint,
             token,
         };
-        let record = match DB::claim(conn, sql, &new).await? {
-            ClaimRow::Claimed => return Ok(Claim::Claimed),
-            ClaimRow::Held(record) => record,
-            ClaimRow::Vanished => return Err(Error::Database(sqlx::Error::RowNotFound)),
-        };
-        // Only two known payloads can disagree: a key first run without a payload accepts any.
-        if let (Some(stored), Some(given)) = (&record.fingerprint, fingerprint)
-            && stored != given
-        {
-            return Err(Error::KeyReused {
-                key: key.to_string(),
-            });
-        }
-        Ok(Claim::Duplicate(record))
+        let row = DB::claim(conn, &self.inner.sql, &new).await?;
+        check_claim(key, fingerprint, row)
     }
+
+    /// Claims `key` and completes the job of `lease` in one step inside the worker's
+    /// transaction; `None` when the lease is no longer held (nothing was claimed then).
+    ///
+    /// Completing before the effect runs is safe because both commit or roll back together,
+    /// and it means a worker whose lease was taken over never runs the effect at all.
+    pub(crate) async fn claim_completing(
+        &self,
+        conn: &mut DB::Connection,
+        key: &JobKey,
+        payload: &serde_json::Value,
+        queue: &QueueSql,
+        lease: Lease,
+    ) -> Result<Option<Claim>> {
+        let fingerprint = fingerprint_of(key, payload)?;
+        let token = ClaimToken::new();
+        let new = NewClaim {
+            key: key.as_str(),
+            kind: key.kind(),
+            fingerprint: Some(&fingerprint),
+            token: &token,
+        };
+        let (row, completed) =
+            DB::claim_completing(conn, &self.inner.sql, queue, &new, lease).await?;
+        if !completed {
+            return Ok(None);
+        }
+        check_claim(key, Some(&fingerprint), row).map(Some)
+    }
+}
+
+/// Turns what the claim found into a [`Claim`], refusing a key reused with another payload.
+fn check_claim(key: &JobKey, fingerprint: Option<&Fingerprint>, row: ClaimRow) -> Result<Claim> {
+    let record = match row {
+        ClaimRow::Claimed => return Ok(Claim::Claimed),
+        ClaimRow::Held(record) => record,
+        ClaimRow::Vanished => return Err(Error::Database(sqlx::Error::RowNotFound)),
+    };
+    // Only two known payloads can disagree: a key first run without a payload accepts any.
+    if let (Some(stored), Some(given)) = (&record.fingerprint, fingerprint)
+        && stored != given
+    {
+        return Err(Error::KeyReused {
+            key: key.to_string(),
+        });
+    }
+    Ok(Claim::Duplicate(record))
 }
 
 fn fingerprint_of<P: Serialize + ?Sized>(key: &JobKey, payload: &P) -> Result<Fingerprint> {

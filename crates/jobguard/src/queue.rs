@@ -387,6 +387,10 @@ impl<DB: Backend> Queue<DB> {
         Guard::with_writer(self.inner.pool.clone(), config, self.inner.writer.clone())
     }
 
+    pub(crate) fn sql(&self) -> &QueueSql {
+        &self.inner.sql
+    }
+
     /// The pool the queue uses.
     pub fn pool(&self) -> &Pool<DB> {
         &self.inner.pool

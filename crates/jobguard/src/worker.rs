@@ -112,7 +112,10 @@ pub struct WorkerConfig {
     pub queue: String,
     /// Jobs run at once.
     pub concurrency: usize,
-    /// How long a job is leased for; running jobs extend it every third of it.
+    /// How long a job is leased for when fetched. Until it starts, the worker extends the
+    /// lease every third of it; once it starts, its transaction holds the job's row, so a job
+    /// that runs past its lease is not handed out again (a worker that stalls before that point
+    /// is fenced off instead).
     pub lease: Duration,
     /// How often an idle worker looks for jobs without a notification.
     pub poll_interval: Duration,
@@ -423,7 +426,6 @@ impl<DB: Backend> Worker<DB> {
             Ok(decoded) => decoded,
             Err(message) => return (self.bury(&mut conn, job, &message).await, Some(conn)),
         };
-        let _heartbeat = self.heartbeat(job.lease);
         let mut retries = 0;
         loop {
             let error = match self.attempt(&mut conn, job, &key, &*runnable).await {
@@ -504,19 +506,31 @@ impl<DB: Backend> Worker<DB> {
         key: &JobKey,
         runnable: &dyn Runnable<DB>,
     ) -> Result<Ended, Failure> {
+        // Until the claim below locks the job, a heartbeat keeps the lease (the wait for the
+        // database's write lock or for a concurrent delivery of the key can be long).
+        let heartbeat = self.heartbeat(job.lease);
         let mut guarded = self
             .guard
             .begin_on(conn)
             .await
             .map_err(|e| transient_or::<DB>(e, Failure::from))?;
         let tx = &mut guarded.tx;
-        let ended = match self
+        let claim = self
             .guard
-            .claim_with_payload_tx(tx, key, &job.payload)
+            .claim_completing(tx, key, &job.payload, self.queue.sql(), job.lease)
             .await
-        {
-            Ok(Claim::Duplicate(_)) => Ended::Duplicate,
-            Ok(Claim::Claimed) => match AssertUnwindSafe(runnable.run(tx)).catch_unwind().await {
+            .map_err(|e| transient_or::<DB>(e, Failure::from))?;
+        // The job's completion is written before its effect runs, in the same transaction: both
+        // commit together, and a worker whose lease was taken over stops here.
+        let Some(claim) = claim else {
+            return Err(Failure::Fenced);
+        };
+        // From here the job's row is written by this transaction: no other worker can fetch or
+        // rescue it, and extending the lease would only wait for this transaction.
+        drop(heartbeat);
+        let ended = match claim {
+            Claim::Duplicate(_) => Ended::Duplicate,
+            Claim::Claimed => match AssertUnwindSafe(runnable.run(tx)).catch_unwind().await {
                 Ok(Ok(())) => Ended::Applied,
                 Ok(Err(error)) => {
                     let (source, fatal) = error.into_parts();
@@ -541,12 +555,7 @@ impl<DB: Backend> Worker<DB> {
                     });
                 }
             },
-            Err(error) => return Err(transient_or::<DB>(error, Failure::from)),
         };
-        self.queue
-            .complete_tx(tx, job.lease)
-            .await
-            .map_err(|e| transient_or::<DB>(e, Failure::from))?;
         guarded
             .tx
             .commit()
@@ -563,7 +572,10 @@ impl<DB: Backend> Worker<DB> {
         message: &str,
         fatal: bool,
     ) -> Ended {
-        if fatal || job.lease.attempt >= job.max_attempts {
+        let last = job
+            .max_attempts
+            .min(self.config.retry.max_attempts.max(1) as i32);
+        if fatal || job.lease.attempt >= last {
             return self.bury(conn, job, message).await;
         }
         tracing::warn!(error = message, "job failed; it will run again");

@@ -15,7 +15,9 @@ use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
 
 use futures::future::BoxFuture;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgRow};
+
+use crate::queue::{Lease, QueueSql};
 
 use crate::backend::{
     Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, sealed,
@@ -26,6 +28,20 @@ use crate::table::TableName;
 pub type PgGuard = crate::Guard<Postgres>;
 
 impl sealed::Sealed for Postgres {}
+
+/// Decodes a row of the claim function: `claimed`, then the row that holds the key.
+fn claim_row(row: &PgRow) -> sqlx::Result<ClaimRow> {
+    if row.try_get::<bool, _>(0)? {
+        return Ok(ClaimRow::Claimed);
+    }
+    let result: Option<Json<serde_json::Value>> = row.try_get(3)?;
+    Ok(ClaimRow::Held(GuardRecord::from_columns(
+        row.try_get(1)?,
+        row.try_get(2)?,
+        result.map(|json| json.0),
+        row.try_get(4)?,
+    )))
+}
 
 impl WakeupSource for PgListener {
     fn next(&mut self) -> BoxFuture<'_, ()> {
@@ -99,19 +115,34 @@ impl Backend for Postgres {
             .bind(claim.token.0.as_slice())
             .fetch_optional(conn)
             .await?;
-        let Some(row) = row else {
-            return Ok(ClaimRow::Vanished);
-        };
-        if row.try_get::<bool, _>(0)? {
-            return Ok(ClaimRow::Claimed);
+        match row {
+            Some(row) => claim_row(&row),
+            None => Ok(ClaimRow::Vanished),
         }
-        let result: Option<Json<serde_json::Value>> = row.try_get(3)?;
-        Ok(ClaimRow::Held(GuardRecord::from_columns(
-            row.try_get(1)?,
-            row.try_get(2)?,
-            result.map(|json| json.0),
-            row.try_get(4)?,
-        )))
+    }
+
+    async fn claim_completing(
+        conn: &mut Self::Connection,
+        guard: &GuardSql,
+        queue: &QueueSql,
+        claim: &NewClaim<'_>,
+        lease: Lease,
+    ) -> sqlx::Result<(ClaimRow, bool)> {
+        let sql = queue_sql::claim_completing(&guard.table, &queue.table);
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(claim.key)
+            .bind(claim.kind)
+            .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
+            .bind(claim.token.0.as_slice())
+            .bind(lease.job_id)
+            .bind(lease.token)
+            .fetch_optional(conn)
+            .await?;
+        let Some(row) = row else {
+            return Ok((ClaimRow::Vanished, true));
+        };
+        let completed: bool = row.try_get(5)?;
+        Ok((claim_row(&row)?, completed))
     }
 
     crate::backend::shared_statements!();

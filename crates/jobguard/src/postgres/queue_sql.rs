@@ -103,7 +103,10 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  finished_at = case when attempt >= max_attempts then now() end,
                  last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
                  leased_until = null
-             where state = 'running' and leased_until < now()"
+             where id in (select id from {t}
+                          where state = 'running' and leased_until < now()
+                          -- a running job's own transaction holds its row: not expired
+                          for update skip locked)"
         )
         .into(),
         counts: format!("select state, count(*) from {t} group by state").into(),
@@ -131,4 +134,20 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         .into(),
         notify: Some("select pg_notify($1, $2)".into()),
     }
+}
+
+/// Completes a job and claims its key in one statement, for the worker. The job's row is
+/// updated only under the lease that holds it; the guard function is the one of
+/// [`super::sql::claim`].
+pub(crate) fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
+    format!(
+        "with completed as (
+             update {jobs} set state = 'completed', finished_at = now(), leased_until = null
+             where id = $5 and lease_token = $6 and state = 'running'
+             returning 1
+         )
+         select c.*, exists (select 1 from completed) from {claim}($1, $2, $3, $4) c",
+        jobs = jobs.quoted(),
+        claim = guard.derived_qualified("claim"),
+    )
 }

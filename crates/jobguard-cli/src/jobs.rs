@@ -1,0 +1,336 @@
+//! The built-in example job kinds that `jobguard worker` runs and `jobguard enqueue` checks:
+//!
+//! - `credit` {order, account, amount}, key `credit:<order>`: appends a row to
+//!   `jobguard_ledger`, the effect that must not repeat;
+//! - `noop` {id}, key `noop:<id>`: does nothing, for benchmarks;
+//! - `fail` {id, fatal}, key `fail:<id>`: always fails, retryably or fatally, to show retries
+//!   and dead letters.
+
+use std::future::Future;
+
+use anyhow::{Context, anyhow};
+use jobguard::{Backend, Job, JobError, JobKey, KeyError, Worker};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::postgres::Postgres;
+use sqlx::sqlite::Sqlite;
+use sqlx::{Executor, Pool};
+
+/// The table the `credit` job appends to. Nothing else in the database is touched.
+pub const LEDGER: &str = "jobguard_ledger";
+
+/// The kinds `jobguard worker` runs.
+pub const KINDS: [&str; 3] = [
+    <Credit as Example>::KIND,
+    <Noop as Example>::KIND,
+    <Fail as Example>::KIND,
+];
+
+/// Credits `amount` to `account` for `order`, once per order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credit {
+    /// The order the credit is for; the job key is `credit:<order>`.
+    pub order: String,
+    /// The account credited.
+    pub account: i64,
+    /// The amount, non-zero (negative for a debit).
+    pub amount: i64,
+}
+
+/// Does nothing: measures the queue and the guard alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Noop {
+    /// Makes the key, `noop:<id>`.
+    pub id: String,
+}
+
+/// Always fails: retryably (the job runs again until its attempts run out) or fatally (it goes
+/// to the dead letters at once).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fail {
+    /// Makes the key, `fail:<id>`.
+    pub id: String,
+    /// Whether the failure is fatal; retryable when absent.
+    #[serde(default)]
+    pub fatal: bool,
+}
+
+/// What the built-in kinds share, whatever the backend.
+pub trait Example: Serialize + DeserializeOwned {
+    /// The kind the job is enqueued and registered under.
+    const KIND: &'static str;
+    /// The payload's shape, for error messages.
+    const SHAPE: &'static str;
+
+    /// The key, derived from the payload.
+    fn job_key(&self) -> Result<JobKey, KeyError>;
+
+    /// Checks what the types cannot, with a message saying what is wrong.
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+impl Example for Credit {
+    const KIND: &'static str = "credit";
+    const SHAPE: &'static str =
+        r#"{"order": "<text>", "account": <integer>, "amount": <non-zero integer>}"#;
+
+    fn job_key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new(<Self as Example>::KIND, [&self.order])
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.amount == 0 {
+            return Err(format!(
+                "the credit of order `{}` has amount 0: credit a non-zero amount",
+                self.order
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Example for Noop {
+    const KIND: &'static str = "noop";
+    const SHAPE: &'static str = r#"{"id": "<text>"}"#;
+
+    fn job_key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new(<Self as Example>::KIND, [&self.id])
+    }
+}
+
+impl Example for Fail {
+    const KIND: &'static str = "fail";
+    const SHAPE: &'static str = r#"{"id": "<text>", "fatal": <true|false, default false>}"#;
+
+    fn job_key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new(<Self as Example>::KIND, [&self.id])
+    }
+}
+
+/// A built-in job checked for enqueueing: its key and its payload in canonical form (fields
+/// in order, defaults filled in), so that equal jobs have equal payloads.
+#[derive(Debug)]
+pub struct Checked {
+    pub key: JobKey,
+    pub payload: Value,
+}
+
+/// Checks a payload for the built-in `kind`: `Ok(None)` when `kind` is not built in.
+pub fn check(kind: &str, payload: &Value) -> anyhow::Result<Option<Checked>> {
+    match kind {
+        <Credit as Example>::KIND => check_as::<Credit>(payload).map(Some),
+        <Noop as Example>::KIND => check_as::<Noop>(payload).map(Some),
+        <Fail as Example>::KIND => check_as::<Fail>(payload).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn check_as<J: Example>(payload: &Value) -> anyhow::Result<Checked> {
+    let job = J::deserialize(payload).map_err(|error| {
+        anyhow!(
+            "the payload does not fit a `{}` job: {error}; expected {}",
+            J::KIND,
+            J::SHAPE
+        )
+    })?;
+    job.validate()
+        .map_err(|reason| anyhow!("invalid `{}` job: {reason}", J::KIND))?;
+    let key = job
+        .job_key()
+        .with_context(|| format!("cannot derive the key of the `{}` job", J::KIND))?;
+    let payload = serde_json::to_value(&job)?;
+    Ok(Checked { key, payload })
+}
+
+/// The databases the built-in jobs run on: the ledger's SQL per backend.
+pub trait ExampleDb: Backend {
+    /// Creates `jobguard_ledger` when missing.
+    fn create_ledger(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// Appends the credit to the ledger, on the worker's transaction.
+    fn append_credit(
+        conn: &mut Self::Connection,
+        credit: &Credit,
+        key: &str,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+}
+
+/// The same statement on both backends: sqlx accepts `$1` placeholders for SQLite too.
+const APPEND: &str = "insert into jobguard_ledger (account, amount, job_key) values ($1, $2, $3)";
+
+impl ExampleDb for Postgres {
+    async fn create_ledger(pool: &Pool<Self>) -> sqlx::Result<()> {
+        let mut tx = pool.begin().await?;
+        // Workers starting together would race on `create table if not exists`, which is not
+        // atomic in PostgreSQL's catalog.
+        sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind("jobguard:migrate:jobguard_ledger")
+            .execute(&mut *tx)
+            .await?;
+        tx.execute(
+            "create table if not exists jobguard_ledger (
+                 id      bigserial primary key,
+                 account bigint not null,
+                 amount  bigint not null,
+                 job_key text not null
+             )",
+        )
+        .await?;
+        tx.commit().await
+    }
+
+    async fn append_credit(
+        conn: &mut Self::Connection,
+        credit: &Credit,
+        key: &str,
+    ) -> sqlx::Result<()> {
+        sqlx::query(APPEND)
+            .bind(credit.account)
+            .bind(credit.amount)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}
+
+impl ExampleDb for Sqlite {
+    async fn create_ledger(pool: &Pool<Self>) -> sqlx::Result<()> {
+        let mut tx = pool.begin_with("begin immediate").await?;
+        tx.execute(
+            "create table if not exists jobguard_ledger (
+                 id      integer primary key,
+                 account bigint not null,
+                 amount  bigint not null,
+                 job_key text not null
+             )",
+        )
+        .await?;
+        tx.commit().await
+    }
+
+    async fn append_credit(
+        conn: &mut Self::Connection,
+        credit: &Credit,
+        key: &str,
+    ) -> sqlx::Result<()> {
+        sqlx::query(APPEND)
+            .bind(credit.account)
+            .bind(credit.amount)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}
+
+impl<DB: ExampleDb> Job<DB> for Credit {
+    const KIND: &'static str = <Self as Example>::KIND;
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        self.job_key()
+    }
+
+    async fn run(&self, conn: &mut DB::Connection) -> Result<(), JobError> {
+        // A producer other than `jobguard enqueue` may have skipped the checks.
+        self.validate().map_err(JobError::fatal)?;
+        let key = self.job_key().map_err(JobError::fatal)?;
+        DB::append_credit(conn, self, key.as_str()).await?;
+        Ok(())
+    }
+}
+
+impl<DB: ExampleDb> Job<DB> for Noop {
+    const KIND: &'static str = <Self as Example>::KIND;
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        self.job_key()
+    }
+
+    async fn run(&self, _conn: &mut DB::Connection) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+impl<DB: ExampleDb> Job<DB> for Fail {
+    const KIND: &'static str = <Self as Example>::KIND;
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        self.job_key()
+    }
+
+    async fn run(&self, _conn: &mut DB::Connection) -> Result<(), JobError> {
+        if self.fatal {
+            Err(JobError::fatal(format!(
+                "fail:{} failed on purpose with a fatal error: no retry, straight to the dead \
+                 letters",
+                self.id
+            )))
+        } else {
+            Err(JobError::msg(format!(
+                "fail:{} failed on purpose with a retryable error: it runs again until its \
+                 attempts run out",
+                self.id
+            )))
+        }
+    }
+}
+
+/// Registers every built-in kind with `worker`.
+pub fn register<DB: ExampleDb>(worker: Worker<DB>) -> Worker<DB> {
+    worker
+        .register::<Credit>()
+        .register::<Noop>()
+        .register::<Fail>()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn keys_derive_from_the_payload() {
+        let credit = check(
+            "credit",
+            &json!({"order": "o-1", "account": 7, "amount": 5}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(credit.key.as_str(), "credit:o-1");
+        let fail = check("fail", &json!({"id": "a:b"})).unwrap().unwrap();
+        assert_eq!(fail.key.as_str(), "fail:a%3Ab");
+        // Canonical payload: the default is written out, so equal jobs compare equal.
+        assert_eq!(fail.payload, json!({"id": "a:b", "fatal": false}));
+        assert!(check("email", &json!({})).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_payloads_say_what_is_expected() {
+        let error = check("credit", &json!({"order": "o-1", "account": 7}))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("missing field `amount`"), "{error}");
+        assert!(error.contains(r#""amount": <non-zero integer>"#), "{error}");
+        let error = check("noop", &json!({"id": "x", "extra": 1}))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown field `extra`"), "{error}");
+        let error = check(
+            "credit",
+            &json!({"order": "o-1", "account": 7, "amount": 0}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("non-zero"), "{error}");
+        let error = format!("{:#}", check("noop", &json!({"id": ""})).unwrap_err());
+        assert!(error.contains("empty"), "{error}");
+    }
+}

@@ -1,0 +1,179 @@
+//! `jobguard worker`: runs the built-in jobs from the queue until Ctrl-C, or until idle.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use comfy_table::{Cell, CellAlignment};
+use jobguard::worker::shutdown_signal;
+use jobguard::{Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
+use serde::Serialize;
+use sqlx::{Pool, Postgres, Sqlite};
+
+use super::{Target, parse_duration, table};
+use crate::database::{Database, redact};
+use crate::jobs::{self, ExampleDb};
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// The queue to take jobs from.
+    #[arg(long, default_value = jobguard::queue::DEFAULT_QUEUE)]
+    queue: String,
+    /// Jobs run at once.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    concurrency: u32,
+    /// How long a job is leased for (e.g. 30s); running jobs extend it every third of it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    lease: Duration,
+    /// How often an idle worker looks for jobs; on PostgreSQL an enqueue also wakes it.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    poll: Duration,
+    /// The delay before a failed job runs again; it doubles with each attempt, up to an hour.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    backoff: Duration,
+    /// How long running jobs get to finish after Ctrl-C; then they are rolled back and given
+    /// back to the queue.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    shutdown_timeout: Duration,
+    /// Stop as soon as no job is available to run now and none is running.
+    #[arg(long)]
+    until_idle: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// What `jobguard worker --json` prints when it stops.
+#[derive(Debug, Serialize)]
+struct WorkerReport {
+    backend: &'static str,
+    database: String,
+    queue: String,
+    #[serde(flatten)]
+    stats: WorkerStats,
+    seconds: f64,
+}
+
+pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    if args.lease < Duration::from_millis(300) {
+        bail!(
+            "--lease {} is too short: jobs extend their lease every third of it; use at least \
+             300ms, and longer than your slowest job takes between heartbeats",
+            humantime::format_duration(args.lease)
+        );
+    }
+    if args.poll < Duration::from_millis(10) {
+        bail!("--poll must be at least 10ms");
+    }
+    // Each running job holds a connection for its transaction; heartbeats, retries and the
+    // next fetch need a few more.
+    let connections = args.concurrency + 4;
+    match super::connect(&args.target.database_url, connections).await? {
+        Database::Postgres(pool) => run::<Postgres>(pool, args).await,
+        Database::Sqlite(pool) => run::<Sqlite>(pool, args).await,
+    }
+}
+
+async fn run<DB: ExampleDb>(pool: Pool<DB>, args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let database = redact(&args.target.database_url);
+    let config = WorkerConfig {
+        queue: args.queue.clone(),
+        concurrency: args.concurrency as usize,
+        lease: args.lease,
+        poll_interval: args.poll,
+        retry: RetryPolicy {
+            base: args.backoff,
+            ..RetryPolicy::default()
+        },
+        shutdown_timeout: args.shutdown_timeout,
+        stop_when_idle: args.until_idle,
+        ..WorkerConfig::default()
+    };
+    let queue = Queue::new(pool.clone());
+    let worker = jobs::register(Worker::with_config(queue.clone(), config)?);
+    queue
+        .migrate()
+        .await
+        .with_context(|| format!("cannot create the job queue's table in {database}"))?;
+    worker
+        .guard()
+        .migrate()
+        .await
+        .with_context(|| format!("cannot create the guard's table in {database}"))?;
+    DB::create_ledger(&pool).await.with_context(|| {
+        format!(
+            "cannot create the ledger table `{}` in {database}",
+            jobs::LEDGER
+        )
+    })?;
+
+    if !args.target.json {
+        eprintln!(
+            "jobguard worker: queue `{}` on {database} ({}), {} jobs at once, kinds {}; {}",
+            args.queue,
+            DB::BACKEND,
+            args.concurrency,
+            jobs::KINDS.join(", "),
+            if args.until_idle {
+                "stops when idle"
+            } else {
+                "Ctrl-C to stop"
+            }
+        );
+    }
+    let started = Instant::now();
+    let stats = worker.run(shutdown_signal()).await?;
+    let report = WorkerReport {
+        backend: DB::BACKEND,
+        database,
+        queue: args.queue,
+        stats,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    pool.close().await;
+    if args.target.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render(report: &WorkerReport) -> String {
+    let stats = &report.stats;
+    let mut table = table(&["outcome", "jobs", "meaning"]);
+    for (name, n, meaning) in [
+        (
+            "applied",
+            stats.applied,
+            "effect committed with the guard row",
+        ),
+        (
+            "duplicates",
+            stats.duplicates,
+            "key already applied: completed, effect skipped",
+        ),
+        ("failed", stats.failed, "attempt failed, will run again"),
+        (
+            "dead",
+            stats.dead,
+            "dead-lettered: see `jobguard dead list`",
+        ),
+        (
+            "fenced",
+            stats.fenced,
+            "lease lost to another worker: rolled back",
+        ),
+        ("released", stats.released, "given back at shutdown"),
+    ] {
+        table.add_row(vec![
+            Cell::new(name),
+            Cell::new(n).set_alignment(CellAlignment::Right),
+            Cell::new(meaning),
+        ]);
+    }
+    format!(
+        "worker stopped after {:.2} s on queue `{}`\n{table}\n",
+        report.seconds, report.queue
+    )
+}

@@ -1,0 +1,599 @@
+//! The operations commands run as an operator runs them: `jobguard enqueue`, `worker`, `jobs`
+//! and `dead`, the real binary on a fresh SQLite file per test, and on a fresh PostgreSQL
+//! schema per test when `JOBGUARD_TEST_DATABASE_URL` is set.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sqlx::Executor;
+
+/// A database of the test's own.
+struct Db {
+    url: String,
+    dir: PathBuf,
+    /// The PostgreSQL admin URL and schema to drop at the end.
+    schema: Option<(String, String)>,
+}
+
+/// What one run of the binary did.
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    json: Value,
+}
+
+impl Db {
+    fn sqlite(test: &str) -> Db {
+        let dir = std::env::temp_dir().join(format!("jobguard-ops-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite:{}", dir.join("ops.db").display());
+        Db {
+            url,
+            dir,
+            schema: None,
+        }
+    }
+
+    /// A fresh schema, reached through the URL's `search_path` option; `None` to skip.
+    fn postgres(test: &str) -> Option<Db> {
+        let admin = postgres_url()?;
+        let schema = format!("jg_cli_ops_{test}_{}", std::process::id());
+        block_on(async {
+            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+                .await
+                .expect("connect to PostgreSQL");
+            conn.execute(sqlx::AssertSqlSafe(format!(
+                "drop schema if exists {schema} cascade; create schema {schema}"
+            )))
+            .await
+            .expect("create the test's schema");
+        });
+        let separator = if admin.contains('?') { '&' } else { '?' };
+        let url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
+        let mut db = Db::sqlite(&format!("pg-{test}"));
+        db.url = url;
+        db.schema = Some((admin, schema));
+        Some(db)
+    }
+
+    /// Runs `jobguard ARGS --database-url URL`.
+    fn run(&self, args: &[&str]) -> Run {
+        let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+            .args(args)
+            .args(["--database-url", &self.url])
+            .current_dir(&self.dir)
+            .env_remove("DATABASE_URL")
+            .env_remove("JOBGUARD_LOG")
+            .output()
+            .expect("run jobguard");
+        Run::from(output)
+    }
+
+    /// Runs a command that must succeed, with `--json`, and returns what it printed.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let run = self.run(&args);
+        assert!(run.ok, "jobguard {args:?} failed: {}", run.stderr);
+        assert_ne!(run.json, Value::Null, "no JSON on stdout: {}", run.stdout);
+        run.json
+    }
+
+    /// Runs a command that must fail, and returns its error output.
+    fn fails(&self, args: &[&str]) -> String {
+        let run = self.run(args);
+        assert!(!run.ok, "jobguard {args:?} succeeded: {}", run.stdout);
+        assert!(
+            run.stderr.contains("error"),
+            "no error message: {}",
+            run.stderr
+        );
+        run.stderr
+    }
+
+    fn enqueue(&self, kind: &str, payload: &Value, extra: &[&str]) -> Value {
+        let payload = payload.to_string();
+        let mut args = vec!["enqueue", kind, "--payload", &payload];
+        args.extend_from_slice(extra);
+        self.json(&args)
+    }
+
+    fn worker_until_idle(&self, extra: &[&str]) -> Value {
+        let mut args = vec!["worker", "--until-idle"];
+        args.extend_from_slice(extra);
+        self.json(&args)
+    }
+
+    /// Rows and total amount of the credit job's ledger, read directly.
+    fn ledger(&self) -> (i64, i64) {
+        let sql = "select count(*), cast(coalesce(sum(amount), 0) as bigint) from jobguard_ledger";
+        block_on(async {
+            if self.schema.is_some() {
+                let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
+                let row = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
+                pool.close().await;
+                row
+            } else {
+                let pool = jobguard::sqlite::connect(&self.url, 1).await.unwrap();
+                let row = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
+                pool.close().await;
+                row
+            }
+        })
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Some((admin, schema)) = &self.schema
+            && !std::thread::panicking()
+        {
+            block_on(async {
+                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(admin).await
+                {
+                    let _ = conn
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            "drop schema if exists {schema} cascade"
+                        )))
+                        .await;
+                }
+            });
+        }
+    }
+}
+
+impl From<Output> for Run {
+    fn from(output: Output) -> Run {
+        Run {
+            ok: output.status.success(),
+            json: serde_json::from_slice(&output.stdout).unwrap_or(Value::Null),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+fn block_on<T>(future: impl Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+fn postgres_url() -> Option<String> {
+    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+            panic!(
+                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
+            )
+        }
+        _ => {
+            eprintln!("skipping: JOBGUARD_TEST_DATABASE_URL is unset (scripts/test sets it)");
+            None
+        }
+    }
+}
+
+fn credit(n: i64) -> Value {
+    json!({"order": format!("order-{n}"), "account": n, "amount": 100 + 10 * n})
+}
+
+fn counts(db: &Db) -> Value {
+    db.json(&["jobs"])["counts"].clone()
+}
+
+fn stats(report: &Value) -> [u64; 6] {
+    [
+        "applied",
+        "duplicates",
+        "failed",
+        "dead",
+        "fenced",
+        "released",
+    ]
+    .map(|field| report[field].as_u64().unwrap_or_else(|| panic!("{report}")))
+}
+
+/// Five credits enqueued twice are five jobs; the worker applies each once; a credit enqueued
+/// again after it completed is a new job that the guard completes as a duplicate.
+fn credits_apply_once(db: &Db) {
+    let mut ids = Vec::new();
+    for n in 1..=5 {
+        let enqueued = db.enqueue("credit", &credit(n), &[]);
+        assert_eq!(enqueued["inserted"], true, "{enqueued}");
+        assert_eq!(enqueued["key"], format!("credit:order-{n}"));
+        ids.push(enqueued["id"].as_i64().unwrap());
+    }
+    for (n, id) in (1..=5).zip(&ids) {
+        let again = db.enqueue("credit", &credit(n), &[]);
+        assert_eq!(again["inserted"], false, "{again}");
+        assert_eq!(again["id"], *id, "the waiting job is returned");
+    }
+    assert_eq!(
+        counts(db),
+        json!({"available": 5, "running": 0, "completed": 0, "dead": 0})
+    );
+
+    let report = db.worker_until_idle(&[]);
+    assert_eq!(stats(&report), [5, 0, 0, 0, 0, 0], "{report}");
+    let expected_total = (1..=5).map(|n| 100 + 10 * n).sum::<i64>();
+    assert_eq!(db.ledger(), (5, expected_total));
+
+    let listed = db.json(&["jobs", "--state", "completed", "--kind", "credit"]);
+    assert_eq!(
+        listed["counts"],
+        json!({"available": 0, "running": 0, "completed": 5, "dead": 0})
+    );
+    let jobs = listed["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 5);
+    let mut listed_ids: Vec<i64> = jobs.iter().map(|j| j["id"].as_i64().unwrap()).collect();
+    listed_ids.sort();
+    assert_eq!(listed_ids, ids);
+    assert!(
+        jobs.iter()
+            .all(|j| j["attempt"] == 1 && j["state"] == "completed")
+    );
+    assert_eq!(jobs[0]["id"], ids[4], "newest first");
+    assert_eq!(jobs[0]["payload"], credit(5));
+    let limited = db.json(&["jobs", "--limit", "2"]);
+    assert_eq!(limited["jobs"].as_array().unwrap().len(), 2);
+
+    // The same credit once more: the completed job no longer holds the key, so it is a new
+    // job, and the guard completes it without a second ledger row.
+    let replayed = db.enqueue("credit", &credit(3), &[]);
+    assert_eq!(replayed["inserted"], true);
+    let report = db.worker_until_idle(&[]);
+    assert_eq!(stats(&report), [0, 1, 0, 0, 0, 0], "{report}");
+    assert_eq!(db.ledger(), (5, expected_total));
+}
+
+/// A fatal failure goes to the dead letters with its error, and comes back with replay; a
+/// retryable one runs until its attempts run out.
+fn failures_are_dead_lettered_and_replayed(db: &Db) {
+    let fatal = db.enqueue("fail", &json!({"id": "boom", "fatal": true}), &[]);
+    let id = fatal["id"].as_i64().unwrap();
+    let report = db.worker_until_idle(&[]);
+    assert_eq!(stats(&report), [0, 0, 0, 1, 0, 0], "{report}");
+
+    let dead = db.json(&["dead", "list"]);
+    let dead = dead.as_array().unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["id"], id);
+    assert_eq!(dead[0]["kind"], "fail");
+    assert_eq!(dead[0]["key"], "fail:boom");
+    assert_eq!(dead[0]["state"], "dead");
+    assert_eq!(dead[0]["attempt"], 1, "fatal: no retry");
+    let error = dead[0]["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("fail:boom") && error.contains("fatal"),
+        "{error}"
+    );
+
+    let replayed = db.json(&["dead", "replay", "--id", &id.to_string()]);
+    assert_eq!(replayed, json!({"replayed": [id]}));
+    assert_eq!(db.json(&["dead", "list"]), json!([]));
+    let available = db.json(&["jobs", "--state", "available"]);
+    assert_eq!(available["jobs"][0]["id"], id);
+    assert_eq!(available["jobs"][0]["attempt"], 0, "fresh attempts");
+    // Replaying it again finds nothing dead: a clear error.
+    let stderr = db.fails(&["dead", "replay", "--id", &id.to_string()]);
+    assert!(
+        stderr.contains(&format!("job {id} was not replayed")),
+        "{stderr}"
+    );
+
+    // It runs again and fails again.
+    let report = db.worker_until_idle(&[]);
+    assert_eq!(stats(&report), [0, 0, 0, 1, 0, 0], "{report}");
+
+    // Retryable: two attempts, the second one dead-letters it.
+    let retried = db.enqueue("fail", &json!({"id": "flaky"}), &["--max-attempts", "2"]);
+    let report = db.worker_until_idle(&["--backoff", "0s"]);
+    assert_eq!(stats(&report), [0, 0, 1, 1, 0, 0], "{report}");
+    let flaky = db.json(&["dead", "list", "--kind", "fail", "--limit", "1"]);
+    assert_eq!(flaky[0]["id"], retried["id"]);
+    assert_eq!(
+        (&flaky[0]["attempt"], &flaky[0]["max_attempts"]),
+        (&json!(2), &json!(2))
+    );
+    assert!(
+        flaky[0]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("retryable"),
+        "{flaky}"
+    );
+
+    // Replay by kind brings both back; the worker fails them again.
+    let replayed = db.json(&["dead", "replay", "--kind", "fail"]);
+    let mut replayed: Vec<i64> = serde_json::from_value(replayed["replayed"].clone()).unwrap();
+    replayed.sort();
+    assert_eq!(replayed, vec![id, retried["id"].as_i64().unwrap()]);
+    assert_eq!(counts(db)["dead"], 0);
+    assert_eq!(
+        db.json(&["dead", "replay", "--all"]),
+        json!({"replayed": []})
+    );
+}
+
+/// Bad input exits non-zero with a message that says what is wrong, and enqueues nothing.
+fn bad_input_is_refused(db: &Db) {
+    // No queue yet: reading says so rather than showing an empty queue.
+    let stderr = db.fails(&["jobs"]);
+    assert!(stderr.contains("no job queue"), "{stderr}");
+
+    let stderr = db.fails(&["enqueue", "credit", "--payload", "{\"order\": "]);
+    assert!(stderr.contains("--payload is not valid JSON"), "{stderr}");
+    let stderr = db.fails(&["enqueue", "credit", "--payload", r#"{"order": "o-1"}"#]);
+    assert!(
+        stderr.contains("does not fit a `credit` job") && stderr.contains("missing field"),
+        "{stderr}"
+    );
+    let stderr = db.fails(&[
+        "enqueue",
+        "credit",
+        "--payload",
+        r#"{"order": "o-1", "account": 1, "amount": 0}"#,
+    ]);
+    assert!(stderr.contains("non-zero"), "{stderr}");
+    let stderr = db.fails(&["enqueue", "email", "--payload", "{}"]);
+    assert!(stderr.contains("--key"), "{stderr}");
+    let stderr = db.fails(&["enqueue", "email", "--payload", "{}", "--key", "email:a%b"]);
+    assert!(
+        stderr.contains("invalid --key") && stderr.contains("malformed escape"),
+        "{stderr}"
+    );
+    let stderr = db.fails(&["enqueue", "email", "--payload", "{}", "--key", "email"]);
+    assert!(stderr.contains("no business parts"), "{stderr}");
+    let stderr = db.fails(&[
+        "enqueue",
+        "email",
+        "--payload",
+        r#"{"body": "a\u0000b"}"#,
+        "--key",
+        "email:user-7",
+    ]);
+    assert!(stderr.contains("NUL"), "{stderr}");
+    let stderr = db.fails(&[
+        "enqueue",
+        "noop",
+        "--payload",
+        r#"{"id": "a"}"#,
+        "--key",
+        "noop:b",
+    ]);
+    assert!(stderr.contains("derived from its payload"), "{stderr}");
+    let stderr = db.fails(&["enqueue", "noop", "--payload", "{}", "--delay", "5"]);
+    assert!(stderr.contains("--delay"), "{stderr}");
+    let stderr = db.fails(&["dead", "replay"]);
+    assert!(stderr.contains("--id"), "{stderr}");
+
+    // A key held by a waiting job, with another payload.
+    let first = db.enqueue("credit", &credit(1), &[]);
+    assert_eq!(first["inserted"], true);
+    let mut other = credit(1);
+    other["amount"] = json!(999);
+    let stderr = db.fails(&["enqueue", "credit", "--payload", &other.to_string()]);
+    assert!(
+        stderr.contains("credit:order-1") && stderr.contains("another payload"),
+        "{stderr}"
+    );
+    // A kind of the user's own reusing it too.
+    let stderr = db.fails(&[
+        "enqueue",
+        "email",
+        "--payload",
+        "{}",
+        "--key",
+        "credit:order-1",
+    ]);
+    assert!(stderr.contains("another payload or kind"), "{stderr}");
+
+    // Nothing but the first credit was enqueued.
+    assert_eq!(
+        counts(db),
+        json!({"available": 1, "running": 0, "completed": 0, "dead": 0})
+    );
+}
+
+#[test]
+fn credits_apply_once_on_sqlite() {
+    credits_apply_once(&Db::sqlite("credits"));
+}
+
+#[test]
+fn credits_apply_once_on_postgres() {
+    let Some(db) = Db::postgres("credits") else {
+        return;
+    };
+    credits_apply_once(&db);
+}
+
+#[test]
+fn failures_on_sqlite() {
+    failures_are_dead_lettered_and_replayed(&Db::sqlite("failures"));
+}
+
+#[test]
+fn failures_on_postgres() {
+    let Some(db) = Db::postgres("failures") else {
+        return;
+    };
+    failures_are_dead_lettered_and_replayed(&db);
+}
+
+#[test]
+fn bad_input_on_sqlite() {
+    bad_input_is_refused(&Db::sqlite("bad"));
+}
+
+#[test]
+fn bad_input_on_postgres() {
+    let Some(db) = Db::postgres("bad") else {
+        return;
+    };
+    bad_input_is_refused(&db);
+}
+
+#[test]
+fn jobs_of_other_kinds_wait_for_their_own_worker() {
+    let db = Db::sqlite("custom");
+    let run = db.run(&[
+        "enqueue",
+        "email",
+        "--payload",
+        r#"{"to": "a@example.com"}"#,
+        "--key",
+        "email:welcome:user-7",
+        "--queue",
+        "mail",
+        "--delay",
+        "1h",
+    ]);
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("enqueued job 1 (email:welcome:user-7)"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stderr.contains("worker of your own"), "{}", run.stderr);
+
+    // Delayed an hour, on another queue: no worker takes it now.
+    let report = db.worker_until_idle(&["--queue", "mail"]);
+    assert_eq!(stats(&report), [0; 6], "{report}");
+    let listed = db.json(&["jobs", "--kind", "email"]);
+    let job = &listed["jobs"][0];
+    assert_eq!(
+        (&job["queue"], &job["state"], &job["key"]),
+        (
+            &json!("mail"),
+            &json!("available"),
+            &json!("email:welcome:user-7")
+        )
+    );
+    let delay_ms = job["run_at"].as_i64().unwrap() - job["created_at"].as_i64().unwrap();
+    assert!((3_590_000..=3_610_000).contains(&delay_ms), "{delay_ms}");
+}
+
+#[test]
+fn human_output_is_readable() {
+    let db = Db::sqlite("human");
+    let run = db.run(&["enqueue", "credit", "--payload", &credit(1).to_string()]);
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("enqueued job 1 (credit:order-1)"),
+        "{}",
+        run.stdout
+    );
+    let run = db.run(&["enqueue", "credit", "--payload", &credit(1).to_string()]);
+    assert!(
+        run.stdout.contains("already waiting or running"),
+        "{}",
+        run.stdout
+    );
+    let failing = db.json(&[
+        "enqueue",
+        "fail",
+        "--payload",
+        r#"{"id": "x", "fatal": true}"#,
+    ]);
+
+    let run = db.run(&["worker", "--until-idle"]);
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("jobguard worker: queue `default`"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stdout.contains("applied") && run.stdout.contains("dead-lettered"),
+        "{}",
+        run.stdout
+    );
+
+    let run = db.run(&["jobs"]);
+    assert!(
+        run.stdout
+            .contains("jobs by state: 0 available, 0 running, 1 completed, 1 dead"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("credit:order-1"), "{}", run.stdout);
+
+    let run = db.run(&["dead", "list"]);
+    assert!(
+        run.stdout.contains("1 dead job, newest first"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("fail:x failed on purpose"),
+        "{}",
+        run.stdout
+    );
+    let run = db.run(&["dead", "replay", "--all"]);
+    let replayed = format!("replayed 1 dead job: {}", failing["id"]);
+    assert!(run.stdout.contains(&replayed), "{}", run.stdout);
+}
+
+/// Without --until-idle the worker runs until it is told to stop, and reports what it did.
+#[cfg(unix)]
+#[test]
+fn worker_stops_on_sigterm() {
+    let db = Db::sqlite("signal");
+    /// Ends the worker if the test fails before it does.
+    struct KillOnDrop(Option<std::process::Child>);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if let Some(child) = &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    let child = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+        .args([
+            "worker",
+            "--json",
+            "--poll",
+            "50ms",
+            "--database-url",
+            &db.url,
+        ])
+        .current_dir(&db.dir)
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(Some(child));
+    let pid = child.0.as_ref().unwrap().id();
+    for n in 1..=3 {
+        db.enqueue("credit", &credit(n), &[]);
+    }
+    let started = Instant::now();
+    while counts(&db)["completed"] != 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the worker ran nothing"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let child = child.0.take().unwrap();
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(stats(&run.json), [3, 0, 0, 0, 0, 0], "{}", run.stdout);
+    assert_eq!(db.ledger(), (3, (1..=3).map(|n| 100 + 10 * n).sum()));
+}
