@@ -773,3 +773,31 @@ async fn connection_lost_while_commit_in_flight_is_not_reported_as_rolled_back()
     })
     .await;
 }
+
+/// A worker starting while jobs run must not wait for them: migrating an existing guard table
+/// does no DDL, which would queue behind every transaction writing the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_a_migrated_table_does_not_wait_for_running_jobs() {
+    bounded(async {
+        let Some(pool) = Postgres::open("migrate_does_not_wait", 4).await else {
+            return;
+        };
+        let guard = PgGuard::new(pool.clone());
+        guard.migrate().await.unwrap();
+
+        // A job in flight: its transaction has written the guard table and stays open.
+        let mut tx = pool.begin().await.unwrap();
+        assert_eq!(
+            guard.claim_tx(&mut tx, &key(1)).await.unwrap(),
+            Claim::Claimed
+        );
+
+        let again = tokio::time::timeout(Duration::from_secs(5), guard.migrate()).await;
+        assert!(
+            matches!(again, Ok(Ok(()))),
+            "migrate waited for the open transaction: {again:?}"
+        );
+        tx.rollback().await.unwrap();
+    })
+    .await;
+}

@@ -29,6 +29,16 @@ pub type PgGuard = crate::Guard<Postgres>;
 
 impl sealed::Sealed for Postgres {}
 
+/// Names the exact DDL a table was migrated with, stored as the table's comment.
+fn schema_marker(statements: &[Arc<str>]) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for statement in statements {
+        hasher.update(statement.as_bytes());
+        hasher.update(&[0]);
+    }
+    format!("jobguard schema {}", &hasher.finalize().to_hex()[..16])
+}
+
 /// Decodes a row of the claim function: `claimed`, then the row that holds the key.
 fn claim_row(row: &PgRow) -> sqlx::Result<ClaimRow> {
     if row.try_get::<bool, _>(0)? {
@@ -80,6 +90,19 @@ impl Backend for Postgres {
         table: &TableName,
         statements: &[Arc<str>],
     ) -> sqlx::Result<()> {
+        // A schema already in place is left alone: `create index if not exists` would still
+        // wait for every transaction writing the table, stalling a running queue.
+        let marker = schema_marker(statements);
+        let table_name = table.quoted();
+        let migrated = "select obj_description(to_regclass($1), 'pg_class') = $2";
+        let done: Option<bool> = sqlx::query_scalar(migrated)
+            .bind(&table_name)
+            .bind(&marker)
+            .fetch_one(pool)
+            .await?;
+        if done == Some(true) {
+            return Ok(());
+        }
         let mut tx = pool.begin().await?;
         // Workers starting together would race on `create ... if not exists`, which is not
         // atomic in PostgreSQL's catalog; one lock per table makes them take turns.
@@ -87,11 +110,27 @@ impl Backend for Postgres {
             .bind(format!("jobguard:migrate:{table}"))
             .execute(&mut *tx)
             .await?;
+        let done: Option<bool> = sqlx::query_scalar(migrated)
+            .bind(&table_name)
+            .bind(&marker)
+            .fetch_one(&mut *tx)
+            .await?;
+        if done == Some(true) {
+            return tx.commit().await;
+        }
+        sqlx::query("set local lock_timeout = '30s'")
+            .execute(&mut *tx)
+            .await?;
         for statement in statements {
             sqlx::query(AssertSqlSafe(statement.clone()))
                 .execute(&mut *tx)
                 .await?;
         }
+        // The marker is hex digits: safe to splice.
+        let comment = format!("comment on table {table_name} is '{marker}'");
+        sqlx::query(AssertSqlSafe(comment))
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await
     }
 

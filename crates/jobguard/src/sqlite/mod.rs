@@ -54,10 +54,22 @@ pub async fn connect(url: &str, max_connections: u32) -> crate::Result<SqlitePoo
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(BUSY_TIMEOUT);
-    Ok(SqlitePoolOptions::new()
-        .max_connections(max_connections)
-        .connect_with(options)
-        .await?)
+    // Two processes creating the same file at once can both try to switch it to WAL, and the
+    // loser gets SQLITE_BUSY without waiting; once the file exists this cannot happen.
+    let mut attempt = 0;
+    loop {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(options.clone())
+            .await;
+        match pool {
+            Err(error) if attempt < 10 && Sqlite::is_transient(&error) => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+            }
+            pool => return Ok(pool?),
+        }
+    }
 }
 
 impl sealed::Sealed for Sqlite {}
