@@ -506,28 +506,33 @@ impl<DB: Backend> Worker<DB> {
         key: &JobKey,
         runnable: &dyn Runnable<DB>,
     ) -> Result<Ended, Failure> {
-        // Until the claim below locks the job, a heartbeat keeps the lease (the wait for the
-        // database's write lock or for a concurrent delivery of the key can be long).
-        let heartbeat = self.heartbeat(job.lease);
-        let mut guarded = self
-            .guard
-            .begin_on(conn)
+        // Until the claim locks the job, heartbeats keep the lease: the wait for SQLite's write
+        // lock, or for a concurrent delivery of the key to commit, can be long.
+        let claiming = async {
+            let mut guarded = self.guard.begin_on(conn).await?;
+            let claim = self
+                .guard
+                .claim_completing(
+                    &mut guarded.tx,
+                    key,
+                    &job.payload,
+                    self.queue.sql(),
+                    job.lease,
+                )
+                .await?;
+            Ok::<_, Error>((guarded, claim))
+        };
+        let (mut guarded, claim) = self
+            .with_heartbeat(job.lease, claiming)
             .await
             .map_err(|e| transient_or::<DB>(e, Failure::from))?;
         let tx = &mut guarded.tx;
-        let claim = self
-            .guard
-            .claim_completing(tx, key, &job.payload, self.queue.sql(), job.lease)
-            .await
-            .map_err(|e| transient_or::<DB>(e, Failure::from))?;
         // The job's completion is written before its effect runs, in the same transaction: both
-        // commit together, and a worker whose lease was taken over stops here.
+        // commit together, and a worker whose lease was taken over stops here. From here no
+        // other worker can fetch or rescue the job, so its lease needs no more heartbeats.
         let Some(claim) = claim else {
             return Err(Failure::Fenced);
         };
-        // From here the job's row is written by this transaction: no other worker can fetch or
-        // rescue it, and extending the lease would only wait for this transaction.
-        drop(heartbeat);
         let ended = match claim {
             Claim::Duplicate(_) => Ended::Duplicate,
             Claim::Claimed => match AssertUnwindSafe(runnable.run(tx)).catch_unwind().await {
@@ -605,26 +610,32 @@ impl<DB: Backend> Worker<DB> {
         }
     }
 
-    /// Extends the lease every third of its length while the job runs; stops when dropped.
-    fn heartbeat(&self, lease: Lease) -> AbortOnDrop {
-        let queue = self.queue.clone();
+    /// Runs `work`, extending `lease` every third of its length until it finishes. Most work
+    /// finishes before the first beat, and then costs one timer, not a task.
+    async fn with_heartbeat<T>(&self, lease: Lease, work: impl Future<Output = T>) -> T {
         let length = self.config.lease;
-        AbortOnDrop(tokio::spawn(async move {
+        // Polled alongside `work`, never instead of it: `work` may hold the write lock or the
+        // job's row that an extension waits for.
+        let beats = async {
             loop {
                 tokio::time::sleep(length / 3).await;
-                match queue.extend(lease, length).await {
+                match self.queue.extend(lease, length).await {
                     Ok(()) => {}
                     Err(Error::Fenced { .. }) => {
                         tracing::warn!(
                             job.id = lease.job_id,
-                            "lost the lease; this attempt will be rolled back"
+                            "lost the lease; this attempt will be fenced off"
                         );
-                        return;
+                        std::future::pending::<()>().await;
                     }
                     Err(error) => tracing::warn!(%error, "extending a lease failed"),
                 }
             }
-        }))
+        };
+        tokio::select! {
+            done = work => done,
+            () = beats => unreachable!("heartbeats never end"),
+        }
     }
 }
 
@@ -683,14 +694,6 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-string panic payload".to_owned())
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 impl Counters {
