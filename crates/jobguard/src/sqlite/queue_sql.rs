@@ -56,8 +56,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         live_job: format!("select id, kind, payload from {t} where job_key = $1 and {live}").into(),
-        // Fetching runs in a `begin immediate` transaction: SQLite's one writer at a time
-        // makes two workers take different jobs.
+        // One statement, atomic on its own: SQLite's one writer at a time makes two workers
+        // take different jobs.
         fetch: format!(
             "update {t}
              set state = 'running', attempt = attempt + 1, lease_token = lease_token + 1,
