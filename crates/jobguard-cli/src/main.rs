@@ -179,16 +179,12 @@ async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
             }
         }
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", demo::render(&report));
-    }
-    Ok(if report.exactly_once {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    print_report(
+        &report,
+        args.json,
+        demo::render(&report),
+        report.exactly_once,
+    )
 }
 
 async fn bench_guard(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -202,16 +198,12 @@ async fn bench_guard(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Database::Sqlite(pool) => bench::run::<Sqlite>(&pool, shape, rounds, &progress).await?,
     };
     progress.finish_and_clear();
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", bench::render(&report));
-    }
-    Ok(if report.exactly_once {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    print_report(
+        &report,
+        args.json,
+        bench::render(&report),
+        report.exactly_once,
+    )
 }
 
 async fn scenario_worker(args: scenarios::WorkerArgs) -> anyhow::Result<ExitCode> {
@@ -231,12 +223,27 @@ async fn bench_queue(args: BenchQueueArgs) -> anyhow::Result<ExitCode> {
         }
         Database::Sqlite(pool) => bench_queue::run::<Sqlite>(&pool, url, jobs, concurrency).await?,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    print_report(
+        &report,
+        args.json,
+        bench_queue::render(&report),
+        report.exactly_once,
+    )
+}
+
+/// Prints a report as JSON or as text, and exits non-zero unless every job took effect once.
+fn print_report<T: serde::Serialize>(
+    report: &T,
+    json: bool,
+    text: String,
+    exactly_once: bool,
+) -> anyhow::Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
     } else {
-        print!("{}", bench_queue::render(&report));
+        print!("{text}");
     }
-    Ok(if report.exactly_once {
+    Ok(if exactly_once {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
