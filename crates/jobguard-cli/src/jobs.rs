@@ -37,6 +37,15 @@ pub struct Credit {
     pub account: i64,
     /// The amount, non-zero (negative for a debit).
     pub amount: i64,
+    /// Milliseconds to wait inside the job's transaction after appending to the ledger: a slow
+    /// job, for fault tests. Left out of the payload when 0, so keys and payloads stay as they
+    /// were.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hold_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Does nothing: measures the queue and the guard alone.
@@ -242,6 +251,9 @@ impl<DB: ExampleDb> Job<DB> for Credit {
         self.validate().map_err(JobError::fatal)?;
         let key = self.job_key().map_err(JobError::fatal)?;
         DB::append_credit(conn, self, key.as_str()).await?;
+        if self.hold_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(self.hold_ms)).await;
+        }
         Ok(())
     }
 }

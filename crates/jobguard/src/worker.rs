@@ -531,6 +531,9 @@ impl<DB: Backend> Worker<DB> {
         // commit together, and a worker whose lease was taken over stops here. From here no
         // other worker can fetch or rescue the job, so its lease needs no more heartbeats.
         let Some(claim) = claim else {
+            // Roll back now rather than when the kept connection is next used: until then the
+            // transaction would hold what it locked.
+            let _ = guarded.tx.rollback().await;
             return Err(Failure::Fenced);
         };
         let ended = match claim {

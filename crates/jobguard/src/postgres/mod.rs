@@ -177,11 +177,14 @@ impl Backend for Postgres {
             .bind(lease.token)
             .fetch_optional(conn)
             .await?;
+        // No row: the lease is not held. A null `claimed`: the key's row vanished.
         let Some(row) = row else {
-            return Ok((ClaimRow::Vanished, true));
+            return Ok((ClaimRow::Vanished, false));
         };
-        let completed: bool = row.try_get(5)?;
-        Ok((claim_row(&row)?, completed))
+        if row.try_get::<Option<bool>, _>(0)?.is_none() {
+            return Ok((ClaimRow::Vanished, true));
+        }
+        Ok((claim_row(&row)?, true))
     }
 
     crate::backend::shared_statements!();

@@ -137,8 +137,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
 }
 
 /// Completes a job and claims its key in one statement, for the worker. The job's row is
-/// updated only under the lease that holds it; the guard function is the one of
-/// [`super::sql::claim`].
+/// updated only under the lease that holds it, and the key is claimed only when it was: a
+/// fenced worker gets no row back and has claimed nothing. A row whose `claimed` is null means
+/// the claim function found the key's row gone (see [`super::sql::claim`]).
 pub(crate) fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
     format!(
         "with completed as (
@@ -146,7 +147,7 @@ pub(crate) fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
              where id = $5 and lease_token = $6 and state = 'running'
              returning 1
          )
-         select c.*, exists (select 1 from completed) from {claim}($1, $2, $3, $4) c",
+         select c.* from completed left join lateral {claim}($1, $2, $3, $4) c on true",
         jobs = jobs.quoted(),
         claim = guard.derived_qualified("claim"),
     )
