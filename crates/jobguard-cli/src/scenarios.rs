@@ -175,7 +175,7 @@ pub async fn run<DB: LedgerDb>(
             Scenario::RetryAfterTimeout => {
                 enqueue_all(&queue, &credits, mode).await?;
                 let faults = Faults {
-                    late_answer: Some((Duration::from_millis(100), Duration::from_millis(300))),
+                    late_answer: Some((Duration::from_millis(200), Duration::from_millis(400))),
                     ..Faults::default()
                 };
                 deliver(pool, &queue, mode, &guard, faults).await?

@@ -223,7 +223,10 @@ async fn replaying_a_dead_job_whose_key_the_guard_holds_is_a_duplicate() {
 async fn shutdown_waits_for_running_jobs_then_gives_back_the_rest() {
     let Some((pool, queue)) = setup("worker_shutdown").await else { return };
     queue.enqueue_job(&Slow { order: 1, millis: 100 }).await.unwrap();
-    queue.enqueue_job(&Slow { order: 2, millis: 60_000 }).await.unwrap();
+    // Due a little later, so that on SQLite, where one job writes at a time, the short job
+    // is not left waiting behind it.
+    let long = NewJob::from_job::<DB, _>(&Slow { order: 2, millis: 60_000 }).unwrap();
+    queue.enqueue(&long.delay(Duration::from_millis(200))).await.unwrap();
     let config = WorkerConfig {
         concurrency: 2,
         shutdown_timeout: Duration::from_millis(1500),
