@@ -102,7 +102,7 @@ pub async fn credit_guarded<DB: LedgerDb>(
 ) -> jobguard::Result<Outcome<()>> {
     let key = credit.key.clone();
     guard
-        .run_with_payload(&key, &(credit.account, credit.amount), async move |conn| {
+        .run(&key, async move |conn| {
             DB::append(conn, Ledger::Guarded, &credit).await?;
             Ok(())
         })
