@@ -292,6 +292,10 @@ impl<DB: Backend> Guard<DB> {
     /// failure or deadlock (PostgreSQL) or a busy database (SQLite); each run is in a fresh
     /// transaction, so only one run's writes ever commit.
     ///
+    /// When the returned future is spawned and the closure borrows from the surrounding async
+    /// function, write `async move |conn|` (moving in clones): rustc cannot yet prove such a
+    /// future `Send` (rust-lang/rust#110338).
+    ///
     /// ```no_run
     /// # async fn f(guard: jobguard::PgGuard) -> jobguard::Result<()> {
     /// let key = jobguard::JobKey::new("fee", ["account-7", "2026-10"])?;
@@ -435,7 +439,11 @@ impl<DB: Backend> Guard<DB> {
                         });
                     }
                     Ok(Attempt::Vanished) => {
-                        return Err(Error::Database(sqlx::Error::RowNotFound));
+                        let message = format!(
+                            "the guard row of `{key}` kept disappearing between the conflict \
+                             and its read: guard rows are being deleted while jobs run"
+                        );
+                        return Err(Error::Database(sqlx::Error::Protocol(message)));
                     }
                     Err(error) => return Err(error),
                 }
