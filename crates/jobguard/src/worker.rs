@@ -39,9 +39,9 @@
 //!
 //! # async fn f(pool: sqlx::PgPool) -> jobguard::Result<()> {
 //! let queue = Queue::new(pool);
-//! queue.migrate().await?;
+//! let worker = Worker::new(queue.clone())?.register::<Credit>();
+//! worker.migrate().await?;
 //! queue.enqueue_job(&Credit { order: "order-8812".into(), account: 7, amount: 500 }).await?;
-//! let worker = Worker::new(queue)?.register::<Credit>();
 //! let stats = worker.run(jobguard::worker::shutdown_signal()).await?;
 //! println!("{} applied, {} duplicates", stats.applied, stats.duplicates);
 //! # Ok(()) }
@@ -255,9 +255,15 @@ impl<DB: Backend> Worker<DB> {
         self
     }
 
-    /// The guard the worker claims keys with; migrate it with the queue.
+    /// The guard the worker claims keys with.
     pub fn guard(&self) -> &Guard<DB> {
         &self.guard
+    }
+
+    /// Creates the queue's and the guard's tables when missing; cheap when they exist.
+    pub async fn migrate(&self) -> Result<()> {
+        self.queue.migrate().await?;
+        self.guard.migrate().await
     }
 
     /// Runs until `shutdown` resolves (see [`shutdown_signal`]), or until the queue is empty

@@ -45,7 +45,6 @@ async fn postgres_notification_wakes_an_idle_worker() {
         return;
     };
     let queue = Queue::new(pool.clone());
-    queue.migrate().await.unwrap();
     let config = WorkerConfig {
         poll_interval: Duration::from_secs(60),
         ..WorkerConfig::default()
@@ -53,7 +52,8 @@ async fn postgres_notification_wakes_an_idle_worker() {
     let worker = Worker::with_config(queue.clone(), config)
         .unwrap()
         .register::<Ping>();
-    worker.guard().migrate().await.unwrap();
+    // Both tables, the queue's and the guard's.
+    worker.migrate().await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(worker.run(async move {
         let _ = stopped.await;
