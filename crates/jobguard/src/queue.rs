@@ -22,10 +22,10 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -332,10 +332,9 @@ struct QueueInner<DB: Backend> {
     pool: Pool<DB>,
     sql: QueueSql,
     writer: WriterLock,
-    /// Microseconds since `started` of the last notification, to send at most one per
-    /// [`NOTIFY_EVERY`]: a NOTIFY per insert would serialise commits under load.
-    last_notify: AtomicU64,
-    started: Instant,
+    /// When each queue name was last announced, to send at most one notification per queue
+    /// per [`NOTIFY_EVERY`]: a NOTIFY per insert would serialise commits under load.
+    last_notify: Mutex<HashMap<String, Instant>>,
 }
 
 const NOTIFY_EVERY: Duration = Duration::from_millis(20);
@@ -373,8 +372,7 @@ impl<DB: Backend> Queue<DB> {
             pool,
             sql,
             writer: WriterLock::for_backend::<DB>(),
-            last_notify: AtomicU64::new(0),
-            started: Instant::now(),
+            last_notify: Mutex::default(),
         };
         Ok(Queue {
             inner: Arc::new(inner),
@@ -450,12 +448,17 @@ impl<DB: Backend> Queue<DB> {
         let Some(notify) = &self.inner.sql.notify else {
             return Ok(());
         };
-        let now = self.inner.started.elapsed().as_micros() as u64;
-        let last = self.inner.last_notify.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < NOTIFY_EVERY.as_micros() as u64 {
-            return Ok(());
+        let now = Instant::now();
+        {
+            let mut last = self.inner.last_notify.lock().expect("not poisoned");
+            match last.get_mut(queue) {
+                Some(at) if now.duration_since(*at) < NOTIFY_EVERY => return Ok(()),
+                Some(at) => *at = now,
+                None => {
+                    last.insert(queue.to_owned(), now);
+                }
+            }
         }
-        self.inner.last_notify.store(now.max(1), Ordering::Relaxed);
         Ok(DB::notify(conn, notify, NOTIFY_CHANNEL, queue).await?)
     }
 
