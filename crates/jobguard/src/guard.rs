@@ -474,6 +474,19 @@ impl<DB: Backend> Guard<DB> {
     {
         let token = ClaimToken::new();
         let _writer = self.inner.writer.acquire().await;
+        // On a single-writer database, a delivery that queued behind the one that applied its
+        // key finds the committed row with a plain read, without taking the write lock. A
+        // committed guard row is final, so the read alone proves a duplicate.
+        if DB::SINGLE_WRITER
+            && let Some(record) = self.lookup(key).await?
+        {
+            let claim = check_claim(key, fingerprint, ClaimRow::Held(record))?;
+            if let Claim::Duplicate(record) = claim {
+                return Ok(Attempt::Done(Outcome::Duplicate(duplicate_of(
+                    key, record,
+                )?)));
+            }
+        }
         let mut tx = match DB::begin(&self.inner.pool).await {
             Ok(tx) => tx,
             Err(error) if DB::is_transient(&error) => return Ok(Attempt::Transient(error)),
