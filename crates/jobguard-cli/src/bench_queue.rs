@@ -72,7 +72,7 @@ impl<DB: LedgerDb> Job<DB> for BenchCredit {
     }
 
     async fn run(&self, conn: &mut DB::Connection) -> Result<(), JobError> {
-        DB::append_bench(conn, self.amount).await?;
+        DB::append(conn, Ledger::Bench, 7, self.amount).await?;
         Ok(())
     }
 }

@@ -68,16 +68,11 @@ pub trait LedgerDb: Backend {
         pool: &Pool<Self>,
     ) -> impl Future<Output = sqlx::Result<Transaction<'static, Self>>> + Send;
 
-    /// Appends a credit to a ledger.
+    /// Appends `amount` for `account` to a ledger.
     fn append(
         conn: &mut Self::Connection,
         ledger: Ledger,
-        credit: &Credit,
-    ) -> impl Future<Output = sqlx::Result<()>> + Send;
-
-    /// Appends to the benchmark's ledger.
-    fn append_bench(
-        conn: &mut Self::Connection,
+        account: i64,
         amount: i64,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
@@ -91,7 +86,7 @@ pub trait LedgerDb: Backend {
 /// The naive job: one transaction that appends the credit, on every delivery.
 pub async fn credit_naive<DB: LedgerDb>(pool: &Pool<DB>, credit: &Credit) -> sqlx::Result<()> {
     let mut tx = DB::open_tx(pool).await?;
-    DB::append(&mut tx, Ledger::Naive, credit).await?;
+    DB::append(&mut tx, Ledger::Naive, credit.account, credit.amount).await?;
     tx.commit().await
 }
 
@@ -103,7 +98,7 @@ pub async fn credit_guarded<DB: LedgerDb>(
     let key = credit.key.clone();
     guard
         .run(&key, async move |conn| {
-            DB::append(conn, Ledger::Guarded, &credit).await?;
+            DB::append(conn, Ledger::Guarded, credit.account, credit.amount).await?;
             Ok(())
         })
         .await
@@ -156,7 +151,8 @@ pub const DEMO_TABLES: [&str; 5] = [
 async fn append_to<'c, DB: Backend>(
     conn: &'c mut DB::Connection,
     ledger: Ledger,
-    credit: &Credit,
+    account: i64,
+    amount: i64,
 ) -> sqlx::Result<()>
 where
     &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -168,8 +164,8 @@ where
         ledger.table()
     );
     sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(credit.account)
-        .bind(credit.amount)
+        .bind(account)
+        .bind(amount)
         .execute(conn)
         .await?;
     Ok(())
@@ -187,17 +183,10 @@ impl LedgerDb for Postgres {
     async fn append(
         conn: &mut Self::Connection,
         ledger: Ledger,
-        credit: &Credit,
+        account: i64,
+        amount: i64,
     ) -> sqlx::Result<()> {
-        append_to::<Self>(conn, ledger, credit).await
-    }
-
-    async fn append_bench(conn: &mut Self::Connection, amount: i64) -> sqlx::Result<()> {
-        sqlx::query("insert into jobguard_bench_ledger (account, amount) values (7, $1)")
-            .bind(amount)
-            .execute(conn)
-            .await?;
-        Ok(())
+        append_to::<Self>(conn, ledger, account, amount).await
     }
 
     async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
@@ -229,17 +218,10 @@ impl LedgerDb for Sqlite {
     async fn append(
         conn: &mut Self::Connection,
         ledger: Ledger,
-        credit: &Credit,
+        account: i64,
+        amount: i64,
     ) -> sqlx::Result<()> {
-        append_to::<Self>(conn, ledger, credit).await
-    }
-
-    async fn append_bench(conn: &mut Self::Connection, amount: i64) -> sqlx::Result<()> {
-        sqlx::query("insert into jobguard_bench_ledger (account, amount) values (7, $1)")
-            .bind(amount)
-            .execute(conn)
-            .await?;
-        Ok(())
+        append_to::<Self>(conn, ledger, account, amount).await
     }
 
     async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
