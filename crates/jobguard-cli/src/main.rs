@@ -46,6 +46,8 @@ enum Command {
     /// List and replay dead-lettered jobs.
     #[command(subcommand)]
     Dead(ops::DeadCommand),
+    /// Deliver the outbox's messages to their sinks until Ctrl-C.
+    Relay(ops::RelayArgs),
 }
 
 #[derive(Subcommand)]
@@ -149,6 +151,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Enqueue(args) => ops::enqueue(args).await,
         Command::Jobs(args) => ops::jobs(args).await,
         Command::Dead(command) => ops::dead(command).await,
+        Command::Relay(args) => ops::relay(args).await,
     }
 }
 

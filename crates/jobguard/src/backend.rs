@@ -17,7 +17,9 @@ use crate::table::TableName;
 /// A database jobguard can guard jobs on: [`sqlx::Postgres`] or [`sqlx::Sqlite`].
 ///
 /// The trait is sealed; its methods are an internal detail.
-pub trait Backend: Database + sealed::Sealed {
+pub trait Backend:
+    Database + sealed::Sealed + crate::outbox::OutboxStore + crate::steps::StepStore
+{
     /// The backend's name as shown to users: `postgres` or `sqlite`.
     const BACKEND: &'static str;
 

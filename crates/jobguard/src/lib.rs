@@ -43,12 +43,15 @@
 
 mod backend;
 mod error;
+pub mod external;
 mod fingerprint;
 pub mod guard;
 pub mod key;
 pub mod metrics;
+pub mod outbox;
 pub mod queue;
 mod retry;
+pub mod steps;
 mod table;
 pub mod worker;
 mod writer;

@@ -3,6 +3,7 @@
 
 mod dead;
 mod enqueue;
+mod relay;
 mod status;
 mod worker;
 
@@ -15,6 +16,7 @@ use crate::database::{DEFAULT_URL, Database};
 
 pub use dead::{DeadCommand, dead};
 pub use enqueue::{EnqueueArgs, enqueue};
+pub use relay::{RelayArgs, relay};
 pub use status::{JobsArgs, jobs};
 pub use worker::{WorkerArgs, worker};
 

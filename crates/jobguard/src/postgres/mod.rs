@@ -5,8 +5,10 @@
 //! needed for the guard. Serialization failures (`40001`) and deadlocks (`40P01`) that the
 //! job's own effect runs into are retried a bounded number of times.
 
+mod outbox_sql;
 mod queue_sql;
 mod sql;
+mod step_sql;
 
 use std::sync::Arc;
 

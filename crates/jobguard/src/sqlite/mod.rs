@@ -5,8 +5,10 @@
 //! a busy timeout, so concurrent deliveries queue instead of failing with `database is locked`.
 //! WAL mode lets readers proceed while a job writes.
 
+mod outbox_sql;
 mod queue_sql;
 mod sql;
+mod step_sql;
 
 use std::str::FromStr;
 use std::sync::Arc;

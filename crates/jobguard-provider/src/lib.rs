@@ -1,0 +1,1 @@
+//! A payment provider over HTTP, for jobguard's tests and demo.

@@ -1,0 +1,1 @@
+//! Idempotency keys for external APIs.
