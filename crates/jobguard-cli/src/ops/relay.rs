@@ -7,6 +7,6 @@ use clap::Args;
 pub struct RelayArgs {}
 
 /// Runs the relay until Ctrl-C.
-pub async fn relay(_args: RelayArgs) -> anyhow::Result<()> {
+pub async fn relay(_args: RelayArgs) -> anyhow::Result<std::process::ExitCode> {
     anyhow::bail!("the relay is not wired yet")
 }
