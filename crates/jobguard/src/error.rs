@@ -65,6 +65,58 @@ pub enum Error {
         reason: String,
     },
 
+    /// An outbox topic that is not a plain name.
+    #[error(
+        "invalid outbox topic `{topic}`: use 1 to 200 ASCII letters, digits, `.`, `_` and `-`, \
+         starting with a letter or digit"
+    )]
+    InvalidTopic {
+        /// The rejected topic.
+        topic: String,
+    },
+
+    /// An outbox message that cannot be published. Nothing was written.
+    #[error("outbox message `{id}` cannot be published: {reason}")]
+    InvalidMessage {
+        /// The message id.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The message id was already published with a different payload. Nothing was written.
+    ///
+    /// A message id is derived from the job key and the topic, so a job that publishes two
+    /// different messages to one topic must give each its own key.
+    #[error(
+        "outbox message `{id}` was already published with a different payload: nothing was \
+         written; publish each message of a job under a key of its own (e.g. \
+         `JobKey::new(\"invoice-line\", [order, line])`), or publish the original payload"
+    )]
+    MessageReused {
+        /// The message id.
+        id: String,
+    },
+
+    /// A setting is out of range.
+    #[error("invalid {setting}: {reason}")]
+    InvalidConfig {
+        /// The setting, e.g. `relay batch size`.
+        setting: &'static str,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+
+    /// Another relay holds the lease on the outbox and is delivering its messages.
+    #[error(
+        "another relay holds the lease on outbox `{table}` and is delivering its messages; one \
+         relay delivers an outbox at a time, and a relay that died lets go when its lease runs out"
+    )]
+    RelayLeaseHeld {
+        /// The outbox table.
+        table: String,
+    },
+
     /// The job's lease is no longer held: it expired and the job was handed out again, or it
     /// was released. Whatever this worker did in the transaction must roll back.
     #[error(
@@ -133,6 +185,45 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// An idempotency-key format an API cannot be served with.
+    #[error("invalid idempotency-key format: {reason}")]
+    ApiKeyFormat {
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Another delivery started this external step and its lease has not expired: it may be
+    /// calling the API right now. Nothing was called; deliver again after `retry_after`.
+    #[error(
+        "step `{step}` of job `{key}` was started by another delivery whose lease runs for \
+         {retry_after:?} more; nothing was called, deliver again later"
+    )]
+    StepInFlight {
+        /// The job key.
+        key: String,
+        /// The step name.
+        step: String,
+        /// How long the other delivery's lease still runs.
+        retry_after: std::time::Duration,
+    },
+
+    /// An external step was started, its caller vanished, and the reconciler could not tell
+    /// whether the effect happened. The step is marked and never called again by itself: look
+    /// at the external system, then settle it with [`Steps::resolve`](crate::steps::Steps::resolve).
+    #[error(
+        "step `{step}` of job `{key}` needs attention: it may or may not have taken effect \
+         ({reason}); check the external system and resolve the step, it will not be called again \
+         until then"
+    )]
+    StepNeedsAttention {
+        /// The job key.
+        key: String,
+        /// The step name.
+        step: String,
+        /// What the reconciler reported.
+        reason: String,
+    },
+
     /// Any other database error. Nothing was applied.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -146,7 +237,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Effect { fatal, .. } => !fatal,
-            Error::Contention { .. } | Error::OutcomeUnknown { .. } | Error::Database(_) => true,
+            Error::Contention { .. }
+            | Error::OutcomeUnknown { .. }
+            | Error::StepInFlight { .. }
+            | Error::Database(_) => true,
             _ => false,
         }
     }

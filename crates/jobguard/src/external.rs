@@ -1,1 +1,284 @@
-//! Idempotency keys for external APIs.
+//! Effects outside the database, on APIs that accept an idempotency key.
+//!
+//! A job that charges a card cannot put the charge in its database transaction. What it can do
+//! is give the payment API a key that names the operation, so the API itself drops a repeated
+//! request: every delivery of `charge:order-8812` sends the same key, and the API answers the
+//! second one with the charge it made for the first.
+//!
+//! [`ApiKey::derive`] turns a [`JobKey`] and a step name into that key, within the length and
+//! alphabet the API accepts, and the same on every re-enqueue, redelivery and replay.
+//! [`Guard::run_keyed`] then follows the order that keeps it safe: the API call first, outside
+//! any transaction (a transaction held across a network call holds its guard row lock for as
+//! long as the API takes), then the result recorded with the guard in one transaction.
+//!
+//! ```no_run
+//! use jobguard::external::{ApiKey, ApiKeyFormat};
+//! use jobguard::{JobError, JobKey, PgGuard};
+//!
+//! # struct Charge { id: String }
+//! # async fn create_charge(amount: i64, idempotency_key: &str) -> Result<String, JobError> { todo!() }
+//! # async fn f(guard: PgGuard) -> jobguard::Result<()> {
+//! let key = JobKey::new("charge", ["order-8812"])?;
+//! let api_key = ApiKey::derive(&key, "create-charge", ApiKeyFormat::STRIPE)?;
+//! let outcome = guard
+//!     .run_keyed(
+//!         &key,
+//!         &api_key,
+//!         async |idempotency_key| create_charge(4200, idempotency_key).await,
+//!         async |conn, charge_id: &String| {
+//!             sqlx::query("update orders set charge_id = $1 where id = 'order-8812'")
+//!                 .bind(charge_id)
+//!                 .execute(&mut *conn)
+//!                 .await?;
+//!             Ok(())
+//!         },
+//!     )
+//!     .await?;
+//! // The charge made by this delivery, or the one the first delivery recorded.
+//! let charge_id: Option<String> = outcome.into_value();
+//! assert!(charge_id.is_some());
+//! # Ok(()) }
+//! ```
+//!
+//! For APIs without idempotency keys, see [`Steps`](crate::steps::Steps); for messages the job
+//! publishes itself, the [`outbox`](crate::outbox).
+
+use std::fmt;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::backend::Backend;
+use crate::error::{Error, JobError, Result};
+use crate::guard::{Duplicate, Guard, Outcome};
+use crate::key::{JobKey, KeyError, check_kind};
+
+/// Hex digits of the BLAKE3 hash in a hashed key: 128 bits.
+const HASH_LEN: usize = 32;
+
+/// The characters an API accepts in an idempotency key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyAlphabet {
+    /// Visible ASCII, `!` to `~` (Stripe, most HTTP APIs).
+    Printable,
+    /// ASCII letters, digits and `-`, `_`, `.`, `:`.
+    Token,
+    /// ASCII letters and digits only.
+    Alphanumeric,
+}
+
+impl KeyAlphabet {
+    /// Whether `c` may appear in a key.
+    pub fn allows(self, c: char) -> bool {
+        match self {
+            KeyAlphabet::Printable => c.is_ascii_graphic(),
+            KeyAlphabet::Token => c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'),
+            KeyAlphabet::Alphanumeric => c.is_ascii_alphanumeric(),
+        }
+    }
+}
+
+/// The idempotency keys an API accepts: at most `max_len` characters from an alphabet.
+///
+/// ```
+/// use jobguard::external::{ApiKeyFormat, KeyAlphabet};
+///
+/// assert_eq!(ApiKeyFormat::STRIPE.max_len(), 255);
+/// let strict = ApiKeyFormat::new(40, KeyAlphabet::Alphanumeric)?;
+/// assert_eq!(strict.max_len(), 40);
+/// assert!(ApiKeyFormat::new(16, KeyAlphabet::Printable).is_err());
+/// # Ok::<(), jobguard::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ApiKeyFormat {
+    max_len: usize,
+    alphabet: KeyAlphabet,
+}
+
+impl ApiKeyFormat {
+    /// Stripe's keys: up to 255 visible ASCII characters.
+    pub const STRIPE: ApiKeyFormat = ApiKeyFormat {
+        max_len: 255,
+        alphabet: KeyAlphabet::Printable,
+    };
+
+    /// A format of at most `max_len` characters from `alphabet`.
+    ///
+    /// `max_len` must leave room for the 32-character hash a key falls back to, so formats
+    /// shorter than 32 characters are refused with [`Error::ApiKeyFormat`].
+    pub fn new(max_len: usize, alphabet: KeyAlphabet) -> Result<Self> {
+        if max_len < HASH_LEN {
+            return Err(Error::ApiKeyFormat {
+                reason: format!(
+                    "a maximum length of {max_len} leaves no room for the {HASH_LEN}-character \
+                     hash that keeps keys distinct; allow at least {HASH_LEN} characters"
+                ),
+            });
+        }
+        Ok(ApiKeyFormat { max_len, alphabet })
+    }
+
+    /// The longest key the API accepts.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// The characters the API accepts.
+    pub fn alphabet(&self) -> KeyAlphabet {
+        self.alphabet
+    }
+}
+
+/// An idempotency key for one step of a job on an external API.
+///
+/// Derived from the job key and a step name only, so every delivery, re-enqueue and replay of
+/// the job sends the same key, and two steps of one job (`create-charge`, `send-receipt`) send
+/// different ones.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Derives the key for `step` of the job `key`, within `format`.
+    ///
+    /// The readable form `<job key>:<step>` is used when it fits the format; otherwise the key
+    /// is a readable prefix followed by 32 hex digits of a BLAKE3 hash of the readable form.
+    /// The mapping is deterministic and injective: a readable key always contains `:` and a
+    /// hashed one never does, and the hash covers the whole readable form.
+    ///
+    /// `step` follows the rules of a job kind (an ASCII letter, then letters, digits, `_`, `-`
+    /// or `.`); anything else is a [`KeyError`].
+    ///
+    /// ```
+    /// use jobguard::JobKey;
+    /// use jobguard::external::{ApiKey, ApiKeyFormat, KeyAlphabet};
+    ///
+    /// let key = JobKey::new("charge", ["order-8812"])?;
+    /// let stripe = ApiKey::derive(&key, "create-charge", ApiKeyFormat::STRIPE)?;
+    /// assert_eq!(stripe.as_str(), "charge:order-8812:create-charge");
+    ///
+    /// let strict = ApiKeyFormat::new(40, KeyAlphabet::Alphanumeric)?;
+    /// let short = ApiKey::derive(&key, "create-charge", strict)?;
+    /// assert_eq!(short.as_str().len(), 40);
+    /// assert!(short.as_str().chars().all(|c| c.is_ascii_alphanumeric()));
+    /// assert_eq!(short, ApiKey::derive(&key, "create-charge", strict)?);
+    /// # Ok::<(), jobguard::Error>(())
+    /// ```
+    pub fn derive(key: &JobKey, step: &str, format: ApiKeyFormat) -> Result<ApiKey, KeyError> {
+        check_kind(step)?;
+        let readable = format!("{key}:{step}");
+        let fits = readable.len() <= format.max_len
+            && format.alphabet.allows(':')
+            && readable.chars().all(|c| format.alphabet.allows(c));
+        if fits {
+            return Ok(ApiKey(readable));
+        }
+        let hash = blake3::hash(readable.as_bytes()).to_hex();
+        let hash = &hash[..HASH_LEN];
+        let separator = if format.alphabet.allows('-') { "-" } else { "" };
+        let room = format.max_len - HASH_LEN - separator.len();
+        // The prefix only helps a person reading the API's logs: the hash alone keeps keys apart.
+        let mut prefix = String::with_capacity(room);
+        for c in readable.chars() {
+            if prefix.len() == room {
+                break;
+            }
+            if c != ':' && format.alphabet.allows(c) {
+                prefix.push(c);
+            } else if format.alphabet.allows('-') && !prefix.ends_with('-') {
+                prefix.push('-');
+            }
+        }
+        let prefix = prefix.trim_end_matches('-');
+        if prefix.is_empty() {
+            return Ok(ApiKey(hash.to_owned()));
+        }
+        Ok(ApiKey(format!("{prefix}{separator}{hash}")))
+    }
+
+    /// The key to send to the API.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for ApiKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<DB: Backend> Guard<DB> {
+    /// Calls an external API with an idempotency key, then records its result with the guard.
+    ///
+    /// 1. If the key was already recorded, returns [`Outcome::Duplicate`] with the recorded
+    ///    result and calls nothing.
+    /// 2. Otherwise `call` runs with `api_key`, outside any transaction.
+    /// 3. Then `record` runs in one transaction with the guard row for `key`, and the result is
+    ///    stored in that row: both commit or neither does.
+    ///
+    /// A worker that dies between 2 and 3 leaves nothing recorded; the redelivery calls again
+    /// with the same key, the API answers with the original result, and that is what gets
+    /// recorded. Concurrent deliveries all call with the same key, so the API makes one effect,
+    /// and one of them records it; the others report a duplicate. The guarantee is the API's:
+    /// one effect per key for as long as the API remembers keys (24 hours at Stripe), so keep
+    /// the job's retry and replay horizon shorter than that.
+    ///
+    /// An error from `call` or `record` becomes [`Error::Effect`], retryable unless the
+    /// [`JobError`] was fatal; nothing is recorded.
+    pub async fn run_keyed<T, C, R>(
+        &self,
+        key: &JobKey,
+        api_key: &ApiKey,
+        call: C,
+        mut record: R,
+    ) -> Result<Outcome<T>>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync,
+        C: AsyncFnOnce(&str) -> Result<T, JobError>,
+        R: AsyncFnMut(&mut DB::Connection, &T) -> Result<(), JobError> + Send,
+    {
+        if let Some(recorded) = self.lookup(key).await? {
+            let result = recorded
+                .result
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(|source| Error::StoredResult {
+                    key: key.to_string(),
+                    source,
+                })?;
+            crate::metrics::record_outcome(key.kind(), "duplicate");
+            return Ok(Outcome::Duplicate(Duplicate {
+                first_applied_at: recorded.applied_at,
+                result,
+            }));
+        }
+        let value = match call(api_key.as_str()).await {
+            Ok(value) => value,
+            Err(error) => {
+                crate::metrics::record_outcome(key.kind(), "failed");
+                return Err(effect_error(key, error));
+            }
+        };
+        self.run(key, async |conn| {
+            record(conn, &value).await?;
+            Ok(value.clone())
+        })
+        .await
+    }
+}
+
+pub(crate) fn effect_error(key: &JobKey, error: JobError) -> Error {
+    let (source, fatal) = error.into_parts();
+    Error::Effect {
+        key: key.to_string(),
+        fatal,
+        source,
+    }
+}

@@ -1,5 +1,98 @@
-//! The step ledger's SQL for Postgres.
+//! The step ledger's SQL for PostgreSQL. Leases are computed by the database clock, so workers
+//! on machines with drifting clocks agree on when a lease has expired.
+
+use std::sync::Arc;
 
 use sqlx::postgres::Postgres;
 
-impl crate::steps::StepStore for Postgres {}
+use crate::steps::{StepSql, StepStore};
+use crate::table::TableName;
+
+impl StepStore for Postgres {
+    fn step_sql(table: &TableName) -> StepSql {
+        let t = table.quoted();
+        let micros = "* interval '1 microsecond'";
+        let mut create = Vec::new();
+        if let Some(schema) = table.schema() {
+            create.push(format!("create schema if not exists \"{schema}\""));
+        }
+        create.extend([
+            format!(
+                "create table if not exists {t} (
+                    job_key     text not null,
+                    step        text not null,
+                    kind        text not null,
+                    state       text not null check (state in ('started', 'done', 'attention')),
+                    token       bytea not null,
+                    attempts    integer not null default 1,
+                    lease_until timestamptz not null,
+                    result      jsonb,
+                    reason      text,
+                    started_at  timestamptz not null default now(),
+                    updated_at  timestamptz not null default now(),
+                    primary key (job_key, step)
+                )"
+            ),
+            format!(
+                "create index if not exists {} on {t} (lease_until) where state = 'started'",
+                table.derived("stale")
+            ),
+        ]);
+        // Every change names the token of the delivery that holds the step and the state it
+        // expects, so a delivery whose lease was taken over changes nothing.
+        let held = "where job_key = $1 and step = $2 and token = $3 and state = 'started'";
+        let key = "where job_key = $1 and step = $2";
+        let sql = |text: String| -> Arc<str> { text.into() };
+        StepSql {
+            table: table.clone(),
+            create: create.into_iter().map(Into::into).collect(),
+            // Committed on its own before the call: from here on, a crash leaves a trace that
+            // the next delivery reconciles instead of calling blindly.
+            start: sql(format!(
+                "insert into {t} (job_key, step, kind, state, token, lease_until)
+                 values ($1, $2, $3, 'started', $4, now() + $5 {micros})
+                 on conflict (job_key, step) do nothing"
+            )),
+            read: sql(format!(
+                "select state, token,
+                        (extract(epoch from greatest(lease_until - now(), interval '0'))
+                         * 1000000)::bigint,
+                        result, reason
+                 from {t} {key}"
+            )),
+            // Only an expired lease can be taken over, and only by one delivery: the token
+            // it read must still be there.
+            take_over: sql(format!(
+                "update {t} set token = $4, lease_until = now() + $5 {micros},
+                        attempts = attempts + 1, updated_at = now()
+                 {held} and lease_until <= now()"
+            )),
+            done: sql(format!(
+                "update {t} set state = 'done', result = $4, updated_at = now() {held}"
+            )),
+            expire: sql(format!(
+                "update {t} set lease_until = now(), updated_at = now() {held}"
+            )),
+            attention: sql(format!(
+                "update {t} set state = 'attention', reason = $4, updated_at = now() {held}"
+            )),
+            forget: sql(format!("delete from {t} {held}")),
+            resolve_done: sql(format!(
+                "update {t} set state = 'done', result = $3, updated_at = now()
+                 {key} and state = 'attention'"
+            )),
+            resolve_not_done: sql(format!("delete from {t} {key} and state = 'attention'")),
+            stale: sql(format!(
+                "select job_key, step, attempts, token from {t}
+                 where state = 'started' and lease_until <= now()
+                 order by lease_until limit $1"
+            )),
+            list_attention: sql(format!(
+                "select job_key, step, reason from {t} where state = 'attention'
+                 order by updated_at limit $1"
+            )),
+        }
+    }
+
+    crate::steps::step_statements!();
+}

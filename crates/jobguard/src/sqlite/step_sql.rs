@@ -1,5 +1,92 @@
-//! The step ledger's SQL for Sqlite.
+//! The step ledger's SQL for SQLite. Times are integer microseconds since the Unix epoch by the
+//! database clock; durations arrive as microseconds.
+
+use std::sync::Arc;
 
 use sqlx::sqlite::Sqlite;
 
-impl crate::steps::StepStore for Sqlite {}
+use super::sql::NOW_MICROS as NOW;
+use crate::steps::{StepSql, StepStore};
+use crate::table::TableName;
+
+impl StepStore for Sqlite {
+    fn step_sql(table: &TableName) -> StepSql {
+        let t = table.quoted();
+        let create = vec![
+            format!(
+                "create table if not exists {t} (
+                    job_key     text not null,
+                    step        text not null,
+                    kind        text not null,
+                    state       text not null check (state in ('started', 'done', 'attention')),
+                    token       blob not null,
+                    attempts    integer not null default 1,
+                    lease_until integer not null,
+                    result      text,
+                    reason      text,
+                    started_at  integer not null,
+                    updated_at  integer not null,
+                    primary key (job_key, step)
+                )"
+            ),
+            format!(
+                "create index if not exists {} on {t} (lease_until) where state = 'started'",
+                table.derived("stale")
+            ),
+        ];
+        // Every change names the token of the delivery that holds the step and the state it
+        // expects, so a delivery whose lease was taken over changes nothing.
+        let held = "where job_key = $1 and step = $2 and token = $3 and state = 'started'";
+        let key = "where job_key = $1 and step = $2";
+        let sql = |text: String| -> Arc<str> { text.into() };
+        StepSql {
+            table: table.clone(),
+            create: create.into_iter().map(Into::into).collect(),
+            // Committed on its own before the call: from here on, a crash leaves a trace that
+            // the next delivery reconciles instead of calling blindly.
+            start: sql(format!(
+                "insert into {t}
+                     (job_key, step, kind, state, token, lease_until, started_at, updated_at)
+                 values ($1, $2, $3, 'started', $4, {NOW} + $5, {NOW}, {NOW})
+                 on conflict (job_key, step) do nothing"
+            )),
+            read: sql(format!(
+                "select state, token, max(lease_until - {NOW}, 0), result, reason
+                 from {t} {key}"
+            )),
+            // Only an expired lease can be taken over, and only by one delivery: the token
+            // it read must still be there.
+            take_over: sql(format!(
+                "update {t} set token = $4, lease_until = {NOW} + $5, attempts = attempts + 1,
+                        updated_at = {NOW}
+                 {held} and lease_until <= {NOW}"
+            )),
+            done: sql(format!(
+                "update {t} set state = 'done', result = $4, updated_at = {NOW} {held}"
+            )),
+            expire: sql(format!(
+                "update {t} set lease_until = {NOW}, updated_at = {NOW} {held}"
+            )),
+            attention: sql(format!(
+                "update {t} set state = 'attention', reason = $4, updated_at = {NOW} {held}"
+            )),
+            forget: sql(format!("delete from {t} {held}")),
+            resolve_done: sql(format!(
+                "update {t} set state = 'done', result = $3, updated_at = {NOW}
+                 {key} and state = 'attention'"
+            )),
+            resolve_not_done: sql(format!("delete from {t} {key} and state = 'attention'")),
+            stale: sql(format!(
+                "select job_key, step, attempts, token from {t}
+                 where state = 'started' and lease_until <= {NOW}
+                 order by lease_until limit $1"
+            )),
+            list_attention: sql(format!(
+                "select job_key, step, reason from {t} where state = 'attention'
+                 order by updated_at limit $1"
+            )),
+        }
+    }
+
+    crate::steps::step_statements!();
+}
