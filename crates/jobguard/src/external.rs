@@ -176,7 +176,7 @@ impl ApiKey {
         let hash = blake3::hash(readable.as_bytes()).to_hex();
         let hash = &hash[..HASH_LEN];
         let separator = if format.alphabet.allows('-') { "-" } else { "" };
-        let room = format.max_len - HASH_LEN - separator.len();
+        let room = format.max_len.saturating_sub(HASH_LEN + separator.len());
         // The prefix only helps a person reading the API's logs: the hash alone keeps keys apart.
         let mut prefix = String::with_capacity(room);
         for c in readable.chars() {
