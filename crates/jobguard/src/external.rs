@@ -266,7 +266,9 @@ impl<DB: Backend> Guard<DB> {
                 return Err(effect_error(key, error));
             }
         };
-        self.run(key, async |conn| {
+        // `move`: a closure borrowing locals makes the future !Send to rustc
+        // (rust-lang/rust#110338), and workers spawn it.
+        self.run(key, async move |conn| {
             record(conn, &value).await?;
             Ok(value.clone())
         })
