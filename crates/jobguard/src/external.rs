@@ -44,6 +44,7 @@
 //! publishes itself, the [`outbox`](crate::outbox).
 
 use std::fmt;
+use std::future::Future;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -283,4 +284,91 @@ pub(crate) fn effect_error(key: &JobKey, error: JobError) -> Error {
         fatal,
         source,
     }
+}
+
+/// A kind of job whose effect is a call to an external API that accepts an idempotency key,
+/// for the [`Worker`](crate::Worker).
+///
+/// The worker runs it in two stages, as [`Guard::run_keyed`] does:
+///
+/// 1. [`call`](ExternalJob::call), outside any transaction and holding no connection, with
+///    the [`ApiKey`] derived from the job key and [`STEP`](ExternalJob::STEP). Heartbeats keep
+///    the job's lease while the API answers. A job whose key is already recorded skips it.
+/// 2. [`record`](ExternalJob::record), in the transaction that claims the job key and
+///    completes the job, all committed together.
+///
+/// A worker that dies between the stages leaves the job to be delivered again; the next
+/// delivery calls with the same API key, and the API answers with the original result.
+///
+/// `Context` is shared state the call needs (an HTTP client, credentials), given once to
+/// [`Worker::register_external`](crate::Worker::register_external).
+///
+/// ```no_run
+/// use jobguard::external::{ApiKey, ExternalJob};
+/// use jobguard::{JobError, JobKey, KeyError};
+/// use serde::{Deserialize, Serialize};
+/// use sqlx::PgConnection;
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct ChargeOrder {
+///     order: String,
+///     amount: i64,
+/// }
+///
+/// # struct Payments;
+/// # impl Payments { async fn charge(&self, _: i64, _: &str) -> Result<String, std::io::Error> { todo!() } }
+/// impl ExternalJob<sqlx::Postgres> for ChargeOrder {
+///     const KIND: &'static str = "charge";
+///     const STEP: &'static str = "create-charge";
+///     type Context = Payments;
+///     type Output = String;
+///
+///     fn key(&self) -> Result<JobKey, KeyError> {
+///         JobKey::new("charge", [&self.order])
+///     }
+///
+///     async fn call(&self, payments: &Payments, api_key: &ApiKey) -> Result<String, JobError> {
+///         Ok(payments.charge(self.amount, api_key.as_str()).await?)
+///     }
+///
+///     async fn record(&self, conn: &mut PgConnection, charge_id: &String) -> Result<(), JobError> {
+///         sqlx::query("update orders set charge_id = $1 where id = $2")
+///             .bind(charge_id)
+///             .bind(&self.order)
+///             .execute(conn)
+///             .await?;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait ExternalJob<DB: Backend>: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The kind the job is enqueued and registered under.
+    const KIND: &'static str;
+    /// The step name the API key is derived with; give each API a job calls its own.
+    const STEP: &'static str = "call";
+    /// The idempotency keys the API accepts.
+    const API_KEY_FORMAT: ApiKeyFormat = ApiKeyFormat::STRIPE;
+
+    /// What the call needs besides the payload, shared by every job of the kind.
+    type Context: Send + Sync + 'static;
+    /// What the API answers, handed to [`record`](ExternalJob::record).
+    type Output: Send + Sync + 'static;
+
+    /// The job's key, derived from the business operation, e.g. `charge:order-8812`.
+    fn key(&self) -> Result<JobKey, KeyError>;
+
+    /// Calls the API with `api_key`, outside any transaction.
+    fn call(
+        &self,
+        context: &Self::Context,
+        api_key: &ApiKey,
+    ) -> impl Future<Output = Result<Self::Output, JobError>> + Send;
+
+    /// Records the API's answer on the transaction that commits it with the guard row and the
+    /// job's completion.
+    fn record(
+        &self,
+        conn: &mut DB::Connection,
+        output: &Self::Output,
+    ) -> impl Future<Output = Result<(), JobError>> + Send;
 }

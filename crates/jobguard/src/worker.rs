@@ -67,6 +67,7 @@ use tracing::Instrument;
 
 use crate::backend::{Backend, is_connection_error};
 use crate::error::{Error, JobError, Result};
+use crate::external::{ApiKey, ExternalJob};
 use crate::guard::{Claim, Guard, GuardConfig};
 use crate::key::{JobKey, KeyError};
 use crate::metrics::record_outcome;
@@ -96,12 +97,22 @@ impl NewJob {
     pub fn from_job<DB: Backend, J: Job<DB>>(job: &J) -> Result<Self> {
         NewJob::new(job.key()?, job)?.kind(J::KIND)
     }
+
+    /// The job for an [`ExternalJob`] value: its kind, key and payload.
+    pub fn from_external<DB: Backend, J: ExternalJob<DB>>(job: &J) -> Result<Self> {
+        NewJob::new(job.key()?, job)?.kind(J::KIND)
+    }
 }
 
 impl<DB: Backend> Queue<DB> {
     /// Enqueues a [`Job`] value; see [`enqueue`](Queue::enqueue).
     pub async fn enqueue_job<J: Job<DB>>(&self, job: &J) -> Result<Enqueued> {
         self.enqueue(&NewJob::from_job::<DB, J>(job)?).await
+    }
+
+    /// Enqueues an [`ExternalJob`] value; see [`enqueue`](Queue::enqueue).
+    pub async fn enqueue_external<J: ExternalJob<DB>>(&self, job: &J) -> Result<Enqueued> {
+        self.enqueue(&NewJob::from_external::<DB, J>(job)?).await
     }
 }
 
@@ -252,6 +263,15 @@ impl<DB: Backend> Worker<DB> {
     pub fn register<J: Job<DB>>(mut self) -> Self {
         self.handlers
             .insert(J::KIND, Arc::new(TypedHandler::<J>(PhantomData)));
+        self
+    }
+
+    /// Runs jobs of kind `J::KIND` as the [`ExternalJob`] `J`, whose calls get `context`.
+    pub fn register_external<J: ExternalJob<DB>>(mut self, context: J::Context) -> Self {
+        let handler = ExternalHandler::<J, DB> {
+            context: Arc::new(context),
+        };
+        self.handlers.insert(J::KIND, Arc::new(handler));
         self
     }
 
@@ -409,6 +429,11 @@ impl<DB: Backend> Worker<DB> {
     }
 
     async fn execute(&self, job: &LeasedJob) -> Ended {
+        let decoded = self.decode(job);
+        let called = match &decoded {
+            Ok((runnable, key)) => self.call_external(job, key, &**runnable).await,
+            Err(_) => Ok(()),
+        };
         let conn = match self.checkout().await {
             Ok(conn) => conn,
             Err(error) => {
@@ -416,9 +441,46 @@ impl<DB: Backend> Worker<DB> {
                 return Ended::Failed;
             }
         };
-        let (ended, conn) = self.execute_on(conn, job).await;
+        let (ended, conn) = match called {
+            Ok(()) => self.execute_on(conn, job, decoded).await,
+            Err((message, fatal)) => {
+                let mut conn = conn;
+                (self.fail(&mut conn, job, &message, fatal).await, Some(conn))
+            }
+        };
         self.check_in(conn);
         ended
+    }
+
+    /// The first stage of an [`ExternalJob`]: its API call, outside any transaction and holding
+    /// no connection, under heartbeats. Skipped when the key is already recorded; the attempt
+    /// then completes the job as a duplicate.
+    async fn call_external(
+        &self,
+        job: &LeasedJob,
+        key: &JobKey,
+        runnable: &dyn Runnable<DB>,
+    ) -> std::result::Result<(), (String, bool)> {
+        let Some(call) = runnable.call(key) else {
+            return Ok(());
+        };
+        match self.guard.lookup(key).await {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) => {}
+            Err(error) => return Err((error.to_string(), false)),
+        }
+        let called = AssertUnwindSafe(call).catch_unwind();
+        match self.with_heartbeat(job.lease, called).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => {
+                let fatal = !error.is_retryable();
+                Err((error.to_string(), fatal))
+            }
+            Err(panic) => Err((
+                format!("the job panicked: {}", panic_message(&panic)),
+                false,
+            )),
+        }
     }
 
     /// Runs a job on `conn`, which also records its failure, so a job never waits for a second
@@ -427,8 +489,9 @@ impl<DB: Backend> Worker<DB> {
         &self,
         mut conn: PoolConnection<DB>,
         job: &LeasedJob,
+        decoded: std::result::Result<(Box<dyn Runnable<DB>>, JobKey), String>,
     ) -> (Ended, Option<PoolConnection<DB>>) {
-        let (runnable, key) = match self.decode(job) {
+        let (runnable, key) = match decoded {
             Ok(decoded) => decoded,
             Err(message) => return (self.bury(&mut conn, job, &message).await, Some(conn)),
         };
@@ -745,11 +808,59 @@ impl<DB: Backend, J: Job<DB>> Handler<DB> for TypedHandler<J> {
 
 /// A decoded job, its type erased.
 trait Runnable<DB: Backend>: Send + Sync {
+    /// The stage before the transaction, for jobs that have one.
+    fn call<'a>(&'a self, _key: &'a JobKey) -> Option<BoxFuture<'a, Result<(), JobError>>> {
+        None
+    }
+
     fn run<'a>(&'a self, conn: &'a mut DB::Connection) -> BoxFuture<'a, Result<(), JobError>>;
 }
 
 impl<DB: Backend, J: Job<DB>> Runnable<DB> for J {
     fn run<'a>(&'a self, conn: &'a mut DB::Connection) -> BoxFuture<'a, Result<(), JobError>> {
         Box::pin(Job::run(self, conn))
+    }
+}
+
+struct ExternalHandler<J: ExternalJob<DB>, DB: Backend> {
+    context: Arc<J::Context>,
+}
+
+impl<DB: Backend, J: ExternalJob<DB>> Handler<DB> for ExternalHandler<J, DB> {
+    fn decode(&self, payload: &Value) -> Result<Box<dyn Runnable<DB>>, serde_json::Error> {
+        Ok(Box::new(Called::<J, DB> {
+            job: J::deserialize(payload)?,
+            context: Arc::clone(&self.context),
+            output: Mutex::new(None),
+        }))
+    }
+}
+
+/// An [`ExternalJob`] and, once its call returned, the API's answer for its transaction.
+struct Called<J: ExternalJob<DB>, DB: Backend> {
+    job: J,
+    context: Arc<J::Context>,
+    output: Mutex<Option<Arc<J::Output>>>,
+}
+
+impl<DB: Backend, J: ExternalJob<DB>> Runnable<DB> for Called<J, DB> {
+    fn call<'a>(&'a self, key: &'a JobKey) -> Option<BoxFuture<'a, Result<(), JobError>>> {
+        Some(Box::pin(async move {
+            let api_key = ApiKey::derive(key, J::STEP, J::API_KEY_FORMAT)
+                .map_err(|error| JobError::from(error).into_fatal())?;
+            let output = self.job.call(&self.context, &api_key).await?;
+            *self.output.lock().expect("not poisoned") = Some(Arc::new(output));
+            Ok(())
+        }))
+    }
+
+    fn run<'a>(&'a self, conn: &'a mut DB::Connection) -> BoxFuture<'a, Result<(), JobError>> {
+        Box::pin(async move {
+            let output = self.output.lock().expect("not poisoned").clone();
+            let Some(output) = output else {
+                return Err(JobError::msg("the job's API call has not run; it runs again"));
+            };
+            self.job.record(conn, &output).await
+        })
     }
 }

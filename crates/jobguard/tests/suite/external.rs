@@ -510,3 +510,80 @@ async fn sweep_reconciles_stale_steps() {
     assert_eq!(provider.provider().charges().len(), 5);
     provider.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The worker's external jobs
+// ---------------------------------------------------------------------------------------------
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ChargeJob {
+    order: String,
+    amount: i64,
+}
+
+impl jobguard::external::ExternalJob<DB> for ChargeJob {
+    const KIND: &'static str = "charge";
+    const STEP: &'static str = "create-charge";
+    type Context = ProviderClient;
+    type Output = Charge;
+
+    fn key(&self) -> Result<JobKey, jobguard::KeyError> {
+        JobKey::new("charge", [&self.order])
+    }
+
+    async fn call(&self, client: &ProviderClient, api_key: &ApiKey) -> Result<Charge, JobError> {
+        client
+            .create_charge(&self.order, self.amount, Some(api_key.as_str()))
+            .await
+            .map_err(job_error)
+    }
+
+    async fn record(
+        &self,
+        conn: &mut <DB as sqlx::Database>::Connection,
+        charge: &Charge,
+    ) -> Result<(), JobError> {
+        DB::insert_ledger(conn, 7, charge.amount).await?;
+        Ok(())
+    }
+}
+
+/// Five orders were charged by a worker that died before recording; the worker charges the
+/// other fifteen and records all twenty, with twenty charges at the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_runs_external_jobs_once() {
+    let Some(pool) = DB::open("worker_runs_external_jobs_once", 8).await else { return };
+    let provider = Provider::start(ProviderConfig::default()).await.unwrap();
+    let client = ProviderClient::new(provider.url());
+    let queue = jobguard::Queue::new(pool.clone());
+    let config = jobguard::WorkerConfig {
+        concurrency: 4,
+        stop_when_idle: true,
+        poll_interval: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let worker = jobguard::Worker::with_config(queue.clone(), config)
+        .unwrap()
+        .register_external::<ChargeJob>(client.clone());
+    worker.migrate().await.unwrap();
+    for n in 0..20 {
+        let order = format!("order-{n}");
+        queue
+            .enqueue_external(&ChargeJob { order: order.clone(), amount: 100 + n })
+            .await
+            .unwrap();
+        if n < 5 {
+            let api_key =
+                ApiKey::derive(&charge_key(&order), "create-charge", ApiKeyFormat::STRIPE).unwrap();
+            client.create_charge(&order, 100 + n, Some(api_key.as_str())).await.unwrap();
+        }
+    }
+
+    let stats = worker.run(std::future::pending()).await.unwrap();
+    assert_eq!((stats.applied, stats.duplicates, stats.dead), (20, 0, 0), "{stats:?}");
+    let charges = provider.provider().charges();
+    assert_eq!(charges.len(), 20, "the five earlier charges were answered, not repeated");
+    assert_eq!(ledger_rows(&pool).await, 20);
+    assert_eq!(crate::common::ledger_total(&pool).await, (100..120).sum::<i64>());
+    provider.stop().await;
+}
