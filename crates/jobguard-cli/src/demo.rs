@@ -26,6 +26,12 @@ pub struct DemoReport {
     pub expected_balance_total: i64,
     pub naive: RunReport,
     pub guarded: RunReport,
+    /// The keyless run of the charge scenario.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keyless: Option<RunReport>,
+    /// Charges the payment provider made in the guarded (keyed) run of the charge scenario.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_charges: Option<i64>,
     /// True when the guarded run wrote exactly one effect per job and its balances add up.
     pub exactly_once: bool,
     pub seconds: f64,
@@ -67,6 +73,8 @@ pub async fn run<DB: LedgerDb>(
         expected_balance_total,
         naive,
         guarded,
+        keyless: None,
+        provider_charges: None,
         exactly_once,
         seconds: started.elapsed().as_secs_f64(),
     })

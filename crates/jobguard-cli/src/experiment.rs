@@ -43,6 +43,15 @@ pub struct RunReport {
     /// The first error a delivery returned, if any did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
+    /// Charges the payment provider made (the charge scenario).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_charges: Option<i64>,
+    /// Orders the provider charged more than once (the charge scenario).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub orders_charged_more_than_once: Option<usize>,
+    /// Worker processes killed mid-job (the charge scenario).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crashes: Option<usize>,
 }
 
 /// The credits of the experiment, one per job.

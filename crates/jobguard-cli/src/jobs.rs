@@ -9,7 +9,9 @@
 use std::future::Future;
 
 use anyhow::{Context, anyhow};
-use jobguard::{Backend, Job, JobError, JobKey, KeyError, Worker};
+use std::time::Duration;
+
+use jobguard::{Backend, Job, JobError, JobKey, KeyError, TableName, Worker};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,14 +19,19 @@ use sqlx::postgres::Postgres;
 use sqlx::sqlite::Sqlite;
 use sqlx::{Executor, Pool};
 
+use crate::charges::{self, ChargeKeyed, ChargeKeyless, ChargeNaive, PaymentTables, Payments};
+
 /// The table the `credit` job appends to. Nothing else in the database is touched.
 pub const LEDGER: &str = "jobguard_ledger";
 
 /// The kinds `jobguard worker` runs.
-pub const KINDS: [&str; 3] = [
+pub const KINDS: [&str; 6] = [
     <Credit as Example>::KIND,
     <Noop as Example>::KIND,
     <Fail as Example>::KIND,
+    <ChargeKeyed as Example>::KIND,
+    <ChargeKeyless as Example>::KIND,
+    <ChargeNaive as Example>::KIND,
 ];
 
 /// Credits `amount` to `account` for `order`, once per order.
@@ -136,6 +143,9 @@ pub fn check(kind: &str, payload: &Value) -> anyhow::Result<Option<Checked>> {
         <Credit as Example>::KIND => check_as::<Credit>(payload).map(Some),
         <Noop as Example>::KIND => check_as::<Noop>(payload).map(Some),
         <Fail as Example>::KIND => check_as::<Fail>(payload).map(Some),
+        <ChargeKeyed as Example>::KIND => check_as::<ChargeKeyed>(payload).map(Some),
+        <ChargeKeyless as Example>::KIND => check_as::<ChargeKeyless>(payload).map(Some),
+        <ChargeNaive as Example>::KIND => check_as::<ChargeNaive>(payload).map(Some),
         _ => Ok(None),
     }
 }
@@ -168,6 +178,77 @@ pub trait ExampleDb: Backend {
         credit: &Credit,
         key: &str,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// Creates the charges table `table` when missing.
+    fn create_charges(
+        pool: &Pool<Self>,
+        table: &TableName,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// Records a provider's charge for its order in `table`, on the worker's transaction.
+    fn record_charge(
+        conn: &mut Self::Connection,
+        table: &TableName,
+        kind: &str,
+        charge: &jobguard_provider::Charge,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// The charges recorded in `table`.
+    fn recorded_charges(
+        pool: &Pool<Self>,
+        table: &TableName,
+    ) -> impl Future<Output = sqlx::Result<i64>> + Send;
+
+    /// Deletes every row of `table`.
+    fn clear(pool: &Pool<Self>, table: &TableName)
+    -> impl Future<Output = sqlx::Result<()>> + Send;
+}
+
+/// The table the charge jobs record in.
+pub const CHARGES: &str = "jobguard_charges";
+
+/// The charge statements whose text and binding are the same on both backends, expanded in
+/// each `impl ExampleDb`, where the backend's types are concrete.
+macro_rules! charge_statements {
+    () => {
+        async fn record_charge(
+            conn: &mut Self::Connection,
+            table: &TableName,
+            kind: &str,
+            charge: &jobguard_provider::Charge,
+        ) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "insert into {} (kind, order_id, charge_id, amount) values ($1, $2, $3, $4)",
+                table.quoted()
+            )))
+            .bind(kind)
+            .bind(&charge.order)
+            .bind(&charge.id)
+            .bind(charge.amount)
+            .execute(conn)
+            .await?;
+            Ok(())
+        }
+
+        async fn recorded_charges(pool: &Pool<Self>, table: &TableName) -> sqlx::Result<i64> {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "select count(*) from {}",
+                table.quoted()
+            )))
+            .fetch_one(pool)
+            .await
+        }
+
+        async fn clear(pool: &Pool<Self>, table: &TableName) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "delete from {}",
+                table.quoted()
+            )))
+            .execute(pool)
+            .await?;
+            Ok(())
+        }
+    };
 }
 
 /// The same statement on both backends: sqlx accepts `$1` placeholders for SQLite too.
@@ -207,6 +288,28 @@ impl ExampleDb for Postgres {
             .await?;
         Ok(())
     }
+
+    charge_statements!();
+
+    async fn create_charges(pool: &Pool<Self>, table: &TableName) -> sqlx::Result<()> {
+        let mut tx = pool.begin().await?;
+        sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("jobguard:migrate:{}", table.quoted()))
+            .execute(&mut *tx)
+            .await?;
+        tx.execute(sqlx::AssertSqlSafe(format!(
+            "create table if not exists {} (
+                 id        bigserial primary key,
+                 kind      text not null,
+                 order_id  text not null,
+                 charge_id text not null,
+                 amount    bigint not null
+             )",
+            table.quoted()
+        )))
+        .await?;
+        tx.commit().await
+    }
 }
 
 impl ExampleDb for Sqlite {
@@ -236,6 +339,24 @@ impl ExampleDb for Sqlite {
             .execute(conn)
             .await?;
         Ok(())
+    }
+
+    charge_statements!();
+
+    async fn create_charges(pool: &Pool<Self>, table: &TableName) -> sqlx::Result<()> {
+        let mut tx = pool.begin_with("begin immediate").await?;
+        tx.execute(sqlx::AssertSqlSafe(format!(
+            "create table if not exists {} (
+                 id        integer primary key,
+                 kind      text not null,
+                 order_id  text not null,
+                 charge_id text not null,
+                 amount    bigint not null
+             )",
+            table.quoted()
+        )))
+        .await?;
+        tx.commit().await
     }
 }
 
@@ -294,12 +415,24 @@ impl<DB: ExampleDb> Job<DB> for Fail {
     }
 }
 
-/// Registers every built-in kind with `worker`.
+/// Registers every built-in kind with `worker`; the charge kinds find the payment provider
+/// at `JOBGUARD_PROVIDER_URL`.
 pub fn register<DB: ExampleDb>(worker: Worker<DB>) -> Worker<DB> {
-    worker
+    let pool = worker.guard().pool().clone();
+    let payments = Payments::from_env(pool, PaymentTables::default(), Duration::from_secs(30));
+    let worker = worker
         .register::<Credit>()
         .register::<Noop>()
-        .register::<Fail>()
+        .register::<Fail>();
+    charges::register(worker, payments)
+}
+
+/// Creates the tables the built-in jobs write to.
+pub async fn migrate<DB: ExampleDb>(pool: &Pool<DB>) -> anyhow::Result<()> {
+    DB::create_ledger(pool)
+        .await
+        .with_context(|| format!("cannot create the ledger table `{LEDGER}`"))?;
+    charges::migrate(pool, &PaymentTables::default()).await
 }
 
 #[cfg(test)]

@@ -2,12 +2,15 @@
 
 mod bench;
 mod bench_queue;
+mod charge_demo;
+mod charges;
 mod database;
 mod demo;
 mod experiment;
 mod jobs;
 mod ledger;
 mod ops;
+mod provider;
 mod scenarios;
 
 use std::io::IsTerminal;
@@ -48,6 +51,11 @@ enum Command {
     Dead(ops::DeadCommand),
     /// Deliver the outbox's messages to their sinks until Ctrl-C.
     Relay(ops::RelayArgs),
+    /// Serve the payment provider the charge jobs call, on 127.0.0.1, until Ctrl-C.
+    Provider(provider::ProviderArgs),
+    /// The charge demo's worker, in its own process.
+    #[command(hide = true)]
+    ChargeWorker(charge_demo::ChargeWorkerArgs),
 }
 
 #[derive(Subcommand)]
@@ -152,6 +160,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Jobs(args) => ops::jobs(args).await,
         Command::Dead(command) => ops::dead(command).await,
         Command::Relay(args) => ops::relay(args).await,
+        Command::Provider(args) => provider::provider(args).await,
+        Command::ChargeWorker(args) => charge_worker(args).await,
     }
 }
 
@@ -159,6 +169,20 @@ async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let scenario = args.scenario;
     let args = args.experiment;
     let database = redact(&args.database_url);
+    if scenario == Some(scenarios::Scenario::Charge) {
+        let jobs = args.shape(20).jobs;
+        let url = &args.database_url;
+        let report = match Database::connect(url, 4).await? {
+            Database::Postgres(pool) => {
+                charge_demo::run::<Postgres>(&pool, url, database, jobs).await?
+            }
+            Database::Sqlite(pool) => {
+                charge_demo::run::<Sqlite>(&pool, url, database, jobs).await?
+            }
+        };
+        let text = charge_demo::render(&report);
+        return print_report(&report, args.json, text, report.exactly_once);
+    }
     let report = if let Some(scenario) = scenario {
         let jobs = args.shape(20).jobs;
         let url = &args.database_url;
@@ -213,6 +237,14 @@ async fn scenario_worker(args: scenarios::WorkerArgs) -> anyhow::Result<ExitCode
     match Database::connect(args.database_url(), 4).await? {
         Database::Postgres(pool) => scenarios::worker_process::<Postgres>(&pool, &args).await?,
         Database::Sqlite(pool) => scenarios::worker_process::<Sqlite>(&pool, &args).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn charge_worker(args: charge_demo::ChargeWorkerArgs) -> anyhow::Result<ExitCode> {
+    match Database::connect(args.database_url(), 6).await? {
+        Database::Postgres(pool) => charge_demo::worker_process::<Postgres>(&pool).await?,
+        Database::Sqlite(pool) => charge_demo::worker_process::<Sqlite>(&pool).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

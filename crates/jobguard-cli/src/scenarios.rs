@@ -49,10 +49,13 @@ pub enum Scenario {
     /// The producer enqueues the same logical work twice from two code paths, once while the
     /// first job is still waiting and once after it completed.
     DoubleEnqueue,
+    /// Charge jobs call a payment provider over HTTP, and worker processes are killed after the
+    /// charge and before the database commit: naive, keyed, and keyless with reconciliation.
+    Charge,
 }
 
 impl Scenario {
-    fn describe(self) -> &'static str {
+    pub fn describe(self) -> &'static str {
         match self {
             Scenario::CrashBeforeAck => {
                 "every 5th job's worker process is killed (SIGKILL) after the effect commits, before the ack"
@@ -65,6 +68,9 @@ impl Scenario {
             }
             Scenario::DoubleEnqueue => {
                 "the producer enqueues every job twice: half while it waits, half after it completed"
+            }
+            Scenario::Charge => {
+                "every 5th order's worker process is killed (SIGKILL) after the charge, before the database commit"
             }
         }
     }
@@ -185,6 +191,7 @@ pub async fn run<DB: LedgerDb>(
                 lease_expiry(pool, &queue, mode, &guard).await?
             }
             Scenario::DoubleEnqueue => double_enqueue(pool, &queue, &credits, mode, &guard).await?,
+            Scenario::Charge => bail!("the charge scenario runs in charge_demo"),
         };
         let mut report = RunReport {
             deliveries: tally.deliveries,
@@ -222,6 +229,8 @@ pub async fn run<DB: LedgerDb>(
         expected_balance_total,
         naive,
         guarded,
+        keyless: None,
+        provider_charges: None,
         exactly_once,
         seconds: started.elapsed().as_secs_f64(),
     })

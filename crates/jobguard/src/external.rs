@@ -331,7 +331,12 @@ pub(crate) fn effect_error(key: &JobKey, error: JobError) -> Error {
 ///         Ok(payments.charge(self.amount, api_key.as_str()).await?)
 ///     }
 ///
-///     async fn record(&self, conn: &mut PgConnection, charge_id: &String) -> Result<(), JobError> {
+///     async fn record(
+///         &self,
+///         _payments: &Payments,
+///         conn: &mut PgConnection,
+///         charge_id: &String,
+///     ) -> Result<(), JobError> {
 ///         sqlx::query("update orders set charge_id = $1 where id = $2")
 ///             .bind(charge_id)
 ///             .bind(&self.order)
@@ -368,6 +373,7 @@ pub trait ExternalJob<DB: Backend>: Serialize + DeserializeOwned + Send + Sync +
     /// job's completion.
     fn record(
         &self,
+        context: &Self::Context,
         conn: &mut DB::Connection,
         output: &Self::Output,
     ) -> impl Future<Output = Result<(), JobError>> + Send;

@@ -52,7 +52,15 @@ impl TableName {
     }
 
     /// The name as it appears in SQL: quoted, and qualified when it has a schema.
-    pub(crate) fn quoted(&self) -> String {
+    ///
+    /// ```
+    /// use jobguard::TableName;
+    ///
+    /// let table = TableName::new("charges")?.in_schema("billing")?;
+    /// assert_eq!(table.quoted(), r#""billing"."charges""#);
+    /// # Ok::<(), jobguard::Error>(())
+    /// ```
+    pub fn quoted(&self) -> String {
         match &self.schema {
             Some(schema) => format!("\"{schema}\".\"{}\"", self.name),
             None => format!("\"{}\"", self.name),

@@ -858,9 +858,11 @@ impl<DB: Backend, J: ExternalJob<DB>> Runnable<DB> for Called<J, DB> {
         Box::pin(async move {
             let output = self.output.lock().expect("not poisoned").clone();
             let Some(output) = output else {
-                return Err(JobError::msg("the job's API call has not run; it runs again"));
+                return Err(JobError::msg(
+                    "the job's API call has not run; it runs again",
+                ));
             };
-            self.job.record(conn, &output).await
+            self.job.record(&self.context, conn, &output).await
         })
     }
 }

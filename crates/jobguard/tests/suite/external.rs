@@ -540,6 +540,7 @@ impl jobguard::external::ExternalJob<DB> for ChargeJob {
 
     async fn record(
         &self,
+        _client: &ProviderClient,
         conn: &mut <DB as sqlx::Database>::Connection,
         charge: &Charge,
     ) -> Result<(), JobError> {
