@@ -422,7 +422,13 @@ impl<DB: Backend> Steps<DB> {
         }
     }
 
-    async fn update(&self, key: &str, step: &str, token: &[u8], how: StepUpdate<'_>) -> Result<bool> {
+    async fn update(
+        &self,
+        key: &str,
+        step: &str,
+        token: &[u8],
+        how: StepUpdate<'_>,
+    ) -> Result<bool> {
         Ok(DB::step_update(&self.pool, &self.sql, key, step, token, how, self.lease).await?)
     }
 }
@@ -648,7 +654,14 @@ macro_rules! step_statements {
             Ok(rows
                 .into_iter()
                 .map(|(key, step, attempts, token)| {
-                    ($crate::steps::StaleStep { key, step, attempts }, token)
+                    (
+                        $crate::steps::StaleStep {
+                            key,
+                            step,
+                            attempts,
+                        },
+                        token,
+                    )
                 })
                 .collect())
         }

@@ -25,7 +25,11 @@ fn formats() -> Vec<ApiKeyFormat> {
 fn check(api_key: &ApiKey, format: ApiKeyFormat) {
     let text = api_key.as_str();
     assert!(!text.is_empty());
-    assert!(text.len() <= format.max_len(), "{text} is longer than {}", format.max_len());
+    assert!(
+        text.len() <= format.max_len(),
+        "{text} is longer than {}",
+        format.max_len()
+    );
     assert!(
         text.chars().all(|c| format.alphabet().allows(c)),
         "{text} has a character outside {:?}",
@@ -40,7 +44,10 @@ fn readable_when_it_fits() {
     assert_eq!(api_key.as_str(), "charge:order-8812:create-charge");
     assert_eq!(api_key.to_string(), api_key.as_str());
     let token = ApiKeyFormat::new(64, KeyAlphabet::Token).unwrap();
-    assert_eq!(ApiKey::derive(&key, "create-charge", token).unwrap(), api_key);
+    assert_eq!(
+        ApiKey::derive(&key, "create-charge", token).unwrap(),
+        api_key
+    );
 }
 
 #[test]
@@ -60,7 +67,10 @@ fn hashed_when_too_long_or_outside_the_alphabet() {
 
     let spaced = JobKey::new("email", ["hello world"]).unwrap();
     let api_key = ApiKey::derive(&spaced, "send", ApiKeyFormat::STRIPE).unwrap();
-    assert!(api_key.as_str().starts_with("email-hello-world-send-"), "{api_key}");
+    assert!(
+        api_key.as_str().starts_with("email-hello-world-send-"),
+        "{api_key}"
+    );
     check(&api_key, ApiKeyFormat::STRIPE);
 }
 
