@@ -236,3 +236,54 @@ fn postgres_url() -> Option<String> {
         _ => None,
     }
 }
+
+/// `demo --scenario charge`: worker processes are killed after the provider charged and before
+/// the database commit. Without a key the provider charges again on redelivery; with the key,
+/// and keyless behind a reconciled step, every order is charged exactly once.
+fn assert_charge_scenario(url: Option<&str>) {
+    let dir = scratch(&format!(
+        "charge-{}",
+        if url.is_some() { "pg" } else { "sqlite" }
+    ));
+    let mut args = vec!["demo", "--json", "--scenario", "charge"];
+    if let Some(url) = url {
+        args.extend(["--database-url", url]);
+    }
+    let (ok, report, stderr) = jobguard(&dir, &args);
+    assert!(ok, "{stderr}\n{report}");
+    assert_eq!(report["scenario"], "charge");
+    assert_eq!(report["jobs"], 20);
+    assert_eq!(report["provider_charges"], 20, "{report}");
+    assert_eq!(report["exactly_once"], true);
+    let naive = &report["naive"];
+    assert_eq!(naive["crashes"], 4, "{report}");
+    assert!(
+        naive["provider_charges"].as_i64().unwrap() >= 24,
+        "each killed delivery was charged again: {report}"
+    );
+    assert!(naive["orders_charged_more_than_once"].as_u64().unwrap() >= 4);
+    assert_eq!(
+        naive["effects"], 20,
+        "the database recorded one charge per order"
+    );
+    for run in [&report["guarded"], &report["keyless"]] {
+        assert_eq!(run["crashes"], 4, "{report}");
+        assert_eq!(run["provider_charges"], 20, "{report}");
+        assert_eq!(run["orders_charged_more_than_once"], 0, "{report}");
+        assert_eq!(run["effects"], 20, "{report}");
+        assert_eq!(run["balance_total"], report["expected_balance_total"]);
+    }
+}
+
+#[test]
+fn charge_scenario_on_embedded_sqlite() {
+    assert_charge_scenario(None);
+}
+
+#[test]
+fn charge_scenario_on_postgres() {
+    let Some(url) = postgres_schema_url("charge") else {
+        return;
+    };
+    assert_charge_scenario(Some(&url));
+}
