@@ -62,12 +62,19 @@ impl Db {
 
     /// Runs `jobguard ARGS --database-url URL`.
     fn run(&self, args: &[&str]) -> Run {
+        self.run_with(args, &[])
+    }
+
+    /// Runs `jobguard ARGS --database-url URL` with environment variables set.
+    fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
         let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
             .args(args)
             .args(["--database-url", &self.url])
             .current_dir(&self.dir)
             .env_remove("DATABASE_URL")
             .env_remove("JOBGUARD_LOG")
+            .env_remove("JOBGUARD_PROVIDER_URL")
+            .envs(env.iter().copied())
             .output()
             .expect("run jobguard");
         Run::from(output)
@@ -596,4 +603,107 @@ fn worker_stops_on_sigterm() {
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(stats(&run.json), [3, 0, 0, 0, 0, 0], "{}", run.stdout);
     assert_eq!(db.ledger(), (3, (1..=3).map(|n| 100 + 10 * n).sum()));
+}
+
+/// `jobguard provider` as its own process, stopped when dropped.
+struct ProviderProcess {
+    child: std::process::Child,
+    url: String,
+}
+
+impl ProviderProcess {
+    fn start() -> ProviderProcess {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+            .arg("provider")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start jobguard provider");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("read the provider's URL");
+        let url = line.trim().to_owned();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        ProviderProcess { child, url }
+    }
+
+    fn charges(&self) -> Vec<jobguard_provider::Charge> {
+        let client = jobguard_provider::ProviderClient::new(&self.url);
+        block_on(client.charges()).expect("list the provider's charges")
+    }
+}
+
+impl Drop for ProviderProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The built-in charge jobs through `jobguard enqueue` and `jobguard worker`, against
+/// `jobguard provider` over HTTP: one charge per order, and a second round of the same jobs
+/// finds every key recorded and calls nothing.
+fn charges_apply_once(db: &Db) {
+    let provider = ProviderProcess::start();
+    let env = [("JOBGUARD_PROVIDER_URL", provider.url.as_str())];
+    let work = |db: &Db| {
+        for n in 0..3 {
+            db.enqueue(
+                "charge",
+                &json!({"order": format!("order-{n}"), "amount": 500 + n}),
+                &[],
+            );
+        }
+        for n in 3..5 {
+            let payload = json!({"order": format!("order-{n}"), "amount": 500 + n});
+            db.enqueue("charge-keyless", &payload, &[]);
+        }
+        let run = db.run_with(&["worker", "--until-idle", "--json"], &env);
+        assert!(run.ok, "{}", run.stderr);
+        stats(&run.json)
+    };
+    assert_eq!(work(db), [5, 0, 0, 0, 0, 0]);
+    let charges = provider.charges();
+    assert_eq!(charges.len(), 5, "{charges:?}");
+    let mut orders: Vec<&str> = charges.iter().map(|c| c.order.as_str()).collect();
+    orders.sort();
+    assert_eq!(
+        orders,
+        ["order-0", "order-1", "order-2", "order-3", "order-4"]
+    );
+
+    assert_eq!(
+        work(db),
+        [0, 5, 0, 0, 0, 0],
+        "the second round is all duplicates"
+    );
+    assert_eq!(provider.charges().len(), 5, "and called nothing");
+
+    // Without a provider the job fails with a message that says what to set.
+    db.enqueue(
+        "charge",
+        &json!({"order": "order-9", "amount": 900}),
+        &["--max-attempts", "1"],
+    );
+    let run = db.run(&["worker", "--until-idle", "--json"]);
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(stats(&run.json)[3], 1, "dead-lettered: {}", run.stdout);
+    let dead = db.json(&["dead", "list"]);
+    assert!(dead.to_string().contains("JOBGUARD_PROVIDER_URL"), "{dead}");
+    assert_eq!(provider.charges().len(), 5);
+}
+
+#[test]
+fn charges_apply_once_on_sqlite() {
+    charges_apply_once(&Db::sqlite("charges"));
+}
+
+#[test]
+fn charges_apply_once_on_postgres() {
+    let Some(db) = Db::postgres("charges") else {
+        return;
+    };
+    charges_apply_once(&db);
 }

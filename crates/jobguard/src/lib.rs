@@ -35,6 +35,7 @@
 //! |------------|---------|-----------------------------------------------------------------|
 //! | `postgres` | yes     | the PostgreSQL backend, [`PgGuard`]                             |
 //! | `sqlite`   | yes     | the SQLite backend, [`SqliteGuard`] and [`sqlite::connect`]     |
+//! | `webhook`  | yes     | [`outbox::WebhookSink`]: outbox delivery to HTTP webhooks       |
 //! | `testkit`  | no      | [`testkit`]: concurrent-delivery and run-twice checks for tests |
 
 #![forbid(unsafe_code)]
@@ -71,6 +72,7 @@ pub use error::{Error, JobError, Result};
 pub use fingerprint::Fingerprint;
 pub use guard::{Claim, Duplicate, Guard, GuardConfig, Outcome};
 pub use key::{JobKey, KeyError};
+pub use outbox::{MessageId, Outbox, Relay};
 #[cfg(feature = "postgres")]
 pub use postgres::PgGuard;
 pub use queue::Queue;

@@ -1,5 +1,567 @@
-//! The transactional outbox: messages a job publishes, written in the job's transaction.
+//! The transactional outbox: messages a job publishes, written in the job's own transaction and
+//! delivered afterwards by a [`Relay`].
+//!
+//! A job that must tell another system about its effect ("order 8812 invoiced") cannot call that
+//! system from inside its transaction: the call cannot be rolled back, and a call after the
+//! commit is lost when the process dies in between. Instead the job writes the message to the
+//! outbox table with [`Outbox::publish_tx`], on the connection of its transaction:
+//!
+//! - **on commit**, the message is in the outbox together with the job's effect, and the relay
+//!   delivers it at least once;
+//! - **on rollback**, the message was never written, and nothing is ever delivered for it.
+//!
+//! Each message gets a [`MessageId`] derived from the job key and the topic, so a job that runs
+//! again (a redelivery whose guard row was rolled back, a retry) publishes the *same* id, and a
+//! receiver deduplicates on it: the webhook sink sends it as the `Idempotency-Key` header.
+//!
+//! ```no_run
+//! use jobguard::outbox::{Outbox, Relay, WebhookSink};
+//! use jobguard::{JobKey, PgGuard};
+//! use serde_json::json;
+//!
+//! # async fn invoice(pool: sqlx::PgPool) -> jobguard::Result<()> {
+//! let guard = PgGuard::new(pool.clone());
+//! let outbox = Outbox::new(pool);
+//! guard.migrate().await?;
+//! outbox.migrate().await?;
+//!
+//! let key = JobKey::new("invoice", ["order-8812"])?;
+//! let outcome = guard
+//!     .run(&key, async |conn| {
+//!         sqlx::query("update orders set invoiced = true where id = 8812")
+//!             .execute(&mut *conn)
+//!             .await?;
+//!         outbox
+//!             .publish_tx(conn, &key, "invoices", &json!({"order": 8812}))
+//!             .await?;
+//!         Ok(())
+//!     })
+//!     .await?;
+//! assert!(outcome.is_applied() || outcome.is_duplicate());
+//!
+//! // Elsewhere, or beside the worker: deliver what the jobs published.
+//! let relay = Relay::new(outbox, WebhookSink::new("https://hooks.example.com/v1")?);
+//! let report = relay.drain().await?;
+//! println!("{} delivered, {} dead-lettered", report.delivered, report.dead);
+//! # Ok(()) }
+//! ```
+//!
+//! # Several messages from one job
+//!
+//! A message id is `<job key>/<topic>`: one message per job and topic. A job that publishes
+//! several messages to one topic derives a key for each from its own, for example one per
+//! invoice line with `JobKey::new("invoice-line", [order, line])`. Publishing an id again with
+//! the same payload returns the id and writes nothing; with another payload it fails with
+//! [`Error::MessageReused`].
+//!
+//! # Delivery
+//!
+//! The [`Relay`] takes due messages in the order they were written and hands them to a [`Sink`]:
+//! at least once, in order per topic, with retries and dead letters. See its documentation for
+//! the guarantees and [`WebhookSink`] for delivery over HTTP.
+//!
+//! # Operations
+//!
+//! [`Outbox::counts`] tells how many messages wait, were sent or are dead; [`Outbox::list`]
+//! shows them with their last error; [`Outbox::replay_dead`] sends dead messages again, and
+//! [`Outbox::prune_sent`] deletes old sent ones. The relay counts deliveries, retries and dead
+//! letters per topic in [`DELIVERED_TOTAL`], [`RETRIED_TOTAL`] and [`DEAD_TOTAL`].
 
-/// The outbox statements each backend implements.
+mod relay;
+mod sink;
+mod store;
+#[cfg(feature = "webhook")]
+mod webhook;
+
+use std::fmt;
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::Pool;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::key::JobKey;
+use crate::queue::MAX_PAYLOAD_BYTES;
+use crate::table::TableName;
+
+pub use relay::{DEAD_TOTAL, DELIVERED_TOTAL, RETRIED_TOTAL, Relay, RelayConfig, RelayReport};
+pub use sink::{OutboxMessage, Sink, SinkError};
+pub(crate) use store::outbox_statements;
 #[doc(hidden)]
-pub trait OutboxStore: sqlx::Database {}
+pub use store::{DueMessage, NewMessage, OutboxSql, OutboxStore, Settle};
+#[cfg(feature = "webhook")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+pub use webhook::WebhookSink;
+
+/// The longest topic accepted, in bytes.
+pub const MAX_TOPIC_LEN: usize = 200;
+
+/// The identity of an outbox message: `<job key>/<topic>`, the same every time the job runs.
+///
+/// The key's bytes outside printable ASCII (spaces, control characters, non-ASCII letters) are
+/// written as `%XX`, so an id is always a valid HTTP header value; job keys never contain a `%`
+/// other than their own `%25` and `%3A` escapes, and topics never contain `/`, so two different
+/// keys or topics never give the same id. An id is at most `3 * 512 + 1 + 200` bytes.
+///
+/// ```
+/// use jobguard::JobKey;
+/// use jobguard::outbox::MessageId;
+///
+/// let key = JobKey::new("invoice", ["order-8812"])?;
+/// let id = MessageId::new(&key, "invoices")?;
+/// assert_eq!(id.as_str(), "invoice:order-8812/invoices");
+/// assert_eq!(id.topic(), "invoices");
+///
+/// let key = JobKey::new("invoice", ["café 7"])?;
+/// assert_eq!(MessageId::new(&key, "invoices")?.as_str(), "invoice:caf%C3%A9%207/invoices");
+/// # Ok::<(), jobguard::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct MessageId(String);
+
+impl MessageId {
+    /// The id of the message the job of `key` publishes to `topic`.
+    ///
+    /// Fails with [`Error::InvalidTopic`] unless `topic` is 1 to [`MAX_TOPIC_LEN`] ASCII
+    /// letters, digits, `.`, `_` and `-`, starting with a letter or digit.
+    pub fn new(key: &JobKey, topic: &str) -> Result<Self> {
+        check_topic(topic)?;
+        let key = key.as_str();
+        let mut id = String::with_capacity(key.len() + 1 + topic.len());
+        for &byte in key.as_bytes() {
+            if byte.is_ascii_graphic() {
+                id.push(char::from(byte));
+            } else {
+                write!(id, "%{byte:02X}").expect("writing to a string cannot fail");
+            }
+        }
+        id.push('/');
+        id.push_str(topic);
+        Ok(MessageId(id))
+    }
+
+    /// The id as stored and sent.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The topic the message was published to.
+    pub fn topic(&self) -> &str {
+        self.0.rsplit_once('/').map_or("", |(_, topic)| topic)
+    }
+
+    pub(crate) fn from_stored(id: String) -> Self {
+        MessageId(id)
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for MessageId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Checks a topic: it becomes the last segment of a webhook URL, so a topic of dots (`..`),
+/// which URL parsers resolve away, is refused along with anything that would need escaping.
+fn check_topic(topic: &str) -> Result<()> {
+    let starts_well = topic
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric());
+    let plain = topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if starts_well && plain && topic.len() <= MAX_TOPIC_LEN {
+        Ok(())
+    } else {
+        Err(Error::InvalidTopic {
+            topic: topic.chars().take(MAX_TOPIC_LEN + 10).collect(),
+        })
+    }
+}
+
+/// The queue's payload rules: JSON of at most [`MAX_PAYLOAD_BYTES`], without NUL characters
+/// (PostgreSQL rejects `\u0000` in `jsonb`).
+fn check_payload(id: &MessageId, payload: &Value) -> Result<()> {
+    fn has_nul(value: &Value) -> bool {
+        match value {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(items) => items.iter().any(has_nul),
+            Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+    let invalid = |reason: String| {
+        Err(Error::InvalidMessage {
+            id: id.to_string(),
+            reason,
+        })
+    };
+    if has_nul(payload) {
+        return invalid(
+            "its payload contains a NUL character, which PostgreSQL cannot store".into(),
+        );
+    }
+    let size = serde_json::to_vec(payload).map_or(usize::MAX, |bytes| bytes.len());
+    if size > MAX_PAYLOAD_BYTES {
+        return invalid(format!(
+            "its payload is {size} bytes of JSON, over the limit of {MAX_PAYLOAD_BYTES}; store \
+             large data elsewhere and publish a reference to it"
+        ));
+    }
+    Ok(())
+}
+
+/// Where a message is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageState {
+    /// Waiting for the relay: due now, or backing off after a failed delivery.
+    Pending,
+    /// Delivered: the sink confirmed it.
+    Sent,
+    /// Dead-lettered: the sink refused it, or every attempt failed. Can be replayed.
+    Dead,
+}
+
+impl MessageState {
+    /// The state's name as stored.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            MessageState::Pending => "pending",
+            MessageState::Sent => "sent",
+            MessageState::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for MessageState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MessageState {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "pending" => Ok(MessageState::Pending),
+            "sent" => Ok(MessageState::Sent),
+            "dead" => Ok(MessageState::Dead),
+            other => Err(Error::Database(sqlx::Error::Decode(
+                format!("unknown outbox message state `{other}`").into(),
+            ))),
+        }
+    }
+}
+
+/// Message counts by state, from [`Outbox::counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OutboxCounts {
+    /// Waiting for the relay.
+    pub pending: i64,
+    /// Delivered.
+    pub sent: i64,
+    /// Dead-lettered.
+    pub dead: i64,
+}
+
+/// A message as listed by [`Outbox::list`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MessageRow {
+    /// The message id.
+    pub id: MessageId,
+    /// The topic.
+    pub topic: String,
+    /// Where it is in its life.
+    pub state: MessageState,
+    /// Deliveries attempted so far.
+    pub attempts: i32,
+    /// When the relay tries it next, if it is pending.
+    #[serde(serialize_with = "serialize_time")]
+    pub next_attempt_at: SystemTime,
+    /// Why the last failed delivery failed.
+    pub last_error: Option<String>,
+    /// When it was published (the publishing transaction's time on PostgreSQL).
+    #[serde(serialize_with = "serialize_time")]
+    pub created_at: SystemTime,
+    /// When the sink confirmed it.
+    #[serde(serialize_with = "serialize_optional_time")]
+    pub sent_at: Option<SystemTime>,
+    /// The payload.
+    pub payload: Value,
+}
+
+fn millis(time: &SystemTime) -> u64 {
+    let since = time.duration_since(SystemTime::UNIX_EPOCH);
+    u64::try_from(since.unwrap_or_default().as_millis()).unwrap_or(u64::MAX)
+}
+
+fn serialize_time<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(millis(time))
+}
+
+fn serialize_optional_time<S: serde::Serializer>(
+    time: &Option<SystemTime>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match time {
+        Some(time) => s.serialize_some(&millis(time)),
+        None => s.serialize_none(),
+    }
+}
+
+/// The transactional outbox on one table. Cheap to clone.
+///
+/// See the [module documentation](self).
+pub struct Outbox<DB: Backend> {
+    inner: Arc<OutboxInner<DB>>,
+}
+
+struct OutboxInner<DB: Backend> {
+    pool: Pool<DB>,
+    sql: OutboxSql,
+}
+
+impl<DB: Backend> Clone for Outbox<DB> {
+    fn clone(&self) -> Self {
+        Outbox {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<DB: Backend> fmt::Debug for Outbox<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbox")
+            .field("backend", &DB::BACKEND)
+            .field("table", &self.inner.sql.table.to_string())
+            .finish()
+    }
+}
+
+impl<DB: Backend> Outbox<DB> {
+    /// The outbox table unless configured: `jobguard_outbox`. The relay's lease lives in a
+    /// second table named after it, `jobguard_outbox_relay`.
+    pub const DEFAULT_TABLE: &'static str = "jobguard_outbox";
+
+    /// An outbox on the `jobguard_outbox` table.
+    pub fn new(pool: Pool<DB>) -> Self {
+        let table = TableName::new(Self::DEFAULT_TABLE).expect("the default name is valid");
+        Self::with_table(pool, table).expect("the default table suits every backend")
+    }
+
+    /// An outbox on another table. Fails for a schema on SQLite.
+    pub fn with_table(pool: Pool<DB>, table: TableName) -> Result<Self> {
+        let sql = DB::outbox_sql(&table)?;
+        Ok(Outbox {
+            inner: Arc::new(OutboxInner { pool, sql }),
+        })
+    }
+
+    /// The pool the outbox uses.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.inner.pool
+    }
+
+    /// The outbox table.
+    pub fn table(&self) -> &TableName {
+        &self.inner.sql.table
+    }
+
+    pub(crate) fn sql(&self) -> &OutboxSql {
+        &self.inner.sql
+    }
+
+    /// Creates the outbox table, its indexes and the relay's lease table when missing. Safe to
+    /// call from many processes at once and on every start.
+    pub async fn migrate(&self) -> Result<()> {
+        let sql = &self.inner.sql;
+        Ok(DB::migrate_statements(&self.inner.pool, &sql.table, &sql.create).await?)
+    }
+
+    /// Publishes a message in a transaction of its own: delivered at least once from when
+    /// this returns. Prefer [`publish_tx`](Self::publish_tx) inside the job's transaction: a
+    /// message published on its own is not tied to the job's effect.
+    pub async fn publish<P: Serialize + ?Sized>(
+        &self,
+        key: &JobKey,
+        topic: &str,
+        message: &P,
+    ) -> Result<MessageId> {
+        let mut tx = DB::begin(&self.inner.pool).await?;
+        let id = self.publish_tx(&mut tx, key, topic, message).await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// Publishes a message inside the caller's transaction, with the id
+    /// [`MessageId::new(key, topic)`](MessageId::new). The relay sees it when the transaction
+    /// **commits**, and delivers it at least once; on **rollback** it was never published.
+    ///
+    /// Publishing an id that is already in the outbox (a job that runs again) writes nothing
+    /// and returns the id, when the payload is the same; with another payload it fails with
+    /// [`Error::MessageReused`]. A bad topic fails with [`Error::InvalidTopic`], a payload that
+    /// is not JSON with [`Error::Payload`], and one over [`MAX_PAYLOAD_BYTES`] or with a NUL
+    /// character with [`Error::InvalidMessage`]; in every error case nothing was written, and
+    /// the transaction can go on.
+    ///
+    /// On PostgreSQL, a concurrent transaction publishing the same id makes this call wait for
+    /// it to end, as the guard does for keys; under `repeatable read` or `serializable` it then
+    /// fails with a serialization failure: roll back and run the job again. On SQLite, open
+    /// the transaction with `begin immediate`, as [`Guard`](crate::Guard) does.
+    pub async fn publish_tx<P: Serialize + ?Sized>(
+        &self,
+        conn: &mut DB::Connection,
+        key: &JobKey,
+        topic: &str,
+        message: &P,
+    ) -> Result<MessageId> {
+        let id = MessageId::new(key, topic)?;
+        let payload = serde_json::to_value(message).map_err(|source| Error::Payload {
+            key: key.to_string(),
+            source,
+        })?;
+        check_payload(&id, &payload)?;
+        let fingerprint = Fingerprint::of(&payload).map_err(|source| Error::Payload {
+            key: key.to_string(),
+            source,
+        })?;
+        let new = NewMessage {
+            id: id.as_str(),
+            topic,
+            payload: &payload,
+            fingerprint: fingerprint.as_bytes(),
+        };
+        let sql = &self.inner.sql;
+        // The message can be pruned between a conflict and the read; then it goes in again.
+        for _ in 0..3 {
+            if DB::publish(conn, sql, &new).await? {
+                return Ok(id);
+            }
+            match DB::published_fingerprint(conn, sql, id.as_str()).await? {
+                Some(stored) if stored.as_slice() == fingerprint.as_bytes() => return Ok(id),
+                Some(_) => return Err(Error::MessageReused { id: id.to_string() }),
+                None => continue,
+            }
+        }
+        Err(Error::Database(sqlx::Error::Protocol(format!(
+            "outbox message `{id}` kept appearing and disappearing while publishing"
+        ))))
+    }
+
+    /// Message counts by state.
+    pub async fn counts(&self) -> Result<OutboxCounts> {
+        let mut counts = OutboxCounts::default();
+        for (state, n) in DB::outbox_counts(&self.inner.pool, &self.inner.sql).await? {
+            match state.parse()? {
+                MessageState::Pending => counts.pending = n,
+                MessageState::Sent => counts.sent = n,
+                MessageState::Dead => counts.dead = n,
+            }
+        }
+        Ok(counts)
+    }
+
+    /// The newest messages, optionally of one state.
+    pub async fn list(&self, state: Option<MessageState>, limit: u32) -> Result<Vec<MessageRow>> {
+        DB::outbox_list(
+            &self.inner.pool,
+            &self.inner.sql,
+            state.map(|s| s.as_str()),
+            limit,
+        )
+        .await
+    }
+
+    /// Makes dead messages pending again with fresh attempts: one by id, or all of them.
+    /// Returns the ids replayed.
+    ///
+    /// A replayed message keeps its place in its topic: it is delivered before the topic's
+    /// messages that are still pending, though after those delivered while it was dead.
+    pub async fn replay_dead(&self, id: Option<&MessageId>) -> Result<Vec<MessageId>> {
+        let ids =
+            DB::outbox_replay(&self.inner.pool, &self.inner.sql, id.map(MessageId::as_str)).await?;
+        Ok(ids.into_iter().map(MessageId::from_stored).collect())
+    }
+
+    /// Deletes messages delivered longer than `older_than` ago. Returns how many.
+    ///
+    /// A job that runs again after its message was pruned publishes it again, and it is
+    /// delivered again with the same id: keep sent messages at least as long as the job's
+    /// guard rows, or as long as receivers deduplicate.
+    pub async fn prune_sent(&self, older_than: Duration) -> Result<u64> {
+        Ok(DB::outbox_prune(&self.inner.pool, &self.inner.sql, older_than).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(parts: &[&str]) -> JobKey {
+        JobKey::new("k", parts).unwrap()
+    }
+
+    #[test]
+    fn ids_are_printable_ascii_and_name_key_and_topic() {
+        let id = MessageId::new(&key(&["a b", "é\t", "x/y"]), "t.1").unwrap();
+        assert_eq!(id.as_str(), "k:a%20b:%C3%A9%09:x/y/t.1");
+        assert!(id.as_str().bytes().all(|b| b.is_ascii_graphic()));
+        assert_eq!(id.topic(), "t.1");
+    }
+
+    #[test]
+    fn different_keys_give_different_ids() {
+        // A part that looks like an escape is escaped by the key itself.
+        let literal = MessageId::new(&key(&["%20"]), "t").unwrap();
+        let space = MessageId::new(&key(&[" "]), "t").unwrap();
+        assert_ne!(literal, space);
+        let slash = MessageId::new(&key(&["a/t"]), "u").unwrap();
+        let other = MessageId::new(&key(&["a"]), "t").unwrap();
+        assert_ne!(slash, other);
+    }
+
+    #[test]
+    fn topics_are_plain_names() {
+        for topic in [
+            "invoices",
+            "a",
+            "Orders.v2",
+            "x_y-z",
+            &"t".repeat(MAX_TOPIC_LEN),
+        ] {
+            assert!(check_topic(topic).is_ok(), "{topic:?} was refused");
+        }
+        for topic in [
+            "",
+            ".",
+            "..",
+            "-x",
+            "a/b",
+            "a b",
+            "é",
+            "a?b",
+            &"t".repeat(MAX_TOPIC_LEN + 1),
+        ] {
+            assert!(
+                matches!(check_topic(topic), Err(Error::InvalidTopic { .. })),
+                "{topic:?} was accepted"
+            );
+        }
+    }
+}

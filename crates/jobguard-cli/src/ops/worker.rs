@@ -1,4 +1,5 @@
-//! `jobguard worker`: runs the built-in jobs from the queue until Ctrl-C, or until idle.
+//! `jobguard worker`: runs the built-in jobs from the queue until Ctrl-C, or until idle; with
+//! `--relay-webhook-url`, delivers the outbox's messages in the same process.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -6,6 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use comfy_table::{Cell, CellAlignment};
+use futures::FutureExt as _;
+use jobguard::outbox::{RelayConfig, RelayReport, WebhookSink};
 use jobguard::worker::shutdown_signal;
 use jobguard::{Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
 use serde::Serialize;
@@ -39,6 +42,10 @@ pub struct WorkerArgs {
     /// Stop as soon as no job is available to run now and none is running.
     #[arg(long)]
     until_idle: bool,
+    /// Also deliver the outbox's messages to this webhook (URL/TOPIC), in this process, as
+    /// `jobguard relay` does; with --until-idle, what is due is delivered before stopping.
+    #[arg(long, value_name = "URL")]
+    relay_webhook_url: Option<String>,
     #[command(flatten)]
     target: Target,
 }
@@ -51,6 +58,9 @@ struct WorkerReport {
     queue: String,
     #[serde(flatten)]
     stats: WorkerStats,
+    /// What the in-process relay delivered, with `--relay-webhook-url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    relay: Option<RelayReport>,
     seconds: f64,
 }
 
@@ -65,16 +75,24 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     if args.poll < Duration::from_millis(10) {
         bail!("--poll must be at least 10ms");
     }
+    let sink = match &args.relay_webhook_url {
+        Some(url) => Some(WebhookSink::new(url)?),
+        None => None,
+    };
     // Each running job holds a connection for its transaction; heartbeats, retries and the
-    // next fetch need a few more.
-    let connections = args.concurrency + 4;
+    // next fetch need a few more, and the relay a few of its own.
+    let connections = args.concurrency + 4 + if sink.is_some() { 4 } else { 0 };
     match super::connect(&args.target.database_url, connections).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, args).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, args).await,
+        Database::Postgres(pool) => run::<Postgres>(pool, sink, args).await,
+        Database::Sqlite(pool) => run::<Sqlite>(pool, sink, args).await,
     }
 }
 
-async fn run<DB: ExampleDb>(pool: Pool<DB>, args: WorkerArgs) -> anyhow::Result<ExitCode> {
+async fn run<DB: ExampleDb>(
+    pool: Pool<DB>,
+    sink: Option<WebhookSink>,
+    args: WorkerArgs,
+) -> anyhow::Result<ExitCode> {
     let database = redact(&args.target.database_url);
     let config = WorkerConfig {
         queue: args.queue.clone(),
@@ -100,20 +118,39 @@ async fn run<DB: ExampleDb>(pool: Pool<DB>, args: WorkerArgs) -> anyhow::Result<
         .migrate()
         .await
         .with_context(|| format!("cannot create the guard's table in {database}"))?;
-    DB::create_ledger(&pool).await.with_context(|| {
-        format!(
-            "cannot create the ledger table `{}` in {database}",
-            jobs::LEDGER
-        )
-    })?;
+    jobs::migrate(&pool)
+        .await
+        .with_context(|| format!("cannot create the built-in jobs' tables in {database}"))?;
+
+    let relay = match sink {
+        Some(sink) => {
+            let config = RelayConfig {
+                poll_interval: args.poll,
+                retry: RetryPolicy {
+                    base: args.backoff,
+                    ..RetryPolicy::default()
+                },
+                ..RelayConfig::default()
+            };
+            let relay = super::relay::start(pool.clone(), sink, config)
+                .await
+                .with_context(|| format!("cannot start the relay on {database}"))?;
+            Some(relay)
+        }
+        None => None,
+    };
 
     if !args.target.json {
         eprintln!(
-            "jobguard worker: queue `{}` on {database} ({}), {} jobs at once, kinds {}; {}",
+            "jobguard worker: queue `{}` on {database} ({}), {} jobs at once, kinds {}{}; {}",
             args.queue,
             DB::BACKEND,
             args.concurrency,
             jobs::KINDS.join(", "),
+            match &args.relay_webhook_url {
+                Some(url) => format!(", outbox relayed to {url}"),
+                None => String::new(),
+            },
             if args.until_idle {
                 "stops when idle"
             } else {
@@ -122,12 +159,38 @@ async fn run<DB: ExampleDb>(pool: Pool<DB>, args: WorkerArgs) -> anyhow::Result<
         );
     }
     let started = Instant::now();
-    let stats = worker.run(shutdown_signal()).await?;
+    // One signal for both; the relay also stops when the worker does (--until-idle).
+    let signal = shutdown_signal().shared();
+    let (worker_stopped, on_worker_stop) = tokio::sync::oneshot::channel::<()>();
+    let working = async {
+        let stats = worker.run(signal.clone()).await;
+        let _ = worker_stopped.send(());
+        stats
+    };
+    let relaying = async {
+        let Some(relay) = &relay else {
+            return Ok(None);
+        };
+        let stop = async {
+            tokio::select! {
+                () = signal.clone() => {}
+                _ = on_worker_stop => {}
+            }
+        };
+        let mut report = relay.run(stop).await?;
+        if args.until_idle {
+            // The last jobs' messages.
+            report += super::relay::drain(relay).await?;
+        }
+        anyhow::Ok(Some(report))
+    };
+    let (stats, relayed) = tokio::join!(working, relaying);
     let report = WorkerReport {
         backend: DB::BACKEND,
         database,
         queue: args.queue,
-        stats,
+        stats: stats?,
+        relay: relayed?,
         seconds: started.elapsed().as_secs_f64(),
     };
     pool.close().await;
@@ -172,8 +235,12 @@ fn render(report: &WorkerReport) -> String {
             Cell::new(meaning),
         ]);
     }
+    let relay = match &report.relay {
+        Some(relay) => format!("outbox relay\n{}\n", super::relay::render(relay)),
+        None => String::new(),
+    };
     format!(
-        "worker stopped after {:.2} s on queue `{}`\n{table}\n",
+        "worker stopped after {:.2} s on queue `{}`\n{table}\n{relay}",
         report.seconds, report.queue
     )
 }
