@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_queue;
+mod broker_demo;
 mod charge_demo;
 mod charges;
 mod database;
@@ -51,6 +52,12 @@ enum Command {
     Dead(ops::DeadCommand),
     /// Deliver the outbox's messages to their sinks until Ctrl-C.
     Relay(ops::RelayArgs),
+    /// Delete guard rows older than the retention, in batches.
+    Prune(ops::PruneArgs),
+    /// The longest time a duplicate can still arrive, against the guard's retention.
+    Retention(ops::RetentionArgs),
+    /// Run the built-in jobs from a broker (RabbitMQ, NATS JetStream, Redis Streams).
+    Consume(ops::ConsumeArgs),
     /// Serve the payment provider the charge jobs call, on 127.0.0.1, until Ctrl-C.
     Provider(provider::ProviderArgs),
     /// The charge demo's worker, in its own process.
@@ -119,6 +126,10 @@ struct DemoArgs {
     /// --jobs says otherwise).
     #[arg(long, value_enum)]
     scenario: Option<scenarios::Scenario>,
+    /// Run the seed's experiment through a broker instead: each message published D times,
+    /// and a consumer killed after its commit and before its ack.
+    #[arg(long, value_enum, conflicts_with = "scenario")]
+    broker: Option<broker_demo::Broker>,
 }
 
 #[derive(Args)]
@@ -161,12 +172,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dead(command) => ops::dead(command).await,
         Command::Relay(args) => ops::relay(args).await,
         Command::Provider(args) => provider::provider(args).await,
+        Command::Prune(args) => ops::prune(args).await,
+        Command::Retention(args) => ops::retention(args).await,
+        Command::Consume(args) => ops::consume(args).await,
         Command::ChargeWorker(args) => charge_worker(args).await,
     }
 }
 
 async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let scenario = args.scenario;
+    if let Some(broker) = args.broker {
+        let args = args.experiment;
+        return broker_demo::run(broker, &args.database_url, args.shape(100), args.json).await;
+    }
     let args = args.experiment;
     let database = redact(&args.database_url);
     if scenario == Some(scenarios::Scenario::Charge) {

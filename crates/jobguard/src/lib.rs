@@ -43,6 +43,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "redis"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "rabbitmq", feature = "nats", feature = "redis")))
+)]
+pub mod broker;
 mod error;
 pub mod external;
 mod fingerprint;
@@ -51,6 +57,7 @@ pub mod key;
 pub mod metrics;
 pub mod outbox;
 pub mod queue;
+pub mod retention;
 mod retry;
 pub mod steps;
 mod table;

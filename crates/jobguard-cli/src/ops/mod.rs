@@ -1,9 +1,12 @@
 //! Operations commands over the library's queue and worker: `jobguard worker`, `enqueue`,
 //! `jobs` and `dead list|replay`. One file per command; what they share is here.
 
+mod consume;
 mod dead;
 mod enqueue;
+mod prune;
 mod relay;
+mod retention;
 mod status;
 mod worker;
 
@@ -14,9 +17,12 @@ use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
 
 use crate::database::{DEFAULT_URL, Database};
 
+pub use consume::{ConsumeArgs, consume};
 pub use dead::{DeadCommand, dead};
 pub use enqueue::{EnqueueArgs, enqueue};
+pub use prune::{PruneArgs, prune};
 pub use relay::{RelayArgs, relay};
+pub use retention::{RetentionArgs, retention};
 pub use status::{JobsArgs, jobs};
 pub use worker::{WorkerArgs, worker};
 

@@ -1,0 +1,1 @@
+//! Consumers for the brokers users already run, and outbox sinks for them.
