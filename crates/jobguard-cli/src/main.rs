@@ -52,6 +52,12 @@ enum Command {
     Dead(ops::DeadCommand),
     /// Deliver the outbox's messages to their sinks until Ctrl-C.
     Relay(ops::RelayArgs),
+    /// List the outbox's messages and replay dead ones.
+    #[command(subcommand)]
+    Outbox(ops::OutboxCommand),
+    /// List external steps that need attention, and resolve them.
+    #[command(subcommand)]
+    Steps(ops::StepsCommand),
     /// Delete guard rows older than the retention, in batches.
     Prune(ops::PruneArgs),
     /// The longest time a duplicate can still arrive, against the guard's retention.
@@ -171,6 +177,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Jobs(args) => ops::jobs(args).await,
         Command::Dead(command) => ops::dead(command).await,
         Command::Relay(args) => ops::relay(args).await,
+        Command::Outbox(command) => ops::outbox(command).await,
+        Command::Steps(command) => ops::steps(command).await,
         Command::Provider(args) => provider::provider(args).await,
         Command::Prune(args) => ops::prune(args).await,
         Command::Retention(args) => ops::retention(args).await,

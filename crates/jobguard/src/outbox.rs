@@ -162,6 +162,35 @@ impl MessageId {
     }
 }
 
+/// Reads an id as [`MessageId::as_str`] writes it, as an operator copies it from a listing.
+///
+/// ```
+/// use jobguard::outbox::MessageId;
+///
+/// let id: MessageId = "invoice:order-8812/invoices".parse()?;
+/// assert_eq!(id.topic(), "invoices");
+/// assert!("no-topic".parse::<MessageId>().is_err());
+/// # Ok::<(), jobguard::Error>(())
+/// ```
+impl FromStr for MessageId {
+    type Err = Error;
+
+    fn from_str(id: &str) -> Result<Self> {
+        let malformed = || Error::InvalidMessage {
+            id: id.to_owned(),
+            reason: "a message id is `<job key>/<topic>` in visible ASCII, as listed by \
+                     `jobguard outbox list`"
+                .to_owned(),
+        };
+        let (key, topic) = id.rsplit_once('/').ok_or_else(malformed)?;
+        check_topic(topic)?;
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(malformed());
+        }
+        Ok(MessageId(id.to_owned()))
+    }
+}
+
 impl fmt::Display for MessageId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

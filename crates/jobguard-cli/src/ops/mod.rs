@@ -4,10 +4,12 @@
 mod consume;
 mod dead;
 mod enqueue;
+mod outbox;
 mod prune;
 mod relay;
 mod retention;
 mod status;
+mod steps;
 mod worker;
 
 use std::time::{Duration, SystemTime};
@@ -20,10 +22,12 @@ use crate::database::{DEFAULT_URL, Database};
 pub use consume::{ConsumeArgs, consume};
 pub use dead::{DeadCommand, dead};
 pub use enqueue::{EnqueueArgs, enqueue};
+pub use outbox::{OutboxCommand, outbox};
 pub use prune::{PruneArgs, prune};
 pub use relay::{RelayArgs, relay};
 pub use retention::{RetentionArgs, retention};
 pub use status::{JobsArgs, jobs};
+pub use steps::{StepsCommand, steps};
 pub use worker::{WorkerArgs, worker};
 
 /// Where a command runs and how it prints.

@@ -1,0 +1,168 @@
+//! `jobguard steps list` and `jobguard steps resolve`: external steps that need attention.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{ArgGroup, Args, Subcommand};
+use comfy_table::Cell;
+use jobguard::steps::{AttentionStep, Resolution, StepConfig, Steps};
+use jobguard::{Backend, JobKey, TableName};
+use serde::Serialize;
+use sqlx::{Pool, Postgres, Sqlite};
+
+use super::{Target, table};
+use crate::database::{Database, redact};
+
+#[derive(Subcommand, Debug)]
+pub enum StepsCommand {
+    /// Steps whose caller vanished and whose reconciler could not tell whether they happened.
+    List(ListArgs),
+    /// Settle a step after checking the external system: it happened (with its result), or not.
+    Resolve(ResolveArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// How many steps to list, oldest first.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    limit: u32,
+    /// The step ledger's table.
+    #[arg(long, default_value = "jobguard_steps")]
+    table: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+#[derive(Args, Debug)]
+#[command(group(ArgGroup::new("resolution").required(true).args(["done", "not_done"])))]
+pub struct ResolveArgs {
+    /// The job key, e.g. `charge-keyless:order-7`.
+    key: String,
+    /// The step name, e.g. `charge`.
+    step: String,
+    /// It happened; this JSON is the result later deliveries get (e.g. the charge).
+    #[arg(long, value_name = "JSON")]
+    done: Option<String>,
+    /// It did not happen; the next delivery calls.
+    #[arg(long)]
+    not_done: bool,
+    /// The step ledger's table.
+    #[arg(long, default_value = "jobguard_steps")]
+    table: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+#[derive(Debug, Serialize)]
+struct Resolved {
+    key: String,
+    step: String,
+    resolved: bool,
+}
+
+pub async fn steps(command: StepsCommand) -> anyhow::Result<ExitCode> {
+    let (url, table) = match &command {
+        StepsCommand::List(args) => (&args.target.database_url, &args.table),
+        StepsCommand::Resolve(args) => (&args.target.database_url, &args.table),
+    };
+    let table = TableName::new(table)?;
+    match super::connect(url, 2).await? {
+        Database::Postgres(pool) => run::<Postgres>(pool, table, &command).await,
+        Database::Sqlite(pool) => run::<Sqlite>(pool, table, &command).await,
+    }
+}
+
+async fn run<DB: Backend>(
+    pool: Pool<DB>,
+    table: TableName,
+    command: &StepsCommand,
+) -> anyhow::Result<ExitCode> {
+    let steps = Steps::with_config(pool.clone(), StepConfig::default().table(table));
+    let code = match command {
+        StepsCommand::List(args) => list(&steps, args).await,
+        StepsCommand::Resolve(args) => resolve(&steps, args).await,
+    };
+    pool.close().await;
+    code
+}
+
+async fn list<DB: Backend>(steps: &Steps<DB>, args: &ListArgs) -> anyhow::Result<ExitCode> {
+    let database = redact(&args.target.database_url);
+    let marked: Vec<AttentionStep> = steps
+        .attention(args.limit)
+        .await
+        .with_context(|| format!("cannot read the step ledger `{}` in {database}", args.table))?;
+    if args.target.json {
+        #[derive(Serialize)]
+        struct Row<'a> {
+            key: &'a str,
+            step: &'a str,
+            reason: &'a str,
+        }
+        let rows: Vec<Row<'_>> = marked
+            .iter()
+            .map(|s| Row {
+                key: &s.key,
+                step: &s.step,
+                reason: &s.reason,
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if marked.is_empty() {
+        println!("no steps need attention");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = table(&["key", "step", "why"]);
+    for step in &marked {
+        table.add_row(vec![
+            Cell::new(&step.key),
+            Cell::new(&step.step),
+            Cell::new(&step.reason),
+        ]);
+    }
+    println!(
+        "{} step{} need attention: each may or may not have taken effect, and is not called \
+         again until resolved\n{table}\ncheck the external system, then `jobguard steps resolve \
+         KEY STEP --done JSON` or `--not-done`",
+        marked.len(),
+        if marked.len() == 1 { "" } else { "s" }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn resolve<DB: Backend>(steps: &Steps<DB>, args: &ResolveArgs) -> anyhow::Result<ExitCode> {
+    let key = JobKey::parse(&args.key)?;
+    let resolution = match &args.done {
+        Some(json) => Resolution::Done(
+            serde_json::from_str(json).context("--done takes the step's result as JSON")?,
+        ),
+        None => Resolution::NotDone,
+    };
+    let resolved = steps.resolve(&key, &args.step, resolution).await?;
+    if !resolved {
+        bail!(
+            "step `{}` of `{}` does not need attention: nothing was changed (see `jobguard steps \
+             list`)",
+            args.step,
+            args.key
+        );
+    }
+    let report = Resolved {
+        key: args.key.clone(),
+        step: args.step.clone(),
+        resolved,
+    };
+    if args.target.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if args.not_done {
+        println!("resolved: the next delivery of `{}` calls again", args.key);
+    } else {
+        println!(
+            "resolved: deliveries of `{}` return the recorded result",
+            args.key
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
