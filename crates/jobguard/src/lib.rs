@@ -29,6 +29,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Where the effect lands
+//!
+//! | the effect                      | use                                   | what holds it once      |
+//! |---------------------------------|---------------------------------------|-------------------------|
+//! | a write to this database        | [`Guard::run`], [`Worker`]             | guard row, same commit  |
+//! | an API with idempotency keys    | [`Guard::run_keyed`], [`external::ExternalJob`] | the API, keyed by [`external::ApiKey`] |
+//! | an API without keys             | [`steps::Steps`]                      | started/done + reconcile |
+//! | a message this job publishes    | [`outbox::Outbox::publish_tx`]        | outbox row, same commit; id for the receiver |
+//!
 //! # Features
 //!
 //! | feature    | default | what it adds                                                    |
