@@ -1,11 +1,15 @@
 # shellcheck shell=bash
 #
-# Helpers for scripts/test and .ci/run: locate the Rust toolchain and a
-# PostgreSQL server for the test suite. Sourced, never executed directly.
+# Helpers for scripts/test and .ci/run: locate the Rust toolchain, a
+# PostgreSQL server and the message brokers (Redis, RabbitMQ, NATS with
+# JetStream) for the test suite. Sourced, never executed directly.
 #
 # Entry points:
 #   ensure_cargo     - make sure `cargo` is on PATH, or explain how to get it.
 #   setup_postgres   - export JOBGUARD_TEST_DATABASE_URL (or warn / fail).
+#   setup_brokers    - export JOBGUARD_TEST_{REDIS,AMQP,NATS}_URL, starting a
+#                      broker that is not running (installing its Debian
+#                      package first when missing and root); warn / fail.
 #   pg_tool NAME     - path of a PostgreSQL program (psql, initdb, ...).
 #   redact_url URL   - URL with any password replaced by ***.
 #
@@ -18,8 +22,12 @@
 #                               port to force the throwaway cluster.
 #   JOBGUARD_PG_THROWAWAY_PORT  first port tried for the throwaway cluster
 #                               (default 54329; the next free one is used).
-#   CI                          when "true", a missing PostgreSQL is an error
-#                               instead of a warning.
+#   JOBGUARD_TEST_REDIS_URL     use this Redis as-is (default: the one on
+#                               127.0.0.1:6379, started when not running).
+#   JOBGUARD_TEST_AMQP_URL      likewise RabbitMQ (default 127.0.0.1:5672).
+#   JOBGUARD_TEST_NATS_URL      likewise NATS with JetStream (127.0.0.1:4222).
+#   CI                          when "true", a missing PostgreSQL or broker is
+#                               an error instead of a warning.
 
 # The throwaway cluster's temp dir; empty when none was started.
 JOBGUARD_PG_TMP=""
@@ -330,4 +338,159 @@ setup_postgres() {
     fi
     warn "no PostgreSQL available: PostgreSQL tests will be SKIPPED."
     warn "set JOBGUARD_TEST_DATABASE_URL, run a server on 127.0.0.1:5432, or install PostgreSQL."
+}
+
+# --- message brokers ---------------------------------------------------------------
+#
+# The broker tests run against real Redis, RabbitMQ and NATS. Each is found
+# in this order: its JOBGUARD_TEST_*_URL; a server already listening on its
+# default port on 127.0.0.1; a server this script starts (the Debian package
+# is apt-installed first when the program is missing and we are root). The
+# servers started here are the machine's own services, left running for the
+# next run, as a developer's would be.
+
+# Path of a broker program, also looking in the sbin directories that a
+# non-root PATH often lacks.
+broker_tool() {
+    local name=$1 dir
+    if command -v "$name" >/dev/null 2>&1; then
+        command -v "$name"
+        return 0
+    fi
+    for dir in /usr/sbin /usr/local/sbin /sbin; do
+        if [[ -x "$dir/$name" ]]; then
+            printf '%s\n' "$dir/$name"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Install PACKAGE when PROGRAM is missing. Root only: we will not sudo behind
+# the user's back. `apt-get update` runs once per script run.
+JOBGUARD_APT_UPDATED=0
+broker_install() {
+    local program=$1 package=$2
+    broker_tool "$program" >/dev/null && return 0
+    local cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $package"
+    if ! is_root; then
+        warn "$program not found. Install it with:"
+        warn "  sudo sh -c '$cmd'"
+        return 1
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        warn "$program not found and apt-get is unavailable; install $package manually"
+        return 1
+    fi
+    log "$program not found; installing it: $cmd"
+    # </dev/null: CI has no stdin and apt must never wait for an answer. The
+    # package's own service start may fail in a container; we start it below.
+    if [[ "$JOBGUARD_APT_UPDATED" == 0 ]]; then
+        apt-get update </dev/null >&2 || return 1
+        JOBGUARD_APT_UPDATED=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "$package" </dev/null >&2 || return 1
+    broker_tool "$program" >/dev/null
+}
+
+# Wait up to SECONDS for HOST:PORT to accept connections.
+wait_for_port() {
+    local host=$1 port=$2 seconds=$3 waited=0
+    while ! tcp_open "$host" "$port"; do
+        ((waited >= seconds)) && return 1
+        sleep 1
+        waited=$((waited + 1))
+    done
+}
+
+# A directory the broker may write to: the system one when root, else a
+# per-user one under the temp dir.
+broker_dir() {
+    local system=$1 name=$2 dir
+    if is_root; then
+        dir=$system
+    else
+        dir="${TMPDIR:-/tmp}/jobguard-$name-$(id -u)"
+    fi
+    mkdir -p "$dir" && printf '%s\n' "$dir"
+}
+
+# start_redis [PORT]: a Redis without persistence, daemonized.
+start_redis() {
+    local port=${1:-6379} redis data logs
+    broker_install redis-server redis-server || return 1
+    redis=$(broker_tool redis-server) || return 1
+    data=$(broker_dir /var/lib/redis redis) || return 1
+    logs=$(broker_dir /var/log/redis redis-log) || return 1
+    log "starting Redis on 127.0.0.1:$port ($redis)"
+    "$redis" --daemonize yes --bind 127.0.0.1 -::1 --port "$port" --save "" --appendonly no \
+        --dir "$data" --logfile "$logs/ci.log" </dev/null >&2 || return 1
+    wait_for_port 127.0.0.1 "$port" 30
+}
+
+# start_rabbitmq: the node on its default port, 5672, detached.
+start_rabbitmq() {
+    local rabbit
+    broker_install rabbitmq-server rabbitmq-server || return 1
+    rabbit=$(broker_tool rabbitmq-server) || return 1
+    log "starting RabbitMQ on 127.0.0.1:5672 ($rabbit -detached); it takes a while to boot"
+    "$rabbit" -detached </dev/null >&2 || return 1
+    wait_for_port 127.0.0.1 5672 120
+}
+
+# start_nats [PORT [STORE]]: NATS with JetStream storing in STORE, in the
+# background.
+start_nats() {
+    local port=${1:-4222} store=${2:-} nats logs
+    broker_install nats-server nats-server || return 1
+    nats=$(broker_tool nats-server) || return 1
+    [[ -n "$store" ]] || store=$(broker_dir /var/lib/nats-server nats) || return 1
+    logs=$(broker_dir /var/log nats-log) || return 1
+    log "starting NATS with JetStream on 127.0.0.1:$port ($nats)"
+    local args=(-a 127.0.0.1 -p "$port" -js -sd "$store" -l "$logs/nats-server-$port.log")
+    if is_root && command -v start-stop-daemon >/dev/null 2>&1; then
+        # The pid file makes start-stop-daemon tell this server from another
+        # nats-server on another port, which --exec alone would match.
+        start-stop-daemon --start --oknodo --background --make-pidfile \
+            --pidfile "$logs/nats-server-$port.pid" --exec "$nats" -- "${args[@]}" \
+            </dev/null >&2 || return 1
+    else
+        nohup "$nats" "${args[@]}" </dev/null >/dev/null 2>&1 &
+        disown
+    fi
+    wait_for_port 127.0.0.1 "$port" 30
+}
+
+# Export VAR for one broker: its URL from the environment, a server already
+# listening, or one started now. Returns non-zero when none answers.
+setup_broker() {
+    local title=$1 var=$2 url=$3 port=$4 start=$5
+    if [[ -n "${!var:-}" ]]; then
+        export "${var?}"
+        log "$title: $(redact_url "${!var}") [$var]"
+        return 0
+    fi
+    if tcp_open 127.0.0.1 "$port" || "$start"; then
+        export "$var=$url"
+        log "$title: $url"
+        return 0
+    fi
+    unset "$var"
+    warn "$title is not available on 127.0.0.1:$port"
+    return 1
+}
+
+# Export the brokers' URLs for the tests. A missing broker fails the run on CI
+# (a skipped broker suite must never pass CI) and is a warning elsewhere: its
+# tests skip.
+setup_brokers() {
+    local missing=()
+    setup_broker Redis JOBGUARD_TEST_REDIS_URL redis://127.0.0.1:6379 6379 start_redis || missing+=(Redis)
+    setup_broker RabbitMQ JOBGUARD_TEST_AMQP_URL amqp://127.0.0.1:5672 5672 start_rabbitmq || missing+=(RabbitMQ)
+    setup_broker NATS JOBGUARD_TEST_NATS_URL nats://127.0.0.1:4222 4222 start_nats || missing+=(NATS)
+    ((${#missing[@]} == 0)) && return 0
+    if is_ci; then
+        die "CI=true but ${missing[*]} cannot be reached or started for the tests (see messages above)."
+    fi
+    warn "${missing[*]} unavailable: their broker tests will be SKIPPED."
 }

@@ -1,11 +1,46 @@
-//! `jobguard demo --broker NAME`: the seed's experiment through a real broker.
+//! `jobguard demo --broker NAME`: the seed's experiment through a real broker, and the broker
+//! plumbing `jobguard consume` shares with it.
+//!
+//! Each of N credit jobs is published D times to a queue (RabbitMQ), a stream (NATS JetStream)
+//! or a stream (Redis) of the demo's own, as a producer retrying its publishes would. One
+//! consumer process is killed with SIGKILL right after its first job committed and before it
+//! acknowledged the message, so the broker delivers that message again. The rest are consumed
+//! by C jobs at once in this process: once with the naive credit job, which appends on every
+//! delivery, and once through the guard.
 
-use std::process::ExitCode;
+use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
+use anyhow::{Context as _, bail};
 use clap::ValueEnum;
-use serde::Serialize;
+use futures::FutureExt as _;
+use jobguard::broker::nats::{self, NatsConfig, NatsDelivery, NatsSink, NatsSource};
+use jobguard::broker::rabbitmq::{self, RabbitConfig, RabbitDelivery, RabbitSink, RabbitSource};
+use jobguard::broker::redis::{self, RedisConfig, RedisDelivery, RedisSink, RedisSource};
+use jobguard::broker::{Consumer, ConsumerConfig, Delivery, Envelope, Source};
+use jobguard::{Job, JobError, JobKey, KeyError, Outcome};
+use serde::{Deserialize, Serialize};
+use sqlx::Pool;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::Semaphore;
 
-use crate::experiment::Shape;
+use crate::database::{Database, redact};
+use crate::demo::DemoReport;
+use crate::experiment::{self, RunReport, Shape};
+use crate::ledger::{Credit, Ledger, LedgerDb};
+use crate::scenarios::Mode;
+
+/// What a consumer process prints right after a job committed and before its ack; the process
+/// that started it kills it there.
+pub const CRASH_POINT: &str = "JOBGUARD_CRASH_POINT";
+
+/// Where the demo and `jobguard consume` find the broker unless told otherwise.
+pub const URL_ENV: &str = "JOBGUARD_BROKER_URL";
+
+/// The longest the demo waits for its deliveries before it fails.
+const DEADLINE: Duration = Duration::from_secs(180);
 
 /// A broker the demo runs through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -19,12 +54,573 @@ pub enum Broker {
     Redis,
 }
 
+impl Broker {
+    /// The broker's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Broker::Rabbitmq => "rabbitmq",
+            Broker::Nats => "nats",
+            Broker::Redis => "redis",
+        }
+    }
+
+    /// Where the broker listens on this machine by default.
+    pub fn default_url(self) -> &'static str {
+        match self {
+            Broker::Rabbitmq => "amqp://127.0.0.1:5672",
+            Broker::Nats => "nats://127.0.0.1:4222",
+            Broker::Redis => "redis://127.0.0.1:6379",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Broker::Rabbitmq => "RabbitMQ",
+            Broker::Nats => "NATS JetStream",
+            Broker::Redis => "Redis Streams",
+        }
+    }
+}
+
+/// A queue on a broker and how a consumer takes from it.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    pub broker: Broker,
+    pub url: String,
+    /// The RabbitMQ queue, the NATS subject (its stream named after it in capitals), or the
+    /// Redis stream.
+    pub queue: String,
+    pub prefetch: usize,
+    pub max_deliveries: u32,
+    /// NATS AckWait; the Redis claim threshold. RabbitMQ redelivers when the connection drops.
+    pub redelivery: Duration,
+}
+
+impl Endpoint {
+    fn rabbitmq(&self) -> RabbitConfig {
+        RabbitConfig {
+            prefetch: u16::try_from(self.prefetch).unwrap_or(u16::MAX),
+            max_deliveries: self.max_deliveries,
+            ..RabbitConfig::new(self.queue.clone())
+        }
+    }
+
+    fn nats(&self) -> NatsConfig {
+        let stream: String = self
+            .queue
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_uppercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        NatsConfig {
+            prefetch: self.prefetch,
+            max_deliveries: self.max_deliveries,
+            ack_wait: self.redelivery,
+            ..NatsConfig::new(stream, self.queue.clone())
+        }
+    }
+
+    fn redis(&self) -> RedisConfig {
+        RedisConfig {
+            prefetch: self.prefetch,
+            max_deliveries: self.max_deliveries,
+            claim_idle: self.redelivery,
+            ..RedisConfig::new(self.queue.clone())
+        }
+    }
+
+    /// A source on the queue, which is declared when missing; it consumes from its first
+    /// receive.
+    pub async fn source(&self) -> anyhow::Result<BrokerSource> {
+        Ok(match self.broker {
+            Broker::Rabbitmq => BrokerSource::Rabbitmq(Box::new(
+                RabbitSource::connect(&self.url, self.rabbitmq()).await?,
+            )),
+            Broker::Nats => {
+                BrokerSource::Nats(Box::new(NatsSource::connect(&self.url, self.nats()).await?))
+            }
+            Broker::Redis => BrokerSource::Redis(Box::new(
+                RedisSource::connect(&self.url, self.redis()).await?,
+            )),
+        })
+    }
+
+    /// Deletes the queue and its dead letters.
+    pub async fn remove(&self) -> anyhow::Result<()> {
+        match self.broker {
+            Broker::Rabbitmq => rabbitmq::remove(&self.url, &self.rabbitmq()).await?,
+            Broker::Nats => nats::remove(&self.url, &self.nats()).await?,
+            Broker::Redis => redis::remove(&self.url, &self.redis()).await?,
+        }
+        Ok(())
+    }
+
+    /// Publishes every body, without the broker's deduplication: each copy arrives.
+    async fn publish_copies(&self, envelopes: &[Envelope]) -> anyhow::Result<()> {
+        match self.broker {
+            Broker::Rabbitmq => {
+                let sink = RabbitSink::connect(&self.url, "").await?;
+                for envelope in envelopes {
+                    sink.publish(&self.queue, envelope).await?;
+                }
+                sink.close().await;
+            }
+            Broker::Nats => {
+                let sink = NatsSink::connect(&self.url).await?.without_message_ids();
+                for envelope in envelopes {
+                    sink.publish(&self.queue, envelope).await?;
+                }
+            }
+            Broker::Redis => {
+                let sink = RedisSink::connect(&self.url)
+                    .await?
+                    .dedupe_window(Duration::ZERO);
+                for envelope in envelopes {
+                    sink.publish(&self.queue, envelope).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A source on any of the brokers (boxed: their sizes differ by a kilobyte).
+pub enum BrokerSource {
+    Rabbitmq(Box<RabbitSource>),
+    Nats(Box<NatsSource>),
+    Redis(Box<RedisSource>),
+}
+
+/// A message from any of the brokers.
+pub enum BrokerDelivery {
+    Rabbitmq(RabbitDelivery),
+    Nats(NatsDelivery),
+    Redis(RedisDelivery),
+}
+
+/// Runs the same expression on whichever broker's value `$value` holds.
+macro_rules! each {
+    ($value:expr, $enum:ident, $inner:ident => $body:expr) => {
+        match $value {
+            $enum::Rabbitmq($inner) => $body,
+            $enum::Nats($inner) => $body,
+            $enum::Redis($inner) => $body,
+        }
+    };
+}
+
+impl Source for BrokerSource {
+    type Delivery = BrokerDelivery;
+
+    fn broker(&self) -> &'static str {
+        each!(self, BrokerSource, source => source.broker())
+    }
+
+    fn prefetch(&self) -> usize {
+        each!(self, BrokerSource, source => source.prefetch())
+    }
+
+    fn max_deliveries(&self) -> u32 {
+        each!(self, BrokerSource, source => source.max_deliveries())
+    }
+
+    fn progress_interval(&self) -> Option<Duration> {
+        each!(self, BrokerSource, source => source.progress_interval())
+    }
+
+    async fn receive(&mut self, max: usize) -> jobguard::Result<Vec<BrokerDelivery>> {
+        Ok(match self {
+            BrokerSource::Rabbitmq(source) => source
+                .receive(max)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Rabbitmq)
+                .collect(),
+            BrokerSource::Nats(source) => source
+                .receive(max)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Nats)
+                .collect(),
+            BrokerSource::Redis(source) => source
+                .receive(max)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Redis)
+                .collect(),
+        })
+    }
+
+    async fn close(self) {
+        each!(self, BrokerSource, source => (*source).close().await)
+    }
+}
+
+impl Delivery for BrokerDelivery {
+    fn body(&self) -> &[u8] {
+        each!(self, BrokerDelivery, delivery => delivery.body())
+    }
+
+    fn attempt(&self) -> u32 {
+        each!(self, BrokerDelivery, delivery => delivery.attempt())
+    }
+
+    async fn ack(self) -> jobguard::Result<()> {
+        each!(self, BrokerDelivery, delivery => delivery.ack().await)
+    }
+
+    async fn retry(self, delay: Duration) -> jobguard::Result<()> {
+        each!(self, BrokerDelivery, delivery => delivery.retry(delay).await)
+    }
+
+    async fn dead_letter(self, reason: String) -> jobguard::Result<()> {
+        each!(self, BrokerDelivery, delivery => delivery.dead_letter(reason).await)
+    }
+
+    async fn progress(&self) -> jobguard::Result<()> {
+        each!(self, BrokerDelivery, delivery => delivery.progress().await)
+    }
+}
+
+/// The demo's guarded credit job: appends to the guarded ledger, through the consumer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct DemoCredit(pub Credit);
+
+impl<DB: LedgerDb> Job<DB> for DemoCredit {
+    const KIND: &'static str = "credit";
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        Ok(self.0.key.clone())
+    }
+
+    async fn run(&self, conn: &mut DB::Connection) -> Result<(), JobError> {
+        DB::append(conn, Ledger::Guarded, self.0.account, self.0.amount).await?;
+        Ok(())
+    }
+}
+
+/// Prints `line` for the process that started this one, at once: this process may be killed
+/// right after.
+pub fn report_line(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}");
+    let _ = stdout.flush();
+}
+
+/// The guarded consumer of the demo's credits on `pool`'s demo tables. With `crash`, it prints
+/// [`CRASH_POINT`] after its first commit and waits there to be killed.
+pub fn guarded_consumer<DB: LedgerDb>(
+    pool: &Pool<DB>,
+    crash: bool,
+    settled: Option<Arc<Settled>>,
+) -> anyhow::Result<Consumer<DB>> {
+    let config = ConsumerConfig {
+        retry_delay: Duration::from_millis(100),
+        shutdown_timeout: Duration::from_secs(10),
+        stop_when_idle_for: None,
+    };
+    let consumer = Consumer::with_config(crate::ledger::guard_for(pool)?, config)
+        .register::<DemoCredit>()
+        .before_ack(move |key: &JobKey, outcome: &Outcome<()>| {
+            if crash && outcome.is_applied() {
+                report_line(&format!("{CRASH_POINT} {key}"));
+                return std::future::pending().boxed();
+            }
+            if let Some(settled) = &settled {
+                settled.one();
+            }
+            std::future::ready(()).boxed()
+        });
+    Ok(consumer)
+}
+
+/// Counts settled deliveries, and says when all expected have been.
+pub struct Settled {
+    count: AtomicUsize,
+    expected: usize,
+    done: tokio::sync::Notify,
+}
+
+impl Settled {
+    fn new(expected: usize) -> Arc<Self> {
+        Arc::new(Settled {
+            count: AtomicUsize::new(0),
+            expected,
+            done: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn one(&self) {
+        if self.count.fetch_add(1, Ordering::SeqCst) + 1 >= self.expected {
+            self.done.notify_one();
+        }
+    }
+
+    async fn all(&self) {
+        self.done.notified().await;
+    }
+}
+
+/// The naive consumer: appends every delivery's credit to the naive ledger, then acks. With
+/// `crash`, it prints [`CRASH_POINT`] after its first commit and waits to be killed; otherwise
+/// it returns after `expected` deliveries.
+pub async fn naive_consumer<DB: LedgerDb>(
+    pool: &Pool<DB>,
+    mut source: BrokerSource,
+    expected: usize,
+    crash: bool,
+) -> anyhow::Result<usize> {
+    let permits = Arc::new(Semaphore::new(source.prefetch()));
+    let settled = Settled::new(expected);
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        if !crash && settled.count.load(Ordering::SeqCst) >= expected {
+            break;
+        }
+        while let Some(joined) = tasks.try_join_next() {
+            joined??;
+        }
+        let first = Arc::clone(&permits).acquire_owned().await?;
+        let deliveries = tokio::select! {
+            () = settled.all(), if !crash => break,
+            deliveries = source.receive(1 + permits.available_permits()) => deliveries?,
+        };
+        let mut first = Some(first);
+        for delivery in deliveries {
+            let permit = match first.take() {
+                Some(permit) => permit,
+                None => Arc::clone(&permits).acquire_owned().await?,
+            };
+            let (pool, settled) = (pool.clone(), Arc::clone(&settled));
+            tasks.spawn(async move {
+                let envelope = Envelope::from_bytes(delivery.body())?;
+                let credit: Credit = serde_json::from_value(envelope.payload)?;
+                crate::ledger::credit_naive(&pool, &credit).await?;
+                if crash {
+                    report_line(&format!("{CRASH_POINT} {}", credit.key));
+                    std::future::pending::<()>().await;
+                }
+                delivery.ack().await?;
+                settled.one();
+                drop(permit);
+                anyhow::Ok(())
+            });
+        }
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined??;
+    }
+    source.close().await;
+    Ok(settled.count.load(Ordering::SeqCst))
+}
+
+/// What `jobguard demo --broker NAME --json` prints: the base demo's fields and the broker's.
+#[derive(Debug, Serialize)]
+struct BrokerDemoReport {
+    broker: Broker,
+    broker_url: String,
+    /// Consumer processes killed after a commit and before its ack, per run.
+    killed_consumers: usize,
+    #[serde(flatten)]
+    demo: DemoReport,
+}
+
 /// Runs the demo through `broker`.
 pub async fn run(
     broker: Broker,
-    _database_url: &str,
-    _shape: Shape,
-    _json: bool,
+    database_url: &str,
+    shape: Shape,
+    json: bool,
 ) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`jobguard demo --broker {broker:?}` is not built yet")
+    let url = std::env::var(URL_ENV).unwrap_or_else(|_| broker.default_url().to_owned());
+    let database = redact(database_url);
+    let report = match Database::connect(database_url, shape.concurrency + 4).await? {
+        Database::Postgres(pool) => {
+            run_on(&pool, broker, &url, database_url, database, shape).await?
+        }
+        Database::Sqlite(pool) => {
+            run_on(&pool, broker, &url, database_url, database, shape).await?
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!(
+            "through {} at {}: each message published {} times; one consumer process killed \
+             (SIGKILL) after its commit and before its ack, in each run\n{}",
+            broker.title(),
+            report.broker_url,
+            shape.deliveries,
+            crate::demo::render(&report.demo)
+        );
+    }
+    Ok(if report.demo.exactly_once {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn run_on<DB: LedgerDb>(
+    pool: &Pool<DB>,
+    broker: Broker,
+    url: &str,
+    database_url: &str,
+    database: String,
+    shape: Shape,
+) -> anyhow::Result<BrokerDemoReport> {
+    let started = Instant::now();
+    DB::reset(pool).await?;
+    let credits = experiment::credits(&shape)?;
+    let envelopes: Vec<Envelope> = credits
+        .iter()
+        .map(|credit| Envelope::new("credit", credit.key.clone(), credit))
+        .collect::<jobguard::Result<Vec<_>>>()?;
+    let copies: Vec<Envelope> = envelopes
+        .iter()
+        .flat_map(|envelope| std::iter::repeat_n(envelope.clone(), shape.deliveries))
+        .collect();
+    let expected = copies.len();
+
+    let mut runs = Vec::new();
+    for mode in [Mode::Naive, Mode::Guarded] {
+        let run_started = Instant::now();
+        let endpoint = Endpoint {
+            broker,
+            url: url.to_owned(),
+            queue: format!("jobguard-demo-{}", mode_name(mode)),
+            prefetch: shape.concurrency as usize,
+            max_deliveries: 5,
+            redelivery: Duration::from_secs(2),
+        };
+        endpoint
+            .remove()
+            .await
+            .with_context(|| format!("cannot reach {} at {}", broker.title(), redact(url)))?;
+        // Declares the queue, so that what is published waits in it.
+        let source = endpoint.source().await?;
+        endpoint.publish_copies(&copies).await?;
+        kill_after_commit(&endpoint, mode, database_url).await?;
+
+        let mut run = RunReport {
+            crashes: Some(1),
+            ..RunReport::default()
+        };
+        match mode {
+            Mode::Naive => {
+                let consumed =
+                    tokio::time::timeout(DEADLINE, naive_consumer(pool, source, expected, false))
+                        .await
+                        .context("the naive consumer did not get every delivery in time")??;
+                run.deliveries = consumed + 1;
+                run.applied = run.deliveries;
+            }
+            Mode::Guarded => {
+                let settled = Settled::new(expected);
+                let consumer = guarded_consumer(pool, false, Some(Arc::clone(&settled)))?;
+                let all = async move { settled.all().await };
+                let stats = tokio::time::timeout(DEADLINE, consumer.run(source, all))
+                    .await
+                    .context("the guarded consumer did not get every delivery in time")??;
+                // The killed consumer's delivery applied its job.
+                run.applied = stats.applied as usize + 1;
+                run.duplicates = stats.duplicates as usize;
+                run.failed = (stats.failed + stats.dead) as usize;
+                run.deliveries = run.applied + run.duplicates + run.failed;
+            }
+        }
+        endpoint.remove().await?;
+        run.seconds = run_started.elapsed().as_secs_f64();
+        run.deliveries_per_second = run.deliveries as f64 / run.seconds;
+        experiment::read_back(pool, &mut run, mode == Mode::Guarded).await?;
+        runs.push(run);
+    }
+    let guarded = runs.pop().expect("two runs");
+    let naive = runs.pop().expect("two runs");
+    let expected_balance_total = experiment::expected_total(&credits);
+    let exactly_once = guarded.effects == shape.jobs as i64
+        && guarded.applied == shape.jobs
+        && guarded.failed == 0
+        && guarded.balance_total == expected_balance_total;
+    Ok(BrokerDemoReport {
+        broker,
+        broker_url: redact(url),
+        killed_consumers: 1,
+        demo: DemoReport {
+            backend: DB::BACKEND,
+            database,
+            scenario: None,
+            scenario_description: None,
+            jobs: shape.jobs,
+            deliveries: shape.deliveries,
+            concurrency: shape.concurrency,
+            expected_balance_total,
+            naive,
+            guarded,
+            keyless: None,
+            provider_charges: None,
+            exactly_once,
+            seconds: started.elapsed().as_secs_f64(),
+        },
+    })
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Naive => "naive",
+        Mode::Guarded => "guarded",
+    }
+}
+
+/// Starts a consumer process that takes one message, commits its job and prints the crash
+/// point, and kills it there with SIGKILL: its message is never acknowledged.
+async fn kill_after_commit(
+    endpoint: &Endpoint,
+    mode: Mode,
+    database_url: &str,
+) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("find the jobguard executable")?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["consume", "--broker", endpoint.broker.name(), "--url"])
+        .arg(&endpoint.url)
+        .args(["--queue", &endpoint.queue, "--prefetch", "1"])
+        .args(["--max-deliveries", &endpoint.max_deliveries.to_string()])
+        .arg("--redelivery")
+        .arg(format!("{}ms", endpoint.redelivery.as_millis()))
+        .args(["--database-url", database_url, "--demo", mode_name(mode)])
+        .arg("--crash-after-commit")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("start a consumer process")?;
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let reached = tokio::time::timeout(DEADLINE, async {
+        while let Some(line) = lines.next_line().await? {
+            if line.starts_with(CRASH_POINT) {
+                return anyhow::Ok(true);
+            }
+        }
+        Ok(false)
+    })
+    .await;
+    child.start_kill()?;
+    let output = child.wait_with_output().await?;
+    match reached {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => bail!(
+            "the consumer process ended before its crash point ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ),
+        Ok(Err(error)) => Err(error),
+        Err(_) => bail!("the consumer process did not reach its crash point in time"),
+    }
 }

@@ -1,6 +1,7 @@
 //! The `jobguard` command line: a thin layer over the `jobguard` library.
 
 mod bench;
+mod bench_prune;
 mod bench_queue;
 mod broker_demo;
 mod charge_demo;
@@ -13,6 +14,7 @@ mod ledger;
 mod ops;
 mod provider;
 mod scenarios;
+mod serve;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -31,6 +33,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant's arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Deliver N credit jobs D times each at once, naive and guarded, and compare the ledgers.
@@ -66,6 +70,12 @@ enum Command {
     Consume(ops::ConsumeArgs),
     /// Serve the payment provider the charge jobs call, on 127.0.0.1, until Ctrl-C.
     Provider(provider::ProviderArgs),
+    /// Serve /metrics (Prometheus), /health and a dashboard; with --worker, run the built-in
+    /// jobs in the same process and count their outcomes and duplicates.
+    Serve(serve::ServeArgs),
+    /// The dashboard's figures in the terminal: backlog, dead letters, steps needing
+    /// attention, the guard's memory horizon, and with --url a server's outcome counts.
+    Stats(ops::StatsArgs),
     /// The charge demo's worker, in its own process.
     #[command(hide = true)]
     ChargeWorker(charge_demo::ChargeWorkerArgs),
@@ -77,6 +87,9 @@ enum BenchCommand {
     Guard(BenchArgs),
     /// Jobs per second drained by the worker, against pgbench running the same transaction.
     Queue(BenchQueueArgs),
+    /// On PostgreSQL: the worker's throughput while a prune deletes old guard rows, and with a
+    /// big guard table against an empty one.
+    Prune(bench_prune::BenchPruneArgs),
 }
 
 #[derive(Args)]
@@ -172,6 +185,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::ScenarioWorker(args) => scenario_worker(args).await,
         Command::Bench(BenchCommand::Guard(args)) => bench_guard(args).await,
         Command::Bench(BenchCommand::Queue(args)) => bench_queue(args).await,
+        Command::Bench(BenchCommand::Prune(args)) => bench_prune::run(args).await,
         Command::Worker(args) => ops::worker(args).await,
         Command::Enqueue(args) => ops::enqueue(args).await,
         Command::Jobs(args) => ops::jobs(args).await,
@@ -180,6 +194,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Outbox(command) => ops::outbox(command).await,
         Command::Steps(command) => ops::steps(command).await,
         Command::Provider(args) => provider::provider(args).await,
+        Command::Serve(args) => serve::serve(args).await,
+        Command::Stats(args) => ops::stats(args).await,
         Command::Prune(args) => ops::prune(args).await,
         Command::Retention(args) => ops::retention(args).await,
         Command::Consume(args) => ops::consume(args).await,

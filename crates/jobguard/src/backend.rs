@@ -143,6 +143,13 @@ pub trait Backend:
         sql: &QueueSql,
     ) -> impl Future<Output = sqlx::Result<Vec<(String, i64)>>> + Send;
 
+    /// Per queue: jobs ready to run, and how long the oldest has been due in microseconds.
+    #[doc(hidden)]
+    fn backlog(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+    ) -> impl Future<Output = sqlx::Result<Vec<(String, i64, i64)>>> + Send;
+
     #[doc(hidden)]
     fn list(
         pool: &Pool<Self>,
@@ -443,6 +450,15 @@ macro_rules! shared_statements {
             sql: &$crate::queue::QueueSql,
         ) -> sqlx::Result<Vec<(String, i64)>> {
             sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
+                .fetch_all(pool)
+                .await
+        }
+
+        async fn backlog(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::queue::QueueSql,
+        ) -> sqlx::Result<Vec<(String, i64, i64)>> {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.backlog.clone()))
                 .fetch_all(pool)
                 .await
         }

@@ -224,6 +224,42 @@ pub enum Error {
         reason: String,
     },
 
+    /// A message broker failed an operation: connecting, declaring a queue or stream,
+    /// receiving, acknowledging or publishing. A message whose acknowledgement failed is
+    /// delivered again, and the guard reports the redelivery as a duplicate.
+    #[error("{broker}: cannot {action}: {source}")]
+    Broker {
+        /// The broker: `rabbitmq`, `nats` or `redis`.
+        broker: &'static str,
+        /// What was being done, e.g. `connect to amqp://127.0.0.1:5672`.
+        action: String,
+        /// The broker client's error.
+        #[source]
+        source: Box<dyn StdError + Send + Sync + 'static>,
+    },
+
+    /// The guard's retention is shorter than the time within which a duplicate can still
+    /// arrive: a duplicate delivered after the retention would find its key pruned and apply
+    /// again. Nothing was pruned and the worker did not start.
+    #[error(
+        "guard retention {} is shorter than the horizon within which a duplicate can still \
+         arrive, {breakdown}: a duplicate delivered after {} would find its key pruned and apply \
+         again; keep guard rows for at least {}, or shorten the retry policy, the lease or the \
+         declared windows, or override the check if you accept duplicates after {}",
+        crate::retention::format_duration(*.retention),
+        crate::retention::format_duration(*.retention),
+        crate::retention::format_duration(*.horizon),
+        crate::retention::format_duration(*.retention)
+    )]
+    RetentionTooShort {
+        /// How long guard rows would be kept.
+        retention: std::time::Duration,
+        /// The longest time a duplicate can still arrive.
+        horizon: std::time::Duration,
+        /// The horizon term by term, as in `7d 15m 13s (retries 10m 13s + leases 5m + ...)`.
+        breakdown: String,
+    },
+
     /// Any other database error. Nothing was applied.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

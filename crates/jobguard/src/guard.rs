@@ -55,7 +55,7 @@ use crate::backend::{Backend, ClaimRow, ClaimToken, GuardRecord, GuardSql, NewCl
 use crate::error::{Error, JobError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
-use crate::metrics::record_outcome;
+use crate::metrics::{record_duplicate_age, record_outcome};
 use crate::queue::{Lease, QueueSql};
 use crate::table::TableName;
 use crate::writer::WriterLock;
@@ -256,11 +256,24 @@ impl<DB: Backend> Guard<DB> {
         &self.inner.sql.table
     }
 
+    /// The age of the oldest guard row, by the database clock: how far back the guard
+    /// remembers keys, its memory horizon. `None` when the table is empty. A duplicate older
+    /// than this finds no row and is applied again.
+    pub async fn oldest_age(&self) -> Result<Option<Duration>> {
+        Ok(DB::oldest_guard_age(&self.inner.pool, &self.inner.sql.table).await?)
+    }
+
     /// Creates the guard table and its index when missing. Safe to call from many processes at
     /// once and on every start.
     pub async fn migrate(&self) -> Result<()> {
         let sql = &self.inner.sql;
         Ok(DB::migrate_statements(&self.inner.pool, &sql.table, &sql.create).await?)
+    }
+
+    /// This process's turn to write on SQLite, shared with the queue's writers; nothing on
+    /// PostgreSQL. Held by each batch of a prune.
+    pub(crate) async fn write_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        self.inner.writer.acquire().await
     }
 
     /// Opens the transaction a guarded job runs in on `conn`, holding this process's turn to
@@ -599,9 +612,12 @@ impl<DB: Backend> Guard<DB> {
             Some(record) if record.token.as_ref() == Some(token) => {
                 Ok(Attempt::Done(Outcome::Applied(value)))
             }
-            Some(record) => Ok(Attempt::Done(Outcome::Duplicate(duplicate_of(
-                key, record,
-            )?))),
+            Some(record) => {
+                record_duplicate_age(key.kind(), record.applied_at);
+                Ok(Attempt::Done(Outcome::Duplicate(duplicate_of(
+                    key, record,
+                )?)))
+            }
             None => Err(Error::Database(commit_error)),
         }
     }
@@ -668,6 +684,8 @@ fn check_claim(key: &JobKey, fingerprint: Option<&Fingerprint>, row: ClaimRow) -
             key: key.to_string(),
         });
     }
+    // Every caller stops at a duplicate claim, so each duplicate delivery is counted once.
+    record_duplicate_age(key.kind(), record.applied_at);
     Ok(Claim::Duplicate(record))
 }
 

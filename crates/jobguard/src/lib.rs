@@ -45,6 +45,9 @@
 //! | `postgres` | yes     | the PostgreSQL backend, [`PgGuard`]                             |
 //! | `sqlite`   | yes     | the SQLite backend, [`SqliteGuard`] and [`sqlite::connect`]     |
 //! | `webhook`  | yes     | [`outbox::WebhookSink`]: outbox delivery to HTTP webhooks       |
+//! | `rabbitmq` | no      | [`broker::rabbitmq`]: a [`broker::Consumer`] source and an outbox sink for RabbitMQ |
+//! | `nats`     | no      | [`broker::nats`]: the same for NATS JetStream                   |
+//! | `redis`    | no      | [`broker::redis`]: the same for Redis Streams                   |
 //! | `testkit`  | no      | [`testkit`]: concurrent-delivery and run-twice checks for tests |
 
 #![forbid(unsafe_code)]
@@ -68,6 +71,7 @@ pub mod outbox;
 pub mod queue;
 pub mod retention;
 mod retry;
+pub mod spikes;
 pub mod steps;
 mod table;
 pub mod worker;
@@ -92,6 +96,7 @@ pub use outbox::{MessageId, Outbox, Relay};
 #[cfg(feature = "postgres")]
 pub use postgres::PgGuard;
 pub use queue::Queue;
+pub use retention::{Horizon, PruneConfig, PruneSchedule, Pruner, Retention, RetentionConfig};
 pub use retry::RetryPolicy;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteGuard;

@@ -291,6 +291,23 @@ pub struct Counts {
     pub dead: i64,
 }
 
+/// The jobs of one queue that are ready to run and waiting for a worker, from
+/// [`Queue::backlog`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Backlog {
+    /// The queue's name.
+    pub queue: String,
+    /// Jobs available whose run time has come.
+    pub ready: i64,
+    /// How long the oldest of them has been due, by the database clock.
+    #[serde(serialize_with = "serialize_seconds")]
+    pub oldest_wait: Duration,
+}
+
+fn serialize_seconds<S: serde::Serializer>(wait: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(wait.as_secs_f64())
+}
+
 /// The queue's statements, built once from its validated table name.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -307,6 +324,7 @@ pub struct QueueSql {
     pub(crate) heartbeat: Arc<str>,
     pub(crate) rescue: Arc<str>,
     pub(crate) counts: Arc<str>,
+    pub(crate) backlog: Arc<str>,
     pub(crate) list: Arc<str>,
     pub(crate) replay: Arc<str>,
     pub(crate) notify: Option<Arc<str>>,
@@ -569,6 +587,22 @@ impl<DB: Backend> Queue<DB> {
             }
         }
         Ok(counts)
+    }
+
+    /// The jobs ready to run and waiting for a worker, per queue that has any, with how long
+    /// the oldest has been due: a backlog that grows, or an oldest wait that grows, means the
+    /// workers do not keep up. Jobs scheduled for later (a delay, a retry's backoff) are not
+    /// counted until their time comes.
+    pub async fn backlog(&self) -> Result<Vec<Backlog>> {
+        let rows = DB::backlog(&self.inner.pool, &self.inner.sql).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(queue, ready, oldest_micros)| Backlog {
+                queue,
+                ready,
+                oldest_wait: Duration::from_micros(oldest_micros.max(0) as u64),
+            })
+            .collect())
     }
 
     /// The newest jobs, optionally of one state and kind.

@@ -1,2 +1,509 @@
 //! Guard retention: how long keys are remembered, checked against how long duplicates can
 //! still arrive, and pruning in batches.
+//!
+//! The guard table grows by one row per applied job, so it has to be pruned; but a key pruned
+//! while its job can still be delivered again is a key forgotten, and the late delivery applies
+//! the job a second time. Every job system keeps its dedupe memory for a fixed time and hopes
+//! that is long enough. jobguard computes how long it has to be instead, the [`Horizon`]:
+//!
+//! - **retries**: every retry delay of the worker's [`RetryPolicy`] at its jitter upper bound;
+//! - **leases**: one lease per attempt, since an attempt that stalls keeps its job until its
+//!   lease runs out, and only then is the job handed out again;
+//! - **replay window**: how long after a job is dead-lettered an operator may still replay it
+//!   (declared: jobguard cannot know your runbook);
+//! - **provider key lifetime**: how long the external API keeps an idempotency key (declared;
+//!   Stripe keeps them 24 hours), so that the guard never forgets a key while repeats of the
+//!   job can still be answered from the provider's memory rather than its own.
+//!
+//! A [`Retention`] is a retention checked against its horizon: building one shorter than the
+//! horizon fails with [`Error::RetentionTooShort`] naming both numbers, unless the check is
+//! overridden on purpose (then it logs a warning). A [`Pruner`] needs a `Retention`, and so does
+//! a [`Worker`](crate::Worker), which refuses to start without one and prunes on a
+//! [`PruneSchedule`] (daily by default), one worker at a time.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use jobguard::retention::{Pruner, RetentionConfig};
+//! use jobguard::{PgGuard, RetryPolicy};
+//!
+//! # async fn prune(guard: PgGuard) -> jobguard::Result<()> {
+//! const DAY: Duration = Duration::from_secs(24 * 3600);
+//! let config = RetentionConfig {
+//!     keep: 14 * DAY,
+//!     replay_window: 7 * DAY,
+//!     provider_key_lifetime: DAY,
+//!     ..RetentionConfig::default()
+//! };
+//! // The worker's retry policy and lease bound how late a retry can come.
+//! let retention = config.validate(&RetryPolicy::default(), Duration::from_secs(30))?;
+//! println!("{}", retention.horizon());
+//! if let Some(report) = Pruner::new(&guard, retention).run().await? {
+//!     println!("pruned {} guard rows", report.guard_rows);
+//! }
+//! # Ok(()) }
+//! ```
+
+mod prune;
+mod schedule;
+
+use std::fmt;
+use std::time::Duration;
+
+pub(crate) use prune::micros_duration;
+pub use prune::{PrunePlan, PruneReport, PruneStore, Pruner};
+pub use schedule::PruneSchedule;
+pub(crate) use schedule::run_schedule;
+
+use crate::error::{Error, Result};
+use crate::retry::RetryPolicy;
+use crate::steps::StepConfig;
+
+/// How long guard rows are kept, and what is declared about duplicates that come from outside
+/// the worker's own retries. Checked into a [`Retention`] by [`validate`](Self::validate).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetentionConfig {
+    /// How long a guard row is kept after its key was applied (default 14 days).
+    pub keep: Duration,
+    /// How long after a job is dead-lettered it may still be replayed (default 7 days).
+    pub replay_window: Duration,
+    /// How long the external API a job calls keeps an idempotency key (default zero: no
+    /// external API; Stripe keeps keys 24 hours).
+    pub provider_key_lifetime: Duration,
+    /// Accept a retention shorter than the horizon, with a warning. Duplicates that arrive after
+    /// `keep` then apply again.
+    pub override_horizon: bool,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            keep: RetentionConfig::DEFAULT_KEEP,
+            replay_window: RetentionConfig::DEFAULT_REPLAY_WINDOW,
+            provider_key_lifetime: Duration::ZERO,
+            override_horizon: false,
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The retention unless configured: 14 days, the seed's conservative choice.
+    pub const DEFAULT_KEEP: Duration = Duration::from_secs(14 * 24 * 3600);
+    /// The replay window unless declared: 7 days.
+    pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    /// The horizon of a worker that retries with `retry` and leases jobs for `lease`, with this
+    /// configuration's declared windows.
+    pub fn horizon(&self, retry: &RetryPolicy, lease: Duration) -> Horizon {
+        Horizon::new(retry, lease, self.replay_window, self.provider_key_lifetime)
+    }
+
+    /// Checks `keep` against the horizon of a worker that retries with `retry` and leases jobs
+    /// for `lease`; see [`Retention::new`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use jobguard::retention::RetentionConfig;
+    /// use jobguard::{Error, RetryPolicy};
+    ///
+    /// let lease = Duration::from_secs(30);
+    /// let two_weeks = RetentionConfig::default();
+    /// assert!(two_weeks.validate(&RetryPolicy::default(), lease).is_ok());
+    ///
+    /// // One day cannot cover a 7-day replay window.
+    /// let one_day = RetentionConfig { keep: Duration::from_secs(86_400), ..two_weeks };
+    /// let refused = one_day.validate(&RetryPolicy::default(), lease).unwrap_err();
+    /// assert!(matches!(refused, Error::RetentionTooShort { .. }));
+    /// ```
+    pub fn validate(&self, retry: &RetryPolicy, lease: Duration) -> Result<Retention> {
+        Retention::new(self.keep, self.horizon(retry, lease), self.override_horizon)
+    }
+}
+
+/// The longest time after a key was applied during which a duplicate of its job can still
+/// arrive, term by term. See the [module documentation](self) for what each term covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Horizon {
+    /// Every retry delay at its jitter upper bound, up to the last attempt.
+    pub retries: Duration,
+    /// One lease per attempt.
+    pub leases: Duration,
+    /// How long a dead-lettered job may still be replayed.
+    pub replay_window: Duration,
+    /// How long the external API keeps an idempotency key.
+    pub provider_key_lifetime: Duration,
+}
+
+/// One term of a [`Horizon`], for printing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HorizonTerm {
+    /// The term's name: `retries`, `leases`, `replay window`, `provider key lifetime`.
+    pub name: &'static str,
+    /// Its length.
+    pub duration: Duration,
+    /// Where it comes from.
+    pub source: &'static str,
+}
+
+impl Horizon {
+    /// The horizon of a worker that retries with `retry` and leases jobs for `lease`, plus the
+    /// declared windows.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use jobguard::retention::Horizon;
+    /// use jobguard::RetryPolicy;
+    ///
+    /// let retry = RetryPolicy {
+    ///     max_attempts: 4,
+    ///     base: Duration::from_secs(10),
+    ///     max_delay: Duration::from_secs(3600),
+    ///     jitter: 0.5,
+    /// };
+    /// let horizon = Horizon::new(&retry, Duration::from_secs(30), Duration::ZERO, Duration::ZERO);
+    /// // Delays of 10, 20 and 40 s, each up to 1.5 times longer; four leases of 30 s.
+    /// assert_eq!(horizon.retries, Duration::from_secs(105));
+    /// assert_eq!(horizon.leases, Duration::from_secs(120));
+    /// assert_eq!(horizon.total(), Duration::from_secs(225));
+    /// ```
+    pub fn new(
+        retry: &RetryPolicy,
+        lease: Duration,
+        replay_window: Duration,
+        provider_key_lifetime: Duration,
+    ) -> Self {
+        Horizon {
+            retries: retries_horizon(retry),
+            leases: lease.saturating_mul(retry.max_attempts.max(1)),
+            replay_window,
+            provider_key_lifetime,
+        }
+    }
+
+    /// The whole horizon: the sum of its terms.
+    pub fn total(&self) -> Duration {
+        self.terms().iter().fold(Duration::ZERO, |sum, term| {
+            sum.saturating_add(term.duration)
+        })
+    }
+
+    /// The terms, in the order they add up.
+    pub fn terms(&self) -> [HorizonTerm; 4] {
+        [
+            HorizonTerm {
+                name: "retries",
+                duration: self.retries,
+                source: "every retry delay of the retry policy at its jitter upper bound",
+            },
+            HorizonTerm {
+                name: "leases",
+                duration: self.leases,
+                source: "one lease per attempt: a stalled attempt keeps its job until then",
+            },
+            HorizonTerm {
+                name: "replay window",
+                duration: self.replay_window,
+                source: "declared: how long a dead-lettered job may still be replayed",
+            },
+            HorizonTerm {
+                name: "provider key lifetime",
+                duration: self.provider_key_lifetime,
+                source: "declared: how long the external API keeps an idempotency key",
+            },
+        ]
+    }
+}
+
+impl fmt::Display for Horizon {
+    /// `7d 15m 13s (retries 10m 13s + leases 5m + replay window 7d + provider key lifetime 0s)`
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (", format_duration(self.total()))?;
+        for (n, term) in self.terms().iter().enumerate() {
+            let plus = if n == 0 { "" } else { " + " };
+            write!(f, "{plus}{} {}", term.name, format_duration(term.duration))?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// A guard retention checked against its [`Horizon`]: what a [`Pruner`] and a
+/// [`Worker`](crate::Worker) need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Retention {
+    keep: Duration,
+    horizon: Horizon,
+    overridden: bool,
+}
+
+impl Retention {
+    /// Keeps guard rows for `keep`, which must cover `horizon`.
+    ///
+    /// Fails with [`Error::RetentionTooShort`] when `keep` is shorter than the horizon, unless
+    /// `override_horizon` is set: then it logs a warning and duplicates that arrive after `keep`
+    /// apply again. A zero `keep` is refused either way.
+    pub fn new(keep: Duration, horizon: Horizon, override_horizon: bool) -> Result<Self> {
+        if keep.is_zero() {
+            return Err(Error::InvalidConfig {
+                setting: "guard retention",
+                reason: "it must be longer than zero: a zero retention deletes every guard row, \
+                         and every delivery after that applies again"
+                    .into(),
+            });
+        }
+        let total = horizon.total();
+        if keep < total {
+            if !override_horizon {
+                return Err(Error::RetentionTooShort {
+                    retention: keep,
+                    horizon: total,
+                    breakdown: horizon.to_string(),
+                });
+            }
+            tracing::warn!(
+                retention = %format_duration(keep),
+                horizon = %horizon,
+                "the guard retention is shorter than the horizon, and the check is overridden: \
+                 a duplicate that arrives after the retention applies again"
+            );
+        }
+        Ok(Retention {
+            keep,
+            horizon,
+            overridden: keep < total,
+        })
+    }
+
+    /// How long guard rows are kept.
+    pub fn keep(&self) -> Duration {
+        self.keep
+    }
+
+    /// The horizon it was checked against.
+    pub fn horizon(&self) -> &Horizon {
+        &self.horizon
+    }
+
+    /// Whether the retention is shorter than the horizon, accepted by an override.
+    pub fn is_overridden(&self) -> bool {
+        self.overridden
+    }
+}
+
+/// How a [`Worker`](crate::Worker) prunes the guard table (and the step ledger) by itself.
+#[derive(Clone, Debug)]
+pub struct PruneConfig {
+    /// When to prune; `None` never prunes. Daily at 03:00 UTC unless configured.
+    pub schedule: Option<PruneSchedule>,
+    /// Rows deleted per statement (default 10,000, at least 1).
+    pub batch: u32,
+    /// The shortest pause between two batches, which lets jobs through (default 10 ms); the
+    /// pruner also rests four times as long as each batch took.
+    pub pause: Duration,
+    /// A step ledger whose `done` steps are pruned with the guard rows, if any.
+    pub steps: Option<StepConfig>,
+}
+
+impl Default for PruneConfig {
+    fn default() -> Self {
+        PruneConfig {
+            schedule: Some(PruneSchedule::default()),
+            batch: PruneConfig::DEFAULT_BATCH,
+            pause: PruneConfig::DEFAULT_PAUSE,
+            steps: None,
+        }
+    }
+}
+
+impl PruneConfig {
+    /// Rows deleted per statement unless configured.
+    pub const DEFAULT_BATCH: u32 = 10_000;
+    /// The pause between batches unless configured.
+    pub const DEFAULT_PAUSE: Duration = Duration::from_millis(10);
+}
+
+/// [`RetryPolicy::horizon`], saturating instead of panicking on extreme policies and without a
+/// loop per attempt: a worker that refuses to start must say why, not panic.
+fn retries_horizon(retry: &RetryPolicy) -> Duration {
+    let jitter = if retry.jitter.is_nan() {
+        1.0
+    } else {
+        retry.jitter.clamp(0.0, 1.0)
+    };
+    let upper = |delay: Duration| {
+        Duration::try_from_secs_f64(delay.as_secs_f64() * (1.0 + jitter)).unwrap_or(Duration::MAX)
+    };
+    let delays = retry.max_attempts.max(1) - 1;
+    let mut sum = Duration::ZERO;
+    // Delays double up to the cap, or for 31 doublings, then stay where they are.
+    for attempt in 1..=delays {
+        let nominal = retry.nominal_delay(attempt);
+        if nominal >= retry.max_delay || attempt >= 32 {
+            let rest = delays - attempt + 1;
+            return sum.saturating_add(upper(nominal).saturating_mul(rest));
+        }
+        sum = sum.saturating_add(upper(nominal));
+    }
+    sum
+}
+
+/// A duration as jobguard prints it, to the second (to the millisecond under a second):
+/// `14d`, `7d 15m 13s`, `250ms`.
+///
+/// ```
+/// use std::time::Duration;
+/// use jobguard::retention::format_duration;
+///
+/// assert_eq!(format_duration(Duration::from_secs(14 * 86_400)), "14d");
+/// assert_eq!(format_duration(Duration::from_millis(613_200)), "10m 13s");
+/// ```
+pub fn format_duration(duration: Duration) -> String {
+    let secs = duration.as_secs();
+    if duration.is_zero() {
+        return "0s".into();
+    }
+    if secs == 0 {
+        return format!("{}ms", duration.subsec_millis());
+    }
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs / 3600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+        (secs % 60, "s"),
+    ];
+    let text: Vec<String> = parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect();
+    text.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+
+    #[test]
+    fn retries_match_the_policy_horizon() {
+        for policy in [
+            RetryPolicy::default(),
+            RetryPolicy {
+                max_attempts: 1,
+                ..RetryPolicy::default()
+            },
+            RetryPolicy {
+                max_attempts: 30,
+                base: Duration::from_millis(250),
+                max_delay: Duration::from_secs(600),
+                jitter: 0.5,
+            },
+            RetryPolicy {
+                jitter: 0.0,
+                base: Duration::ZERO,
+                ..RetryPolicy::default()
+            },
+        ] {
+            let ours = retries_horizon(&policy).as_secs_f64();
+            let theirs = policy.horizon().as_secs_f64();
+            assert!(
+                (ours - theirs).abs() < 1e-6,
+                "{policy:?}: {ours} vs {theirs}"
+            );
+        }
+    }
+
+    #[test]
+    fn extreme_policies_saturate_instead_of_panicking() {
+        let policy = RetryPolicy {
+            max_attempts: u32::MAX,
+            base: Duration::from_secs(1),
+            max_delay: Duration::MAX,
+            jitter: f64::NAN,
+        };
+        // 2^31 s doubled by the widest jitter, about four billion times.
+        assert!(retries_horizon(&policy) > Duration::from_secs(u64::MAX / 2));
+        let horizon = Horizon::new(&policy, Duration::MAX, Duration::MAX, Duration::MAX);
+        assert_eq!(horizon.total(), Duration::MAX);
+    }
+
+    #[test]
+    fn the_default_worker_is_covered_by_two_weeks() {
+        let config = RetentionConfig::default();
+        let retention = config
+            .validate(&RetryPolicy::default(), Duration::from_secs(30))
+            .unwrap();
+        assert!(!retention.is_overridden());
+        // 1 + 2 + ... + 256 s, each up to 1.2 times longer.
+        assert_eq!(retention.horizon().retries, Duration::from_millis(613_200));
+        assert_eq!(retention.horizon().leases, Duration::from_secs(300));
+        assert_eq!(
+            retention.horizon().to_string(),
+            "7d 15m 13s (retries 10m 13s + leases 5m + replay window 7d + provider key \
+             lifetime 0s)"
+        );
+    }
+
+    #[test]
+    fn a_short_retention_is_refused_with_its_numbers_unless_overridden() {
+        let config = RetentionConfig {
+            keep: DAY,
+            provider_key_lifetime: DAY,
+            ..RetentionConfig::default()
+        };
+        let error = config
+            .validate(&RetryPolicy::default(), Duration::from_secs(30))
+            .unwrap_err();
+        let Error::RetentionTooShort {
+            retention, horizon, ..
+        } = &error
+        else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*retention, DAY);
+        assert_eq!(*horizon, DAY * 8 + Duration::from_millis(913_200));
+        let message = error.to_string();
+        for needle in [
+            "1d",
+            "8d 15m 13s",
+            "replay window 7d",
+            "at least 8d 15m 13s",
+        ] {
+            assert!(
+                message.contains(needle),
+                "{needle:?} missing from: {message}"
+            );
+        }
+
+        let overridden = RetentionConfig {
+            override_horizon: true,
+            ..config
+        };
+        let retention = overridden
+            .validate(&RetryPolicy::default(), Duration::from_secs(30))
+            .unwrap();
+        assert!(retention.is_overridden());
+        assert_eq!(retention.keep(), DAY);
+    }
+
+    #[test]
+    fn zero_retention_is_refused_even_overridden() {
+        let config = RetentionConfig {
+            keep: Duration::ZERO,
+            override_horizon: true,
+            ..RetentionConfig::default()
+        };
+        let error = config
+            .validate(&RetryPolicy::default(), Duration::from_secs(1))
+            .unwrap_err();
+        assert!(matches!(error, Error::InvalidConfig { .. }), "{error:?}");
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(format_duration(DAY * 14), "14d");
+        assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(format_duration(Duration::from_secs(90_061)), "1d 1h 1m 1s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1s");
+    }
+}

@@ -350,6 +350,11 @@ impl<DB: Backend> Steps<DB> {
         Ok(DB::step_attention(&self.pool, &self.sql, limit).await?)
     }
 
+    /// How many steps are marked `attention`, waiting for [`resolve`](Self::resolve).
+    pub async fn attention_count(&self) -> Result<u64> {
+        Ok(DB::step_attention_count(&self.pool, &self.sql).await?)
+    }
+
     async fn call<T, C>(
         &self,
         key: &JobKey,
@@ -422,6 +427,24 @@ impl<DB: Backend> Steps<DB> {
         }
     }
 
+    /// The ledger's table.
+    pub(crate) fn table(&self) -> &TableName {
+        &self.sql.table
+    }
+
+    /// `done` steps recorded before `cutoff` (microseconds since the Unix epoch, by the
+    /// database clock).
+    pub(crate) async fn prunable(&self, cutoff: i64) -> Result<u64> {
+        Ok(DB::step_prunable(&self.pool, &self.sql, cutoff).await?)
+    }
+
+    /// Deletes up to `limit` `done` steps recorded before `cutoff`. Never a `started` step (its
+    /// caller may be calling right now, or vanished and needs reconciling) nor one that needs
+    /// attention (only an operator settles it).
+    pub(crate) async fn prune_batch(&self, cutoff: i64, limit: u32) -> Result<u64> {
+        Ok(DB::step_prune(&self.pool, &self.sql, cutoff, limit).await?)
+    }
+
     async fn update(
         &self,
         key: &str,
@@ -472,6 +495,8 @@ pub struct StepSql {
     pub(crate) resolve_not_done: Arc<str>,
     pub(crate) stale: Arc<str>,
     pub(crate) list_attention: Arc<str>,
+    pub(crate) prunable: Arc<str>,
+    pub(crate) prune: Arc<str>,
 }
 
 /// The values of a step about to be started.
@@ -510,9 +535,10 @@ pub enum StepUpdate<'a> {
     ResolveNotDone,
 }
 
-/// The step ledger's statements each backend implements.
+/// The step ledger's statements each backend implements. Every store also prunes, its own
+/// `done` steps and the guard table they go with.
 #[doc(hidden)]
-pub trait StepStore: sqlx::Database {
+pub trait StepStore: sqlx::Database + crate::retention::PruneStore {
     #[doc(hidden)]
     fn step_sql(table: &TableName) -> StepSql;
 
@@ -557,6 +583,29 @@ pub trait StepStore: sqlx::Database {
         sql: &StepSql,
         limit: u32,
     ) -> impl Future<Output = sqlx::Result<Vec<AttentionStep>>> + Send;
+
+    #[doc(hidden)]
+    fn step_attention_count(
+        pool: &Pool<Self>,
+        sql: &StepSql,
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+
+    /// Counts `done` steps recorded before `cutoff`.
+    #[doc(hidden)]
+    fn step_prunable(
+        pool: &Pool<Self>,
+        sql: &StepSql,
+        cutoff: i64,
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+
+    /// Deletes up to `limit` `done` steps recorded before `cutoff`.
+    #[doc(hidden)]
+    fn step_prune(
+        pool: &Pool<Self>,
+        sql: &StepSql,
+        cutoff: i64,
+        limit: u32,
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 }
 
 /// The binding and decoding of the step statements, the same on every backend; expanded in
@@ -664,6 +713,47 @@ macro_rules! step_statements {
                     )
                 })
                 .collect())
+        }
+
+        async fn step_prunable(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::steps::StepSql,
+            cutoff: i64,
+        ) -> sqlx::Result<u64> {
+            let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.prunable.clone()))
+                .bind(cutoff)
+                .fetch_one(pool)
+                .await?;
+            Ok(rows.max(0) as u64)
+        }
+
+        async fn step_prune(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::steps::StepSql,
+            cutoff: i64,
+            limit: u32,
+        ) -> sqlx::Result<u64> {
+            let done = sqlx::query(sqlx::AssertSqlSafe(sql.prune.clone()))
+                .bind(cutoff)
+                .bind(i64::from(limit))
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn step_attention_count(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::steps::StepSql,
+        ) -> sqlx::Result<u64> {
+            // The same statement on every backend.
+            let count = format!(
+                "select count(*) from {} where state = 'attention'",
+                sql.table.quoted()
+            );
+            let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count))
+                .fetch_one(pool)
+                .await?;
+            Ok(rows.max(0) as u64)
         }
 
         async fn step_attention(

@@ -70,9 +70,13 @@ use crate::error::{Error, JobError, Result};
 use crate::external::{ApiKey, ExternalJob};
 use crate::guard::{Claim, Guard, GuardConfig};
 use crate::key::{JobKey, KeyError};
-use crate::metrics::record_outcome;
+use crate::metrics::{
+    DuplicateSource, record_duplicate_source, record_job_duration, record_outcome,
+};
 use crate::queue::{DEFAULT_QUEUE, Enqueued, Lease, LeasedJob, NewJob, Queue};
+use crate::retention::{PruneConfig, PruneReport, Pruner, Retention, RetentionConfig};
 use crate::retry::RetryPolicy;
+use crate::steps::Steps;
 
 /// A kind of job the worker can run.
 ///
@@ -139,6 +143,11 @@ pub struct WorkerConfig {
     pub stop_when_idle: bool,
     /// The guard table.
     pub guard: GuardConfig,
+    /// How long guard rows are kept, checked when the worker starts against the longest time a
+    /// duplicate can still arrive (see [`retention`](crate::retention)).
+    pub retention: RetentionConfig,
+    /// When and how the worker prunes guard rows older than the retention.
+    pub prune: PruneConfig,
 }
 
 impl Default for WorkerConfig {
@@ -152,6 +161,8 @@ impl Default for WorkerConfig {
             shutdown_timeout: Duration::from_secs(30),
             stop_when_idle: false,
             guard: GuardConfig::default(),
+            retention: RetentionConfig::default(),
+            prune: PruneConfig::default(),
         }
     }
 }
@@ -171,6 +182,10 @@ pub struct WorkerStats {
     pub fenced: u64,
     /// Jobs given back at shutdown.
     pub released: u64,
+    /// Guard rows (and `done` steps) this worker's scheduled prunes deleted.
+    pub pruned: u64,
+    /// Scheduled prunes skipped because another worker was pruning the guard table.
+    pub prunes_skipped: u64,
 }
 
 #[derive(Default)]
@@ -181,6 +196,8 @@ struct Counters {
     dead: AtomicU64,
     fenced: AtomicU64,
     released: AtomicU64,
+    pruned: AtomicU64,
+    prunes_skipped: AtomicU64,
 }
 
 /// How one job ended for this worker.
@@ -286,14 +303,28 @@ impl<DB: Backend> Worker<DB> {
         self.guard.migrate().await
     }
 
+    /// The worker's retention, checked against the horizon of its retry policy and lease
+    /// (see [`RetentionConfig::validate`]).
+    pub fn retention(&self) -> Result<Retention> {
+        self.config
+            .retention
+            .validate(&self.config.retry, self.config.lease)
+    }
+
     /// Runs until `shutdown` resolves (see [`shutdown_signal`]), or until the queue is empty
     /// with [`WorkerConfig::stop_when_idle`].
+    ///
+    /// Refuses to start with [`Error::RetentionTooShort`] when the guard's retention is shorter
+    /// than the longest time a duplicate can still arrive, unless overridden. While it runs it
+    /// prunes on [`PruneConfig::schedule`], one worker per guard table at a time.
     ///
     /// After shutdown is asked it takes no new jobs, lets running jobs finish within
     /// [`WorkerConfig::shutdown_timeout`], then rolls back the rest and gives their jobs back.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<WorkerStats> {
+        let retention = self.retention()?;
         let worker = Arc::new(self);
         let counters = Arc::new(Counters::default());
+        let (stop_pruning, pruning) = worker.prune_on_schedule(retention, &counters);
         let leases: Arc<Mutex<HashSet<Lease>>> = Arc::default();
         let permits = Arc::new(Semaphore::new(worker.config.concurrency.max(1)));
         let mut tasks = JoinSet::new();
@@ -404,7 +435,49 @@ impl<DB: Backend> Worker<DB> {
                 }
             }
         }
+        if let Some(mut pruning) = pruning {
+            // A prune stops after its current batch.
+            let _ = stop_pruning.send(true);
+            let timeout = worker.config.shutdown_timeout;
+            if tokio::time::timeout(timeout, &mut pruning).await.is_err() {
+                pruning.abort();
+            }
+        }
         Ok(counters.snapshot())
+    }
+
+    /// Starts the scheduled prune, if there is a schedule; it stops when the sender says so.
+    fn prune_on_schedule(
+        &self,
+        retention: Retention,
+        counters: &Arc<Counters>,
+    ) -> (
+        tokio::sync::watch::Sender<bool>,
+        Option<tokio::task::JoinHandle<()>>,
+    ) {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let Some(schedule) = self.config.prune.schedule.clone() else {
+            return (stop, None);
+        };
+        let config = &self.config.prune;
+        let mut pruner = Pruner::new(&self.guard, retention)
+            .batch(config.batch)
+            .pause(config.pause);
+        if let Some(steps) = &config.steps {
+            pruner = pruner.steps(Steps::with_config(self.queue.pool().clone(), steps.clone()));
+        }
+        let counters = Arc::clone(counters);
+        let on_round = move |report: Option<&PruneReport>| match report {
+            Some(report) => {
+                let rows = report.guard_rows + report.step_rows;
+                counters.pruned.fetch_add(rows, Ordering::Relaxed);
+            }
+            None => {
+                counters.prunes_skipped.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let task = crate::retention::run_schedule(pruner, schedule, stopped, on_round);
+        (stop, Some(tokio::spawn(task)))
     }
 
     async fn process(&self, job: LeasedJob, counters: &Counters, _permit: OwnedSemaphorePermit) {
@@ -417,14 +490,27 @@ impl<DB: Backend> Worker<DB> {
         );
         let started = Instant::now();
         let ended = self.execute(&job).instrument(span.clone()).await;
+        let took = started.elapsed();
         span.in_scope(|| {
             tracing::debug!(
                 outcome = ended.label(),
-                seconds = started.elapsed().as_secs_f64(),
+                seconds = took.as_secs_f64(),
                 "job ended"
             );
         });
+        if ended == Ended::Duplicate {
+            let source = DuplicateSource::infer(job.lease.attempt, job.lease.token);
+            record_duplicate_source(&job.kind, source);
+            // In the job's span, so the log names the key that was a duplicate.
+            span.in_scope(|| {
+                tracing::info!(
+                    %source,
+                    "duplicate: the key was already applied; completed without the effect"
+                );
+            });
+        }
         record_outcome(&job.kind, ended.label());
+        record_job_duration(&job.kind, ended.label(), took);
         counters.count(ended);
     }
 
@@ -789,6 +875,8 @@ impl Counters {
             dead: get(&self.dead),
             fenced: get(&self.fenced),
             released: get(&self.released),
+            pruned: get(&self.pruned),
+            prunes_skipped: get(&self.prunes_skipped),
         }
     }
 }

@@ -9,12 +9,16 @@ use clap::Args;
 use comfy_table::{Cell, CellAlignment};
 use futures::FutureExt as _;
 use jobguard::outbox::{RelayConfig, RelayReport, WebhookSink};
+use jobguard::retention::{PruneConfig, PruneSchedule, format_duration};
+use jobguard::steps::StepConfig;
 use jobguard::worker::shutdown_signal;
 use jobguard::{Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
 use serde::Serialize;
 use sqlx::{Pool, Postgres, Sqlite};
 
+use super::retention::{DeclaredWindows, retention_config, retry_policy};
 use super::{Target, parse_duration, table};
+use crate::charges::PaymentTables;
 use crate::database::{Database, redact};
 use crate::jobs::{self, ExampleDb};
 
@@ -46,8 +50,35 @@ pub struct WorkerArgs {
     /// `jobguard relay` does; with --until-idle, what is due is delivered before stopping.
     #[arg(long, value_name = "URL")]
     relay_webhook_url: Option<String>,
+    /// How long guard rows are kept (e.g. 14d); the worker refuses to start when it is shorter
+    /// than the horizon `jobguard retention` prints, unless --override-horizon.
+    #[arg(long, default_value = "14d", value_parser = parse_duration)]
+    keep: Duration,
+    #[command(flatten)]
+    windows: DeclaredWindows,
+    /// When to prune guard rows older than --keep: a cron expression in UTC (five fields, or
+    /// six with seconds), or `off`. One worker prunes at a time.
+    #[arg(long, default_value = PruneSchedule::DAILY, value_parser = parse_schedule)]
+    prune_schedule: Schedule,
+    /// Start even though --keep is shorter than the horizon: duplicates that arrive later than
+    /// --keep after their key was applied will apply again.
+    #[arg(long)]
+    override_horizon: bool,
     #[command(flatten)]
     target: Target,
+}
+
+/// `--prune-schedule`: a cron expression, or `off`.
+#[derive(Clone, Debug)]
+struct Schedule(Option<PruneSchedule>);
+
+fn parse_schedule(text: &str) -> Result<Schedule, String> {
+    if text.trim() == "off" {
+        return Ok(Schedule(None));
+    }
+    PruneSchedule::new(text.trim())
+        .map(|schedule| Schedule(Some(schedule)))
+        .map_err(|error| error.to_string())
 }
 
 /// What `jobguard worker --json` prints when it stops.
@@ -99,16 +130,22 @@ async fn run<DB: ExampleDb>(
         concurrency: args.concurrency as usize,
         lease: args.lease,
         poll_interval: args.poll,
-        retry: RetryPolicy {
-            base: args.backoff,
-            ..RetryPolicy::default()
-        },
+        retry: retry_policy(args.backoff),
         shutdown_timeout: args.shutdown_timeout,
         stop_when_idle: args.until_idle,
+        retention: retention_config(args.keep, &args.windows, args.override_horizon),
+        prune: PruneConfig {
+            schedule: args.prune_schedule.0.clone(),
+            // The built-in charge jobs' step ledger.
+            steps: Some(StepConfig::default().table(PaymentTables::default().steps)),
+            ..PruneConfig::default()
+        },
         ..WorkerConfig::default()
     };
     let queue = Queue::new(pool.clone());
     let worker = jobs::register(Worker::with_config(queue.clone(), config)?);
+    // Refused before anything is created or started.
+    let retention = worker.retention()?;
     queue
         .migrate()
         .await
@@ -141,6 +178,20 @@ async fn run<DB: ExampleDb>(
     };
 
     if !args.target.json {
+        let pruning = match &args.prune_schedule.0 {
+            Some(schedule) => format!("pruned at `{schedule}` UTC"),
+            None => "never pruned (--prune-schedule off)".to_owned(),
+        };
+        eprintln!(
+            "jobguard worker: guard rows kept {} (horizon {}{}), {pruning}",
+            format_duration(retention.keep()),
+            format_duration(retention.horizon().total()),
+            if retention.is_overridden() {
+                ", OVERRIDDEN: later duplicates apply again"
+            } else {
+                ""
+            }
+        );
         eprintln!(
             "jobguard worker: queue `{}` on {database} ({}), {} jobs at once, kinds {}{}; {}",
             args.queue,
@@ -228,6 +279,11 @@ fn render(report: &WorkerReport) -> String {
             "lease lost to another worker: rolled back",
         ),
         ("released", stats.released, "given back at shutdown"),
+        (
+            "pruned",
+            stats.pruned,
+            "guard rows and done steps past --keep, deleted on schedule",
+        ),
     ] {
         table.add_row(vec![
             Cell::new(name),

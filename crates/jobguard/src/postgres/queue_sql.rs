@@ -110,6 +110,14 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         counts: format!("select state, count(*) from {t} group by state").into(),
+        // Served by the fetch index (queue, run_at, id) where state = 'available'.
+        backlog: format!(
+            "select queue, count(*),
+                    (extract(epoch from now() - min(run_at)) * 1000000)::int8
+             from {t} where state = 'available' and run_at <= now()
+             group by queue order by queue"
+        )
+        .into(),
         list: format!(
             "select id, kind, job_key, queue, state, attempt, max_attempts,
                     (extract(epoch from run_at) * 1000000)::int8, last_error,

@@ -37,11 +37,18 @@ impl StepStore for Postgres {
                 "create index if not exists {} on {t} (lease_until) where state = 'started'",
                 table.derived("stale")
             ),
+            // Pruning deletes the oldest `done` steps, batch by batch.
+            format!(
+                "create index if not exists {} on {t} (updated_at) where state = 'done'",
+                table.derived("done")
+            ),
         ]);
         // Every change names the token of the delivery that holds the step and the state it
         // expects, so a delivery whose lease was taken over changes nothing.
         let held = "where job_key = $1 and step = $2 and token = $3 and state = 'started'";
         let key = "where job_key = $1 and step = $2";
+        // Prune cutoffs arrive as microseconds since the Unix epoch.
+        let cutoff = "timestamptz 'epoch' + $1 * interval '1 microsecond'";
         let sql = |text: String| -> Arc<str> { text.into() };
         StepSql {
             table: table.clone(),
@@ -90,6 +97,17 @@ impl StepStore for Postgres {
             list_attention: sql(format!(
                 "select job_key, step, reason from {t} where state = 'attention'
                  order by updated_at limit $1"
+            )),
+            prunable: sql(format!(
+                "select count(*) from {t} where state = 'done' and updated_at < {cutoff}"
+            )),
+            // Only `done` steps: a `started` step's caller may be calling right now, or vanished
+            // and must be reconciled; an `attention` step waits for an operator. A batch is
+            // found by the index and deleted by row address, in one statement.
+            prune: sql(format!(
+                "delete from {t} where ctid = any(array(
+                     select ctid from {t} where state = 'done' and updated_at < {cutoff}
+                     order by updated_at limit $2))"
             )),
         }
     }

@@ -99,6 +99,13 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         counts: format!("select state, count(*) from {t} group by state").into(),
+        // Served by the fetch index (queue, run_at, id) where state = 'available'.
+        backlog: format!(
+            "select queue, count(*), {NOW} - min(run_at)
+             from {t} where state = 'available' and run_at <= {NOW}
+             group by queue order by queue"
+        )
+        .into(),
         list: format!(
             "select id, kind, job_key, queue, state, attempt, max_attempts, run_at, last_error,
                     created_at, payload

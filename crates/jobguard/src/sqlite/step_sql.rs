@@ -33,6 +33,11 @@ impl StepStore for Sqlite {
                 "create index if not exists {} on {t} (lease_until) where state = 'started'",
                 table.derived("stale")
             ),
+            // Pruning deletes the oldest `done` steps, batch by batch.
+            format!(
+                "create index if not exists {} on {t} (updated_at) where state = 'done'",
+                table.derived("done")
+            ),
         ];
         // Every change names the token of the delivery that holds the step and the state it
         // expects, so a delivery whose lease was taken over changes nothing.
@@ -84,6 +89,16 @@ impl StepStore for Sqlite {
             list_attention: sql(format!(
                 "select job_key, step, reason from {t} where state = 'attention'
                  order by updated_at limit $1"
+            )),
+            prunable: sql(format!(
+                "select count(*) from {t} where state = 'done' and updated_at < $1"
+            )),
+            // Only `done` steps: a `started` step's caller may be calling right now, or vanished
+            // and must be reconciled; an `attention` step waits for an operator.
+            prune: sql(format!(
+                "delete from {t} where rowid in (
+                     select rowid from {t} where state = 'done' and updated_at < $1
+                     order by updated_at limit $2)"
             )),
         }
     }

@@ -1,0 +1,556 @@
+//! `jobguard serve`: Prometheus metrics, a health check and a dashboard over HTTP.
+//!
+//! Which process exports what: outcome counters, durations and the duplicate-spike gauge are
+//! recorded by the process that runs the jobs, so `jobguard serve --worker` runs the built-in
+//! jobs' worker in this process and exports what it counts. The database's figures (backlog,
+//! oldest waiting job, dead letters, steps needing attention, the guard's memory horizon) are
+//! read from the database whenever `/metrics` or `/api/stats` is asked, at most once a second,
+//! with or without `--worker`.
+//!
+//! Access: on a loopback address (the default) the figures are open to local clients, and the
+//! `Host` header must name a loopback host, so a web page cannot reach them through DNS
+//! rebinding. Any other address needs `--token`, and then every request but the dashboard page
+//! itself and `/health` must carry `Authorization: Bearer TOKEN`. Replaying a dead letter always
+//! needs the token. The token is never printed or logged.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, bail};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Args;
+use futures::FutureExt as _;
+use jobguard::metrics::{
+    DEAD_LETTERS, DUPLICATE_AGE_SECONDS, GUARD_OLDEST_AGE_SECONDS, JOB_DURATION_SECONDS,
+    JOBS_RUNNING, QUEUE_DEPTH, QUEUE_OLDEST_AGE_SECONDS, STEPS_ATTENTION,
+};
+use jobguard::queue::{DEFAULT_QUEUE, Replay};
+use jobguard::spikes::{SpikeConfig, SpikeWatch};
+use jobguard::worker::shutdown_signal;
+use jobguard::{Queue, Worker, WorkerConfig};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+use sqlx::{Pool, Postgres, Sqlite};
+use subtle::ConstantTimeEq as _;
+
+use crate::database::{DEFAULT_URL, Database, redact};
+use crate::jobs::{self, ExampleDb};
+use crate::ops::parse_duration;
+use crate::ops::stats::{Figures, KindTotals, OutcomeFigures, Tables, WindowFigures};
+
+/// The dashboard: one page, its script and styles inline, nothing fetched from elsewhere.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// The database is read at most this often, however many dashboards and scrapers ask.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// Job durations: from a few milliseconds to a minute.
+const DURATION_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Ages of the guard rows duplicates find: from a second to the default retention, two weeks.
+const AGE_BUCKETS: &[f64] = &[
+    1.0,
+    10.0,
+    60.0,
+    600.0,
+    3600.0,
+    21_600.0,
+    86_400.0,
+    604_800.0,
+    1_209_600.0,
+];
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Where to listen. Any address but a loopback one needs --token.
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    bind: SocketAddr,
+    /// A secret of at least 16 characters, sent as `Authorization: Bearer TOKEN`. Replaying a
+    /// dead letter always needs it; on a non-loopback address every request but the dashboard
+    /// page and /health does. Never printed or logged; prefer JOBGUARD_TOKEN, since other
+    /// users of the machine can see command lines.
+    #[arg(long, env = "JOBGUARD_TOKEN", hide_env_values = true, value_parser = Token::parse)]
+    token: Option<Token>,
+    /// Also run the built-in jobs from the queue in this process, so that /metrics and the
+    /// dashboard have its outcomes: applied, duplicates and their sources, failures.
+    #[arg(long)]
+    worker: bool,
+    /// The queue the worker takes jobs from.
+    #[arg(long, default_value = DEFAULT_QUEUE)]
+    queue: String,
+    /// Jobs the worker runs at once.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    concurrency: u32,
+    /// How long a window of duplicate counting lasts: each kind's duplicates in a window are
+    /// compared with its own previous windows to spot a spike.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    spike_window: Duration,
+    /// postgres://user@host/db, or sqlite:path.db for an embedded database.
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_URL, hide_env_values = true)]
+    database_url: String,
+}
+
+/// The shared secret of `jobguard serve`; its `Debug` hides it.
+#[derive(Clone)]
+pub struct Token(Arc<str>);
+
+impl Token {
+    /// Accepts a token of at least 16 characters, without spaces.
+    pub fn parse(text: &str) -> Result<Token, String> {
+        if text.chars().count() < 16 || text.chars().any(char::is_whitespace) {
+            return Err(
+                "use at least 16 characters without spaces, e.g. the output of `openssl rand \
+                 -hex 16`"
+                    .into(),
+            );
+        }
+        Ok(Token(text.into()))
+    }
+
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `headers` carry `Authorization: Bearer <this token>`, compared in constant time.
+    fn admits(&self, headers: &HeaderMap) -> bool {
+        let Some(given) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+        else {
+            return false;
+        };
+        given.as_bytes().ct_eq(self.0.as_bytes()).into()
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(***)")
+    }
+}
+
+pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let open = !args.bind.ip().is_loopback();
+    if open && args.token.is_none() {
+        bail!(
+            "--bind {} is not a loopback address, so anyone who can reach it could read the \
+             figures: give a --token (or JOBGUARD_TOKEN) of at least 16 characters, or bind \
+             127.0.0.1",
+            args.bind
+        );
+    }
+    let prometheus = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(JOB_DURATION_SECONDS.into()), DURATION_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(DUPLICATE_AGE_SECONDS.into()), AGE_BUCKETS)?
+        .install_recorder()
+        .context("cannot install the Prometheus recorder")?;
+    jobguard::metrics::describe();
+    let watch = SpikeWatch::install(SpikeConfig {
+        window: args.spike_window,
+        ..SpikeConfig::default()
+    })?;
+    // A running job holds a connection; fetching, heartbeats and the figures need a few more.
+    let connections = if args.worker { args.concurrency + 6 } else { 4 };
+    match Database::connect(&args.database_url, connections).await? {
+        Database::Postgres(pool) => run::<Postgres>(pool, args, prometheus, watch).await,
+        Database::Sqlite(pool) => run::<Sqlite>(pool, args, prometheus, watch).await,
+    }
+}
+
+/// What the handlers share.
+struct App<DB: ExampleDb> {
+    tables: Tables<DB>,
+    database: String,
+    prometheus: PrometheusHandle,
+    watch: SpikeWatch,
+    worker: bool,
+    /// The last figures read from the database, and when.
+    sampled: tokio::sync::Mutex<Option<(Instant, Figures)>>,
+    /// Queues whose depth was exported, so a queue that empties reads 0 instead of its last
+    /// depth.
+    queues: Mutex<BTreeSet<String>>,
+}
+
+/// Who may do what, for the access middleware.
+struct Access {
+    token: Option<Token>,
+    /// Listening on a non-loopback address: every request but the public ones needs the token.
+    open: bool,
+}
+
+async fn run<DB: ExampleDb>(
+    pool: Pool<DB>,
+    args: ServeArgs,
+    prometheus: PrometheusHandle,
+    watch: SpikeWatch,
+) -> anyhow::Result<ExitCode> {
+    let database = redact(&args.database_url);
+    let worker = if args.worker {
+        let config = WorkerConfig {
+            queue: args.queue.clone(),
+            concurrency: args.concurrency as usize,
+            ..WorkerConfig::default()
+        };
+        let worker = jobs::register(Worker::with_config(Queue::new(pool.clone()), config)?);
+        worker.migrate().await.with_context(|| {
+            format!("cannot create the queue's and guard's tables in {database}")
+        })?;
+        jobs::migrate(&pool)
+            .await
+            .with_context(|| format!("cannot create the built-in jobs' tables in {database}"))?;
+        Some(worker)
+    } else {
+        None
+    };
+    let app = Arc::new(App {
+        tables: Tables::new(pool.clone()),
+        database: database.clone(),
+        prometheus,
+        watch,
+        worker: worker.is_some(),
+        sampled: tokio::sync::Mutex::new(None),
+        queues: Mutex::new(BTreeSet::from([args.queue.clone()])),
+    });
+    let access = Arc::new(Access {
+        token: args.token.clone(),
+        open: !args.bind.ip().is_loopback(),
+    });
+    let router = Router::new()
+        .route("/", get(dashboard))
+        .route("/health", get(health::<DB>))
+        .route("/metrics", get(metrics::<DB>))
+        .route("/api/stats", get(stats::<DB>))
+        .route("/api/dead/{id}/replay", post(replay::<DB>))
+        .with_state(Arc::clone(&app))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&access),
+            check_access,
+        ));
+
+    let listener = tokio::net::TcpListener::bind(args.bind)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.bind))?;
+    let address = listener.local_addr()?;
+    eprintln!(
+        "jobguard serve: listening on http://{address} (dashboard /, /metrics, /health) for \
+         {database} ({}); {}; {}",
+        DB::BACKEND,
+        match &worker {
+            Some(_) => format!(
+                "running the built-in jobs from queue `{}`, {} at once",
+                args.queue, args.concurrency
+            ),
+            None => "no worker in this process (--worker runs one)".to_owned(),
+        },
+        match (&args.token, access.open) {
+            (Some(_), true) => "every request needs the token",
+            (Some(_), false) => "replay needs the token",
+            (None, _) => "replay is off (it needs --token)",
+        }
+    );
+
+    let shutdown = shutdown_signal().shared();
+    let serving = async {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown.clone())
+            .await
+            .context("the HTTP server failed")
+    };
+    let working = async {
+        match worker {
+            Some(worker) => worker
+                .run(shutdown.clone())
+                .await
+                .map(Some)
+                .map_err(|error| {
+                    anyhow::Error::new(error).context("the worker stopped with an error")
+                }),
+            None => Ok(None),
+        }
+    };
+    let upkeep = async {
+        let mut ticks = tokio::time::interval(Duration::from_secs(5));
+        let mut stop = std::pin::pin!(shutdown.clone());
+        loop {
+            tokio::select! {
+                () = &mut stop => return anyhow::Ok(()),
+                _ = ticks.tick() => app.prometheus.run_upkeep(),
+            }
+        }
+    };
+    let watching = async {
+        app.watch.run(shutdown.clone()).await;
+        anyhow::Ok(())
+    };
+    let ((), stats, (), ()) = tokio::try_join!(serving, working, upkeep, watching)?;
+    if let Some(stats) = stats {
+        eprintln!(
+            "jobguard serve: stopped; the worker applied {}, found {} duplicates, {} failed, \
+             {} dead",
+            stats.applied, stats.duplicates, stats.failed, stats.dead
+        );
+    }
+    pool.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+impl<DB: ExampleDb> App<DB> {
+    /// The database's figures, read at most every [`SAMPLE_EVERY`], which also sets the
+    /// sampled gauges; then this process's outcomes, always current.
+    async fn figures(&self) -> anyhow::Result<Figures> {
+        let mut sampled = self.sampled.lock().await;
+        let mut figures = match &*sampled {
+            Some((at, figures)) if at.elapsed() < SAMPLE_EVERY => figures.clone(),
+            _ => {
+                let figures = self.tables.read(&self.database).await?;
+                self.export(&figures);
+                *sampled = Some((Instant::now(), figures.clone()));
+                figures
+            }
+        };
+        drop(sampled);
+        figures.outcomes = Some(self.outcomes());
+        Ok(figures)
+    }
+
+    /// Sets the gauges that describe the database.
+    fn export(&self, figures: &Figures) {
+        if let Some(queue) = &figures.queue {
+            metrics::gauge!(JOBS_RUNNING).set(queue.running as f64);
+            metrics::gauge!(DEAD_LETTERS).set(queue.dead as f64);
+            let mut queues = self.queues.lock().expect("not poisoned");
+            for name in queues.iter() {
+                if !queue.backlog.iter().any(|backlog| &backlog.queue == name) {
+                    metrics::gauge!(QUEUE_DEPTH, "queue" => name.clone()).set(0.0);
+                    metrics::gauge!(QUEUE_OLDEST_AGE_SECONDS, "queue" => name.clone()).set(0.0);
+                }
+            }
+            for backlog in &queue.backlog {
+                let name = backlog.queue.clone();
+                metrics::gauge!(QUEUE_DEPTH, "queue" => name.clone()).set(backlog.ready as f64);
+                metrics::gauge!(QUEUE_OLDEST_AGE_SECONDS, "queue" => name.clone())
+                    .set(backlog.oldest_wait);
+                queues.insert(name);
+            }
+        }
+        if let Some(steps) = &figures.steps {
+            metrics::gauge!(STEPS_ATTENTION).set(steps.attention as f64);
+        }
+        if let Some(guard) = &figures.guard {
+            metrics::gauge!(GUARD_OLDEST_AGE_SECONDS, "table" => guard.table.clone())
+                .set(guard.oldest_age.unwrap_or_default());
+        }
+    }
+
+    /// What this process's worker counted, per kind and per window.
+    fn outcomes(&self) -> OutcomeFigures {
+        self.watch.read(|detector| {
+            let spiking = detector.spiking();
+            let totals = detector
+                .totals()
+                .map(|(kind, applied, duplicates)| {
+                    let totals = KindTotals {
+                        applied,
+                        duplicates,
+                        spike: spiking.contains(&kind),
+                    };
+                    (kind.to_owned(), totals)
+                })
+                .collect();
+            let mut windows: Vec<WindowFigures> =
+                detector.history().map(WindowFigures::from).collect();
+            let mut open = WindowFigures::from(&detector.open_window(SystemTime::now()));
+            open.open = true;
+            windows.push(open);
+            OutcomeFigures {
+                worker: self.worker,
+                window: detector.config().window.as_secs_f64(),
+                totals,
+                windows,
+            }
+        })
+    }
+}
+
+async fn dashboard() -> Html<&'static str> {
+    Html(DASHBOARD)
+}
+
+async fn health<DB: ExampleDb>(State(app): State<Arc<App<DB>>>) -> Response {
+    match app.tables.queue.pool().acquire().await {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "error": error.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics<DB: ExampleDb>(State(app): State<Arc<App<DB>>>) -> Response {
+    // The counters are exported even when the database cannot be read.
+    if let Err(error) = app.figures().await {
+        tracing::warn!(
+            error = format!("{error:#}"),
+            "cannot sample the database for /metrics"
+        );
+    }
+    app.prometheus.run_upkeep();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.prometheus.render(),
+    )
+        .into_response()
+}
+
+async fn stats<DB: ExampleDb>(State(app): State<Arc<App<DB>>>) -> Response {
+    match app.figures().await {
+        Ok(figures) => Json(figures).into_response(),
+        Err(error) => failure(StatusCode::SERVICE_UNAVAILABLE, format!("{error:#}")),
+    }
+}
+
+async fn replay<DB: ExampleDb>(State(app): State<Arc<App<DB>>>, Path(id): Path<i64>) -> Response {
+    match app.tables.queue.replay(&Replay::Job(id)).await {
+        Ok(replayed) if replayed.is_empty() => failure(
+            StatusCode::CONFLICT,
+            format!(
+                "job {id} was not replayed: no dead job has that id, or another job with its key \
+                 is waiting or running"
+            ),
+        ),
+        Ok(replayed) => {
+            tracing::info!(job.id = id, "dead letter replayed from the dashboard");
+            // The next read shows it.
+            *app.sampled.lock().await = None;
+            Json(json!({"replayed": replayed})).into_response()
+        }
+        Err(error) => failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot replay job {id}: {error}"),
+        ),
+    }
+}
+
+/// Checks the `Host` header on a loopback address, and the token where it is needed.
+async fn check_access(State(access): State<Arc<Access>>, request: Request, next: Next) -> Response {
+    if !access.open && !names_loopback(request.headers()) {
+        // A browser sends the name it resolved: another name pointing at 127.0.0.1 is a web
+        // page trying to read local figures through DNS rebinding.
+        return failure(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this server answers only to a loopback host name such as 127.0.0.1 or localhost"
+                .into(),
+        );
+    }
+    let path = request.uri().path();
+    let replaying = path.starts_with("/api/dead/");
+    let public = matches!(path, "/" | "/health");
+    if replaying || (access.open && !public) {
+        match &access.token {
+            Some(token) if token.admits(request.headers()) => {}
+            Some(_) => {
+                tracing::info!(
+                    method = %request.method(),
+                    path,
+                    "refused a request without the token"
+                );
+                let mut response = failure(
+                    StatusCode::UNAUTHORIZED,
+                    "this needs the token of jobguard serve, as `Authorization: Bearer TOKEN`"
+                        .into(),
+                );
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, "Bearer".parse().expect("valid"));
+                return response;
+            }
+            None => {
+                return failure(
+                    StatusCode::FORBIDDEN,
+                    "replaying is off: start jobguard serve with --token (or JOBGUARD_TOKEN)"
+                        .into(),
+                );
+            }
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether the `Host` header, when there is one, names a loopback host.
+fn names_loopback(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST) else {
+        return true;
+    };
+    let Ok(host) = host.to_str() else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
+}
+
+fn failure(status: StatusCode, message: String) -> Response {
+    (status, Json(json!({"error": message}))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(name.clone(), value.parse().unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn tokens_are_long_hidden_and_compared_whole() {
+        assert!(Token::parse("short").is_err());
+        assert!(Token::parse("sixteen chars ok").is_err(), "no spaces");
+        let token = Token::parse("0123456789abcdef").unwrap();
+        assert_eq!(format!("{token:?}"), "Token(***)");
+        let bearer = |value: &str| headers(&[(header::AUTHORIZATION, value)]);
+        assert!(token.admits(&bearer("Bearer 0123456789abcdef")));
+        assert!(!token.admits(&bearer("Bearer 0123456789abcde")));
+        assert!(!token.admits(&bearer("Bearer 0123456789abcdef0")));
+        assert!(!token.admits(&bearer("0123456789abcdef")));
+        assert!(!token.admits(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn only_loopback_host_names_pass() {
+        for host in [
+            "127.0.0.1:9464",
+            "localhost:9464",
+            "[::1]:9464",
+            "127.0.0.1",
+        ] {
+            assert!(names_loopback(&headers(&[(header::HOST, host)])), "{host}");
+        }
+        for host in ["evil.example:9464", "10.0.0.7:9464", "[fe80::1]:80"] {
+            assert!(!names_loopback(&headers(&[(header::HOST, host)])), "{host}");
+        }
+        assert!(names_loopback(&HeaderMap::new()));
+    }
+}

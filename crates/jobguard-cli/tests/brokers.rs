@@ -1,0 +1,545 @@
+//! `jobguard consume` as real processes against real RabbitMQ, NATS JetStream and Redis: a
+//! consumer killed with SIGKILL after its commit and before its ack, whose message comes back
+//! to the next consumer as a duplicate; and three consumer processes on one queue, each
+//! message published three times.
+//!
+//! The database is a fresh PostgreSQL schema when `JOBGUARD_TEST_DATABASE_URL` is set, else a
+//! SQLite file. A broker that does not answer skips its tests with a message, except with
+//! `CI=true`, where it fails them. Every child process is killed when its guard is dropped.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use jobguard::JobKey;
+use jobguard::broker::Envelope;
+use jobguard::broker::nats::{NatsConfig, NatsSink, NatsSource};
+use jobguard::broker::rabbitmq::{RabbitConfig, RabbitSink, RabbitSource};
+use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
+use serde_json::{Value, json};
+use sqlx::Executor;
+
+/// The longest a consumer process may take before the test fails.
+const DEADLINE: Duration = Duration::from_secs(60);
+/// What `jobguard consume --crash-after-commit` prints between its commit and its ack.
+const CRASH_POINT: &str = "JOBGUARD_CRASH_POINT";
+/// Max deliveries and redelivery delay of every consumer here, and of the queues the tests
+/// declare for them.
+const MAX_DELIVERIES: u32 = 5;
+const REDELIVERY: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Broker {
+    Rabbitmq,
+    Nats,
+    Redis,
+}
+
+impl Broker {
+    fn name(self) -> &'static str {
+        match self {
+            Broker::Rabbitmq => "rabbitmq",
+            Broker::Nats => "nats",
+            Broker::Redis => "redis",
+        }
+    }
+
+    /// The broker's URL when it answers; `None` (skip) otherwise, or a failed test on CI.
+    fn url(self) -> Option<String> {
+        let (var, default) = match self {
+            Broker::Rabbitmq => ("JOBGUARD_TEST_AMQP_URL", "amqp://127.0.0.1:5672"),
+            Broker::Nats => ("JOBGUARD_TEST_NATS_URL", "nats://127.0.0.1:4222"),
+            Broker::Redis => ("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
+        };
+        let url = std::env::var(var)
+            .ok()
+            .filter(|url| !url.is_empty())
+            .unwrap_or_else(|| default.to_owned());
+        let address = url
+            .split_once("://")
+            .map_or(url.as_str(), |(_, rest)| rest)
+            .rsplit('@')
+            .next()
+            .unwrap_or_default()
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let answers = std::net::ToSocketAddrs::to_socket_addrs(&address)
+            .ok()
+            .and_then(|mut addresses| addresses.next())
+            .is_some_and(|address| {
+                std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).is_ok()
+            });
+        if answers {
+            return Some(url);
+        }
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!(
+                "CI=true but nothing answers at {address} ({var}): run the tests with scripts/test"
+            );
+        }
+        eprintln!("skipping: nothing answers at {address}; set {var} or start the broker");
+        None
+    }
+}
+
+/// A queue of the test's own on a broker.
+struct Queue {
+    broker: Broker,
+    url: String,
+    /// RabbitMQ queue, NATS subject, Redis stream.
+    name: String,
+}
+
+impl Queue {
+    fn rabbitmq(&self) -> RabbitConfig {
+        RabbitConfig {
+            max_deliveries: MAX_DELIVERIES,
+            ..RabbitConfig::new(self.name.clone())
+        }
+    }
+
+    /// As `jobguard consume` names it: the stream is the subject in capitals, `.` as `_`.
+    fn nats(&self) -> NatsConfig {
+        NatsConfig {
+            max_deliveries: MAX_DELIVERIES,
+            ack_wait: REDELIVERY,
+            ..NatsConfig::new(
+                self.name.replace('.', "_").to_uppercase(),
+                self.name.clone(),
+            )
+        }
+    }
+
+    fn redis(&self) -> RedisConfig {
+        RedisConfig {
+            max_deliveries: MAX_DELIVERIES,
+            claim_idle: REDELIVERY,
+            ..RedisConfig::new(self.name.clone())
+        }
+    }
+
+    /// A fresh queue, declared as the consumers declare it so that messages published before
+    /// they start wait in it.
+    async fn new(broker: Broker, test: &str) -> Option<Queue> {
+        let url = broker.url()?;
+        let queue = Queue {
+            broker,
+            url,
+            name: format!("jgcli.{test}.{}", broker.name()),
+        };
+        queue.remove().await;
+        match broker {
+            Broker::Rabbitmq => drop(RabbitSource::connect(&queue.url, queue.rabbitmq()).await),
+            Broker::Nats => drop(NatsSource::connect(&queue.url, queue.nats()).await),
+            Broker::Redis => drop(RedisSource::connect(&queue.url, queue.redis()).await),
+        }
+        Some(queue)
+    }
+
+    async fn remove(&self) {
+        let removed = match self.broker {
+            Broker::Rabbitmq => {
+                jobguard::broker::rabbitmq::remove(&self.url, &self.rabbitmq()).await
+            }
+            Broker::Nats => jobguard::broker::nats::remove(&self.url, &self.nats()).await,
+            Broker::Redis => jobguard::broker::redis::remove(&self.url, &self.redis()).await,
+        };
+        removed.expect("remove the test's queue");
+    }
+
+    /// Publishes every envelope as it is, copies included: no broker-side deduplication.
+    async fn publish(&self, envelopes: &[Envelope]) {
+        match self.broker {
+            Broker::Rabbitmq => {
+                let sink = RabbitSink::connect(&self.url, "").await.unwrap();
+                for envelope in envelopes {
+                    sink.publish(&self.name, envelope).await.unwrap();
+                }
+                sink.close().await;
+            }
+            Broker::Nats => {
+                let sink = NatsSink::connect(&self.url)
+                    .await
+                    .unwrap()
+                    .without_message_ids();
+                for envelope in envelopes {
+                    sink.publish(&self.name, envelope).await.unwrap();
+                }
+            }
+            Broker::Redis => {
+                let sink = RedisSink::connect(&self.url)
+                    .await
+                    .unwrap()
+                    .dedupe_window(Duration::ZERO);
+                for envelope in envelopes {
+                    sink.publish(&self.name, envelope).await.unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// The credit job of `jobguard consume`, for `order`.
+fn credit(order: usize) -> Envelope {
+    let order = format!("order-{order}");
+    let key = JobKey::new("credit", [&order]).unwrap();
+    Envelope::new(
+        "credit",
+        key,
+        &json!({"order": order, "account": 7, "amount": 10}),
+    )
+    .unwrap()
+}
+
+/// A database of the test's own: a PostgreSQL schema, or a SQLite file.
+struct Db {
+    url: String,
+    dir: PathBuf,
+    /// The admin URL and schema to drop at the end.
+    schema: Option<(String, String)>,
+}
+
+impl Db {
+    async fn new(test: &str) -> Db {
+        let dir = std::env::temp_dir().join(format!(
+            "jobguard-cli-brokers-{test}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
+            Ok(admin) if !admin.is_empty() => {
+                let schema = format!("jg_cli_brokers_{test}_{}", std::process::id());
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+                    .await
+                    .expect("connect to PostgreSQL");
+                conn.execute(sqlx::AssertSqlSafe(format!(
+                    "drop schema if exists {schema} cascade; create schema {schema}"
+                )))
+                .await
+                .expect("create the test's schema");
+                let separator = if admin.contains('?') { '&' } else { '?' };
+                let url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
+                Db {
+                    url,
+                    dir,
+                    schema: Some((admin, schema)),
+                }
+            }
+            _ => Db {
+                url: format!("sqlite:{}", dir.join("brokers.db").display()),
+                dir,
+                schema: None,
+            },
+        }
+    }
+
+    /// Ledger rows and distinct job keys in `jobguard_ledger`.
+    async fn ledger(&self) -> (i64, i64) {
+        let sql = "select count(*), count(distinct job_key) from jobguard_ledger";
+        if self.schema.is_some() {
+            let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
+            let counts = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
+            pool.close().await;
+            counts
+        } else {
+            let pool = jobguard::sqlite::connect(&self.url, 1).await.unwrap();
+            let counts = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
+            pool.close().await;
+            counts
+        }
+    }
+
+    async fn cleanup(self) {
+        if let Some((admin, schema)) = &self.schema {
+            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(admin)
+                .await
+                .unwrap();
+            let _ = conn
+                .execute(sqlx::AssertSqlSafe(format!(
+                    "drop schema if exists {schema} cascade"
+                )))
+                .await;
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A `jobguard consume` process, killed with SIGKILL when dropped unless it ended.
+struct Consumer {
+    child: Option<Child>,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Consumer {
+    fn start(queue: &Queue, db: &Db, name: &str, extra: &[&str]) -> Consumer {
+        let stdout = db.dir.join(format!("{name}.out"));
+        let stderr = db.dir.join(format!("{name}.err"));
+        let redelivery = format!("{}ms", REDELIVERY.as_millis());
+        let child = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+            .args([
+                "consume",
+                "--broker",
+                queue.broker.name(),
+                "--url",
+                &queue.url,
+            ])
+            .args(["--queue", &queue.name, "--redelivery", &redelivery])
+            .args(["--max-deliveries", &MAX_DELIVERIES.to_string()])
+            .args(["--retry-delay", "100ms", "--database-url", &db.url])
+            .args(extra)
+            .env_remove("DATABASE_URL")
+            .env_remove("JOBGUARD_BROKER_URL")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("start jobguard consume");
+        Consumer {
+            child: Some(child),
+            stdout,
+            stderr,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits until the process prints `line`, failing the test if it ends or takes too long.
+    async fn wait_for(&mut self, line: &str) {
+        let started = Instant::now();
+        loop {
+            let out = std::fs::read_to_string(&self.stdout).unwrap_or_default();
+            if out.lines().any(|l| l.starts_with(line)) {
+                return;
+            }
+            let child = self.child.as_mut().expect("running");
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!(
+                    "the consumer ended ({status}) before {line}: {}",
+                    self.stderr()
+                );
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "no {line} within {DEADLINE:?}: {}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn sigkill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        let status = Command::new("kill")
+            .args(["-KILL", &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "the consumer exited on its own");
+    }
+
+    /// Waits for a consumer started with `--until-idle ... --json` to stop; its report.
+    async fn report(mut self) -> Value {
+        let started = Instant::now();
+        let mut child = self.child.take().expect("running");
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > DEADLINE {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the consumer did not stop within {DEADLINE:?}: {}",
+                    self.stderr()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            status.success(),
+            "the consumer failed ({status}): {}",
+            self.stderr()
+        );
+        let out = std::fs::read_to_string(&self.stdout).unwrap();
+        serde_json::from_str(&out).unwrap_or_else(|_| panic!("not JSON: {out}"))
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Long enough without a message that anything still to be delivered again has come.
+const IDLE: &str = "3s";
+
+async fn killed_after_commit_before_ack(broker: Broker) {
+    let test = "killed";
+    let Some(queue) = Queue::new(broker, test).await else {
+        return;
+    };
+    let db = Db::new(&format!("{test}_{}", broker.name())).await;
+    queue.publish(&[credit(1)]).await;
+
+    let mut first = Consumer::start(
+        &queue,
+        &db,
+        "first",
+        &["--prefetch", "1", "--crash-after-commit"],
+    );
+    first.wait_for(CRASH_POINT).await;
+    first.sigkill();
+    assert_eq!(
+        db.ledger().await,
+        (1, 1),
+        "the job committed before the kill"
+    );
+
+    let second = Consumer::start(&queue, &db, "second", &["--until-idle", IDLE, "--json"]);
+    let report = second.report().await;
+    assert_eq!(report["applied"], 0, "{report}");
+    assert_eq!(
+        report["duplicates"], 1,
+        "the redelivery is a duplicate: {report}"
+    );
+    assert_eq!(report["unacked"], 0, "{report}");
+    assert_eq!(db.ledger().await, (1, 1), "the effect exists once");
+
+    // The duplicate was acknowledged: nothing comes back.
+    let third = Consumer::start(&queue, &db, "third", &["--until-idle", IDLE, "--json"]);
+    let report = third.report().await;
+    assert_eq!(
+        (report["applied"].as_u64(), report["duplicates"].as_u64()),
+        (Some(0), Some(0)),
+        "{report}"
+    );
+
+    queue.remove().await;
+    db.cleanup().await;
+}
+
+async fn three_consumer_processes(broker: Broker) {
+    let test = "three";
+    let Some(queue) = Queue::new(broker, test).await else {
+        return;
+    };
+    let db = Db::new(&format!("{test}_{}", broker.name())).await;
+    let envelopes: Vec<Envelope> = (0..30)
+        .flat_map(|n| std::iter::repeat_n(credit(n), 3))
+        .collect();
+    queue.publish(&envelopes).await;
+
+    let consumers: Vec<Consumer> = ["a", "b", "c"]
+        .into_iter()
+        .map(|name| {
+            Consumer::start(
+                &queue,
+                &db,
+                name,
+                &["--prefetch", "4", "--until-idle", IDLE, "--json"],
+            )
+        })
+        .collect();
+    let mut applied = 0;
+    let mut duplicates = 0;
+    for consumer in consumers {
+        let report = consumer.report().await;
+        applied += report["applied"].as_u64().unwrap();
+        duplicates += report["duplicates"].as_u64().unwrap();
+        assert_eq!(report["dead"], 0, "{report}");
+    }
+    assert_eq!((applied, duplicates), (30, 60));
+    assert_eq!(db.ledger().await, (30, 30), "effects equal distinct keys");
+
+    queue.remove().await;
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_consumer_killed_after_commit_before_ack() {
+    killed_after_commit_before_ack(Broker::Rabbitmq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_consumer_killed_after_commit_before_ack() {
+    killed_after_commit_before_ack(Broker::Nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_consumer_killed_after_commit_before_ack() {
+    killed_after_commit_before_ack(Broker::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_three_consumer_processes() {
+    three_consumer_processes(Broker::Rabbitmq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_three_consumer_processes() {
+    three_consumer_processes(Broker::Nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_three_consumer_processes() {
+    three_consumer_processes(Broker::Redis).await;
+}
+
+/// `jobguard demo --broker NAME --json`: the seed's result through each broker, with its
+/// consumer killed between commit and ack.
+async fn demo_through(broker: Broker) {
+    let Some(url) = broker.url() else {
+        return;
+    };
+    let db = Db::new(&format!("demo_{}", broker.name())).await;
+    let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+        .args(["demo", "--broker", broker.name(), "--jobs", "30", "--json"])
+        .args(["--database-url", &db.url])
+        .env("JOBGUARD_BROKER_URL", &url)
+        .env_remove("DATABASE_URL")
+        .current_dir(&db.dir)
+        .output()
+        .expect("run jobguard demo");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["broker"], broker.name());
+    assert_eq!(report["killed_consumers"], 1);
+    let (naive, guarded) = (&report["naive"], &report["guarded"]);
+    // 90 messages, and the killed consumer's message once more.
+    assert_eq!(naive["deliveries"], 91, "{report}");
+    assert_eq!(naive["effects"], 91, "{report}");
+    assert_eq!(guarded["deliveries"], 91, "{report}");
+    assert_eq!(guarded["effects"], 30, "{report}");
+    assert_eq!(guarded["applied"], 30, "{report}");
+    assert_eq!(guarded["duplicates"], 61, "{report}");
+    assert_eq!(guarded["balance_total"], report["expected_balance_total"]);
+    assert_eq!(report["exactly_once"], true);
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_through_rabbitmq() {
+    demo_through(Broker::Rabbitmq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_through_nats() {
+    demo_through(Broker::Nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_through_redis() {
+    demo_through(Broker::Redis).await;
+}

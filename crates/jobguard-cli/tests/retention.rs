@@ -1,0 +1,437 @@
+//! `jobguard retention`, `jobguard prune` and the worker's retention flags, as an operator runs
+//! them: the real binary on a fresh SQLite file per test, and on a fresh PostgreSQL schema per
+//! test when `JOBGUARD_TEST_DATABASE_URL` is set.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+use sqlx::Executor;
+
+/// The horizon of `jobguard worker` with its defaults: retries 10m 13.2s (1 + 2 + ... + 256 s,
+/// each up to 20% longer), ten 30-second leases, a 7-day replay window, a 24-hour provider key.
+const DEFAULT_HORIZON_SECONDS: f64 = 613.2 + 300.0 + 7.0 * 86_400.0 + 86_400.0;
+
+/// A database of the test's own.
+struct Db {
+    url: String,
+    dir: PathBuf,
+    /// The PostgreSQL admin URL and schema to drop at the end.
+    schema: Option<(String, String)>,
+}
+
+/// What one run of the binary did.
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    json: Value,
+}
+
+impl Db {
+    fn sqlite(test: &str) -> Db {
+        let dir =
+            std::env::temp_dir().join(format!("jobguard-retention-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite:{}", dir.join("ops.db").display());
+        Db {
+            url,
+            dir,
+            schema: None,
+        }
+    }
+
+    /// A fresh schema, reached through the URL's `search_path` option; `None` to skip.
+    fn postgres(test: &str) -> Option<Db> {
+        let admin = postgres_url()?;
+        let schema = format!("jg_cli_retention_{test}_{}", std::process::id());
+        block_on(async {
+            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+                .await
+                .expect("connect to PostgreSQL");
+            conn.execute(sqlx::AssertSqlSafe(format!(
+                "drop schema if exists {schema} cascade; create schema {schema}"
+            )))
+            .await
+            .expect("create the test's schema");
+        });
+        let separator = if admin.contains('?') { '&' } else { '?' };
+        let url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
+        let mut db = Db::sqlite(&format!("pg-{test}"));
+        db.url = url;
+        db.schema = Some((admin, schema));
+        Some(db)
+    }
+
+    /// Runs `jobguard ARGS --database-url URL`.
+    fn run(&self, args: &[&str]) -> Run {
+        let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+            .args(args)
+            .args(["--database-url", &self.url])
+            .current_dir(&self.dir)
+            .env_remove("DATABASE_URL")
+            .env_remove("JOBGUARD_LOG")
+            .env_remove("JOBGUARD_PROVIDER_URL")
+            .output()
+            .expect("run jobguard");
+        Run::from(output)
+    }
+
+    /// Runs a command that must succeed, with `--json`, and returns what it printed.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let run = self.run(&args);
+        assert!(run.ok, "jobguard {args:?} failed: {}", run.stderr);
+        assert_ne!(run.json, Value::Null, "no JSON on stdout: {}", run.stdout);
+        run.json
+    }
+
+    /// Runs a command that must fail, and returns its error output.
+    fn fails(&self, args: &[&str]) -> String {
+        let run = self.run(args);
+        assert!(!run.ok, "jobguard {args:?} succeeded: {}", run.stdout);
+        assert!(
+            run.stderr.contains("error"),
+            "no error message: {}",
+            run.stderr
+        );
+        run.stderr
+    }
+
+    fn enqueue_credit(&self, n: i64) {
+        let payload = json!({"order": format!("order-{n}"), "account": n, "amount": 100});
+        self.json(&["enqueue", "credit", "--payload", &payload.to_string()]);
+    }
+
+    /// Runs a statement directly.
+    fn execute(&self, sql: &str) {
+        block_on(async {
+            if self.schema.is_some() {
+                let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
+                pool.execute(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .await
+                    .unwrap();
+                pool.close().await;
+            } else {
+                let pool = jobguard::sqlite::connect(&self.url, 1).await.unwrap();
+                pool.execute(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .await
+                    .unwrap();
+                pool.close().await;
+            }
+        })
+    }
+
+    /// Makes the guard rows of these orders `days` days older.
+    fn age_credits(&self, orders: &[i64], days: i64) {
+        let keys: Vec<String> = orders
+            .iter()
+            .map(|n| format!("'credit:order-{n}'"))
+            .collect();
+        let by = if self.schema.is_some() {
+            format!("interval '{days} days'")
+        } else {
+            format!("{}", days * 86_400_000_000)
+        };
+        self.execute(&format!(
+            "update processed_jobs set applied_at = applied_at - {by} where job_key in ({})",
+            keys.join(", ")
+        ));
+    }
+
+    fn count(&self, sql: &str) -> i64 {
+        block_on(async {
+            if self.schema.is_some() {
+                let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
+                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                pool.close().await;
+                n
+            } else {
+                let pool = jobguard::sqlite::connect(&self.url, 1).await.unwrap();
+                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                pool.close().await;
+                n
+            }
+        })
+    }
+
+    fn guard_rows(&self) -> i64 {
+        self.count("select count(*) from processed_jobs")
+    }
+
+    fn ledger_rows(&self) -> i64 {
+        self.count("select count(*) from jobguard_ledger")
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Some((admin, schema)) = &self.schema
+            && !std::thread::panicking()
+        {
+            block_on(async {
+                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(admin).await
+                {
+                    let _ = conn
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            "drop schema if exists {schema} cascade"
+                        )))
+                        .await;
+                }
+            });
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl From<Output> for Run {
+    fn from(output: Output) -> Run {
+        Run {
+            ok: output.status.success(),
+            json: serde_json::from_slice(&output.stdout).unwrap_or(Value::Null),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+fn block_on<T>(future: impl Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+fn postgres_url() -> Option<String> {
+    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+            panic!(
+                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
+            )
+        }
+        _ => {
+            eprintln!("skipping: JOBGUARD_TEST_DATABASE_URL is unset (scripts/test sets it)");
+            None
+        }
+    }
+}
+
+/// `jobguard retention`, which needs no database.
+fn retention(args: &[&str]) -> Run {
+    let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+        .arg("retention")
+        .args(args)
+        .env_remove("JOBGUARD_LOG")
+        .output()
+        .expect("run jobguard");
+    Run::from(output)
+}
+
+#[test]
+fn retention_prints_the_horizon_and_checks_keep() {
+    let run = retention(&["--json"]);
+    assert!(run.ok, "{}", run.stderr);
+    let horizon = run.json["horizon_seconds"].as_f64().unwrap();
+    assert!(
+        (horizon - DEFAULT_HORIZON_SECONDS).abs() < 1e-6,
+        "{horizon}"
+    );
+    assert_eq!(run.json["horizon"], "8d 15m 13s");
+    let names: Vec<&str> = run.json["terms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|term| term["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "retries",
+            "leases",
+            "replay window",
+            "provider key lifetime"
+        ]
+    );
+    assert_eq!(run.json["covered"], Value::Null, "no --keep, no verdict");
+
+    let covered = retention(&["--keep", "14d", "--json"]);
+    assert!(covered.ok);
+    assert_eq!(covered.json["covered"], true);
+
+    let short = retention(&["--keep", "3d"]);
+    assert!(!short.ok, "a retention below the horizon exits non-zero");
+    for needle in [
+        "refused",
+        "guard retention 3d",
+        "8d 15m 13s",
+        "replay window 7d",
+    ] {
+        assert!(
+            short.stdout.contains(needle),
+            "{needle:?}: {}",
+            short.stdout
+        );
+    }
+
+    // Declaring shorter windows and worker settings shrinks the horizon below three days.
+    let declared = retention(&[
+        "--keep",
+        "3d",
+        "--replay-window",
+        "2d",
+        "--provider-key-lifetime",
+        "0s",
+        "--lease",
+        "1m",
+        "--backoff",
+        "10s",
+        "--json",
+    ]);
+    assert!(declared.ok, "{}", declared.stdout);
+    assert_eq!(declared.json["covered"], true);
+    // (10 + 20 + ... + 2560 s) x 1.2, ten leases of a minute, two days.
+    let expected = 5110.0 * 1.2 + 600.0 + 2.0 * 86_400.0;
+    let horizon = declared.json["horizon_seconds"].as_f64().unwrap();
+    assert!((horizon - expected).abs() < 1e-6, "{horizon}");
+}
+
+/// Three credits applied; two of them 20 days ago. A dry run counts two and deletes nothing;
+/// the prune deletes them in batches; a replay of one of them would now apply again, which is
+/// why the retention is checked against the horizon.
+fn prune_deletes_what_is_past_the_retention(db: &Db) {
+    for n in 1..=3 {
+        db.enqueue_credit(n);
+    }
+    let report = db.json(&["worker", "--until-idle"]);
+    assert_eq!(report["applied"], 3, "{report}");
+    assert_eq!(report["pruned"], 0);
+    db.age_credits(&[1, 2], 20);
+
+    let dry = db.json(&["prune", "--dry-run"]);
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(
+        (dry["guard_rows"].as_u64(), dry["batches"].as_u64()),
+        (Some(2), Some(0))
+    );
+    assert_eq!(dry["steps_table"], "jobguard_steps", "{dry}");
+    assert!(dry["oldest_age_seconds"].as_f64().unwrap() > 19.0 * 86_400.0);
+    assert_eq!(db.guard_rows(), 3, "a dry run deletes nothing");
+    let text = db.run(&["prune", "--dry-run"]);
+    assert!(
+        text.ok && text.stdout.contains("would delete 2 guard rows"),
+        "{}",
+        text.stdout
+    );
+
+    let pruned = db.json(&["prune", "--keep", "14d", "--batch", "1", "--pause", "0s"]);
+    assert_eq!(pruned["guard_rows"], 2, "{pruned}");
+    // Two batches of one, one that found nothing; one for the step ledger.
+    assert_eq!(pruned["batches"], 4, "{pruned}");
+    assert_eq!(pruned["overridden"], false);
+    assert!(pruned["oldest_age_seconds"].as_f64().unwrap() < 86_400.0);
+    assert_eq!(db.guard_rows(), 1);
+
+    // Nothing left to prune.
+    assert_eq!(db.json(&["prune"])["guard_rows"], 0);
+    assert_eq!(db.ledger_rows(), 3);
+}
+
+/// A --keep shorter than the horizon is refused by prune and worker alike, with the numbers;
+/// --override-horizon goes ahead; shorter declared windows make the same --keep acceptable.
+fn short_retentions_are_refused_unless_overridden(db: &Db) {
+    db.enqueue_credit(1);
+    db.json(&["worker", "--until-idle"]);
+    db.age_credits(&[1], 2);
+
+    let error = db.fails(&["prune", "--keep", "1d"]);
+    for needle in [
+        "guard retention 1d is shorter than the horizon",
+        "8d 15m 13s",
+        "replay window 7d + provider key lifetime 1d",
+        "at least 8d 15m 13s",
+    ] {
+        assert!(error.contains(needle), "{needle:?} missing from: {error}");
+    }
+    assert_eq!(db.guard_rows(), 1, "nothing was pruned");
+
+    db.enqueue_credit(2);
+    let error = db.fails(&["worker", "--until-idle", "--keep", "1d"]);
+    assert!(error.contains("guard retention 1d is shorter"), "{error}");
+    assert_eq!(db.ledger_rows(), 1, "the worker did not start");
+
+    let overridden = db.json(&["prune", "--keep", "1d", "--override-horizon"]);
+    assert_eq!(overridden["overridden"], true);
+    assert_eq!(overridden["guard_rows"], 1, "{overridden}");
+
+    // With a 12-hour replay window and no external API, a day covers the horizon.
+    let report = db.json(&[
+        "worker",
+        "--until-idle",
+        "--keep",
+        "1d",
+        "--replay-window",
+        "12h",
+        "--provider-key-lifetime",
+        "0s",
+    ]);
+    assert_eq!(report["applied"], 1, "{report}");
+    assert_eq!(db.ledger_rows(), 2);
+
+    let schedule = db.fails(&["worker", "--until-idle", "--prune-schedule", "every night"]);
+    assert!(schedule.contains("not a cron expression"), "{schedule}");
+    let off = db.json(&["worker", "--until-idle", "--prune-schedule", "off"]);
+    assert_eq!(off["applied"], 0);
+}
+
+fn prune_without_a_guard_table_says_so(db: &Db) {
+    let error = db.fails(&["prune"]);
+    assert!(error.contains("no guard table `processed_jobs`"), "{error}");
+}
+
+#[test]
+fn prune_deletes_what_is_past_the_retention_on_sqlite() {
+    prune_deletes_what_is_past_the_retention(&Db::sqlite("prune"));
+}
+
+#[test]
+fn prune_deletes_what_is_past_the_retention_on_postgres() {
+    if let Some(db) = Db::postgres("prune") {
+        prune_deletes_what_is_past_the_retention(&db);
+    }
+}
+
+#[test]
+fn short_retentions_are_refused_unless_overridden_on_sqlite() {
+    short_retentions_are_refused_unless_overridden(&Db::sqlite("refused"));
+}
+
+#[test]
+fn short_retentions_are_refused_unless_overridden_on_postgres() {
+    if let Some(db) = Db::postgres("refused") {
+        short_retentions_are_refused_unless_overridden(&db);
+    }
+}
+
+#[test]
+fn prune_without_a_guard_table_says_so_on_sqlite() {
+    prune_without_a_guard_table_says_so(&Db::sqlite("missing"));
+}
+
+#[test]
+fn prune_without_a_guard_table_says_so_on_postgres() {
+    if let Some(db) = Db::postgres("missing") {
+        prune_without_a_guard_table_says_so(&db);
+    }
+}

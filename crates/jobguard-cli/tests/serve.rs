@@ -1,0 +1,1062 @@
+//! `jobguard serve` and `jobguard stats` as an operator runs them: the real binary, a real
+//! database (a fresh SQLite file per test, and a fresh PostgreSQL schema when
+//! `JOBGUARD_TEST_DATABASE_URL` is set), real HTTP, and the dashboard in a real headless
+//! Chromium driven over WebDriver.
+//!
+//! Every wait has a deadline (a guard against hangs, never an assertion on speed), and every
+//! process a test starts (the server, chromedriver and its browser) is killed when its guard is
+//! dropped, on failure too.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use jobguard::queue::NewJob;
+use jobguard::{Backend, JobKey, Queue};
+use serde_json::{Value, json};
+use sqlx::{Executor, Pool};
+
+/// The longest any wait may take before the test fails.
+const DEADLINE: Duration = Duration::from_secs(120);
+/// The token the tests start `jobguard serve` with.
+const TOKEN: &str = "s3cret-token-5f0e9c1d2b7a";
+
+/// A database of the test's own.
+struct Db {
+    url: String,
+    dir: PathBuf,
+    /// The PostgreSQL admin URL and schema to drop at the end.
+    schema: Option<(String, String)>,
+}
+
+impl Db {
+    fn sqlite(test: &str) -> Db {
+        let dir =
+            std::env::temp_dir().join(format!("jobguard-serve-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite:{}", dir.join("serve.db").display());
+        Db {
+            url,
+            dir,
+            schema: None,
+        }
+    }
+
+    fn postgres(test: &str) -> Option<Db> {
+        let admin = postgres_url()?;
+        let schema = format!("jg_cli_serve_{test}_{}", std::process::id());
+        block_on(async {
+            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+                .await
+                .expect("connect to PostgreSQL");
+            conn.execute(sqlx::AssertSqlSafe(format!(
+                "drop schema if exists {schema} cascade; create schema {schema}"
+            )))
+            .await
+            .expect("create the test's schema");
+        });
+        let separator = if admin.contains('?') { '&' } else { '?' };
+        let mut db = Db::sqlite(&format!("pg-{test}"));
+        db.url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
+        db.schema = Some((admin, schema));
+        Some(db)
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_jobguard"));
+        command
+            .args(args)
+            .args(["--database-url", &self.url])
+            .current_dir(&self.dir)
+            .env_remove("DATABASE_URL")
+            .env_remove("JOBGUARD_LOG")
+            .env_remove("JOBGUARD_TOKEN");
+        command
+    }
+
+    /// Runs `jobguard ARGS --json`, which must succeed, and returns what it printed.
+    fn json(&self, args: &[&str]) -> Value {
+        let output = self.command(args).arg("--json").output().unwrap();
+        assert_success(&output, args);
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    fn enqueue(&self, kind: &str, payload: Value) -> i64 {
+        let payload = payload.to_string();
+        let enqueued = self.json(&["enqueue", kind, "--payload", &payload]);
+        enqueued["id"].as_i64().unwrap()
+    }
+
+    /// Runs `f` on a pool of this database, of whichever backend.
+    fn with_pool<T>(&self, f: impl AsyncPool<T>) -> T {
+        block_on(async {
+            if self.schema.is_some() {
+                let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
+                let value = f.postgres(pool.clone()).await;
+                pool.close().await;
+                value
+            } else {
+                let pool = jobguard::sqlite::connect(&self.url, 2).await.unwrap();
+                let value = f.sqlite(pool.clone()).await;
+                pool.close().await;
+                value
+            }
+        })
+    }
+
+    /// Enqueues `credit` for `order` and dead-letters it at once, as a job that died would be:
+    /// its key is then applied by another job, so replaying it is a duplicate.
+    fn park_dead_credit(&self, order: &str) -> i64 {
+        struct Park(String);
+        impl AsyncPool<i64> for Park {
+            async fn postgres(self, pool: Pool<sqlx::Postgres>) -> i64 {
+                park(pool, &self.0).await
+            }
+            async fn sqlite(self, pool: Pool<sqlx::Sqlite>) -> i64 {
+                park(pool, &self.0).await
+            }
+        }
+        self.with_pool(Park(order.to_owned()))
+    }
+
+    /// The state of job `id`.
+    fn state(&self, id: i64) -> String {
+        let jobs = self.json(&["jobs", "--limit", "1000"]);
+        let job = jobs["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|job| job["id"] == id)
+            .unwrap_or_else(|| panic!("no job {id}: {jobs}"));
+        job["state"].as_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Some((admin, schema)) = &self.schema
+            && !std::thread::panicking()
+        {
+            block_on(async {
+                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(admin).await
+                {
+                    let _ = conn
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            "drop schema if exists {schema} cascade"
+                        )))
+                        .await;
+                }
+            });
+        }
+    }
+}
+
+/// Something to do with a pool of either backend.
+trait AsyncPool<T> {
+    async fn postgres(self, pool: Pool<sqlx::Postgres>) -> T;
+    async fn sqlite(self, pool: Pool<sqlx::Sqlite>) -> T;
+}
+
+async fn park<DB: Backend>(pool: Pool<DB>, order: &str) -> i64 {
+    let queue = Queue::new(pool);
+    let key = JobKey::new("credit", [order]).unwrap();
+    // The payload `jobguard enqueue` stores for the same credit, so its fingerprint matches.
+    let payload = credit(order);
+    let job = NewJob::new(key, &payload).unwrap();
+    let enqueued = queue.enqueue(&job).await.unwrap();
+    assert!(enqueued.inserted);
+    let leased = queue
+        .fetch("default", 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1, "only the parked job is waiting");
+    assert_eq!(leased[0].lease.job_id, enqueued.id);
+    queue
+        .dead_letter(leased[0].lease, "parked by the test: its worker gave up")
+        .await
+        .unwrap();
+    enqueued.id
+}
+
+/// A running `jobguard serve`, killed when dropped. Its stdout and stderr are collected.
+struct Server {
+    child: Child,
+    /// Where to reach it: 127.0.0.1 and the port it bound.
+    base: String,
+    output: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(db: &Db, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let bind: &[&str] = if args.contains(&"--bind") {
+            &[]
+        } else {
+            &["--bind", "127.0.0.1:0"]
+        };
+        let mut command = db.command(&[&["serve"][..], bind, args].concat());
+        command
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("start jobguard serve");
+        let output = Arc::new(Mutex::new(String::new()));
+        let stdout = child.stdout.take().unwrap();
+        let collected = Arc::clone(&output);
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = BufReader::new(stdout).read_to_string(&mut text);
+            collected.lock().unwrap().push_str(&text);
+        });
+        let (found, port) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let collected = Arc::clone(&output);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let address = rest.split_whitespace().next().unwrap_or("");
+                    let port = address.rsplit(':').next().unwrap_or("").to_owned();
+                    let _ = found.send(port);
+                }
+                let mut output = collected.lock().unwrap();
+                output.push_str(&line);
+                output.push('\n');
+            }
+        });
+        let mut server = Server {
+            child,
+            base: String::new(),
+            output,
+        };
+        match port.recv_timeout(DEADLINE) {
+            Ok(port) => server.base = format!("http://127.0.0.1:{port}"),
+            Err(_) => panic!(
+                "jobguard serve did not start: {}",
+                server.output.lock().unwrap()
+            ),
+        }
+        server
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Stops the server and returns everything it printed.
+    fn stop(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The reader threads finish once the pipes close.
+        std::thread::sleep(Duration::from_millis(200));
+        self.output.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP answer.
+struct Answer {
+    status: u16,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+fn request(method: &str, url: &str, token: Option<&str>) -> Answer {
+    block_on(async {
+        let client = reqwest::Client::new();
+        let mut request = match method {
+            "POST" => client.post(url),
+            _ => client.get(url),
+        };
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("reach jobguard serve");
+        Answer {
+            status: response.status().as_u16(),
+            body: response.text().await.unwrap(),
+        }
+    })
+}
+
+fn get(url: &str, token: Option<&str>) -> Answer {
+    request("GET", url, token)
+}
+
+/// Asks `/api/stats` until `done` holds for the figures, and returns them.
+fn wait_for(server: &Server, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let answer = get(&server.url("/api/stats"), Some(TOKEN));
+        let figures = answer.json();
+        if answer.status == 200 && done(&figures) {
+            return figures;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "gave up waiting for {what}: {} {}",
+            answer.status,
+            answer.body
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The queue is drained: nothing available to run now, nothing running.
+fn idle(figures: &Value) -> bool {
+    let queue = &figures["queue"];
+    queue["running"] == 0 && queue["backlog"].as_array().is_some_and(Vec::is_empty)
+}
+
+fn totals(figures: &Value, kind: &str) -> (u64, u64) {
+    let totals = &figures["outcomes"]["totals"][kind];
+    (
+        totals["applied"].as_u64().unwrap_or(0),
+        totals["duplicates"].as_u64().unwrap_or(0),
+    )
+}
+
+/// The series of a Prometheus text exposition: name and sorted labels to value.
+type Series = BTreeMap<(String, BTreeMap<String, String>), f64>;
+
+fn parse_metrics(text: &str) -> Series {
+    let mut series = Series::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name_labels, value) = line.rsplit_once(' ').expect("name and value");
+        let (name, labels) = match name_labels.split_once('{') {
+            Some((name, labels)) => (name, labels.trim_end_matches('}')),
+            None => (name_labels, ""),
+        };
+        let labels = labels
+            .split(',')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                let (key, value) = pair.split_once('=').expect("label=value");
+                (key.to_owned(), value.trim_matches('"').to_owned())
+            })
+            .collect();
+        series.insert((name.to_owned(), labels), value.parse().expect("a number"));
+    }
+    series
+}
+
+/// The values of one metric, by the values of its labels.
+fn metric(series: &Series, name: &str) -> BTreeMap<Vec<String>, f64> {
+    series
+        .iter()
+        .filter(|((n, _), _)| n == name)
+        .map(|((_, labels), value)| (labels.values().cloned().collect(), *value))
+        .collect()
+}
+
+fn labels(values: &[&str]) -> Vec<String> {
+    values.iter().map(|v| (*v).to_owned()).collect()
+}
+
+fn credit(order: &str) -> Value {
+    json!({"order": order, "account": 7, "amount": 100})
+}
+
+/// Jobs with known outcomes, through `jobguard serve --worker`:
+///
+/// - 5 credits and 3 noops applied, a fatal `fail` dead-lettered;
+/// - 3 of the credits and 1 noop enqueued again after they completed: 4 duplicates, source
+///   `double_enqueue`;
+/// - a dead credit whose key another job applied, replayed through the API: a duplicate,
+///   source `replay`; refused without the token, accepted with it.
+///
+/// `/metrics` must report exactly those counts per kind, and `jobguard stats` the same figures.
+fn known_duplicates_are_counted_exactly(db: &Db) {
+    // Before the server: credit 7 applied by another process, then a second credit 7 parked
+    // dead.
+    db.enqueue("credit", credit("order-7"));
+    let worked = db.json(&["worker", "--until-idle"]);
+    assert_eq!(worked["applied"], 1, "{worked}");
+    let parked = db.park_dead_credit("order-7");
+    for n in 1..=5 {
+        db.enqueue("credit", credit(&format!("order-{n}")));
+    }
+    for id in ["a", "b", "c"] {
+        db.enqueue("noop", json!({"id": id}));
+    }
+    db.enqueue("fail", json!({"id": "boom", "fatal": true}));
+
+    let server = Server::start(db, &["--worker", "--token", TOKEN], &[]);
+    let figures = wait_for(&server, "the first jobs", |f| {
+        idle(f) && totals(f, "credit") == (5, 0) && totals(f, "noop") == (3, 0)
+    });
+    assert_eq!(figures["queue"]["dead"], 2, "{figures}");
+
+    for n in 1..=3 {
+        db.enqueue("credit", credit(&format!("order-{n}")));
+    }
+    db.enqueue("noop", json!({"id": "a"}));
+    wait_for(&server, "the duplicates", |f| {
+        idle(f) && totals(f, "credit") == (5, 3) && totals(f, "noop") == (3, 1)
+    });
+
+    // Replaying needs the token, always.
+    let replay = server.url(&format!("/api/dead/{parked}/replay"));
+    let refused = request("POST", &replay, None);
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    let refused = request("POST", &replay, Some("not-the-token-at-all"));
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    assert_eq!(db.state(parked), "dead");
+    let replayed = request("POST", &replay, Some(TOKEN));
+    assert_eq!(replayed.status, 200, "{}", replayed.body);
+    assert_eq!(replayed.json(), json!({"replayed": [parked]}));
+    let figures = wait_for(&server, "the replayed duplicate", |f| {
+        idle(f) && totals(f, "credit") == (5, 4)
+    });
+    assert_eq!(db.state(parked), "completed");
+    let again = request("POST", &replay, Some(TOKEN));
+    assert_eq!(again.status, 409, "{}", again.body);
+
+    let answer = get(&server.url("/metrics"), None);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(
+        answer.body.contains("# HELP jobguard_outcomes_total"),
+        "{}",
+        answer.body
+    );
+    let series = parse_metrics(&answer.body);
+    let outcomes = metric(&series, "jobguard_outcomes_total");
+    let expected = BTreeMap::from([
+        (labels(&["credit", "applied"]), 5.0),
+        (labels(&["credit", "duplicate"]), 4.0),
+        (labels(&["fail", "dead"]), 1.0),
+        (labels(&["noop", "applied"]), 3.0),
+        (labels(&["noop", "duplicate"]), 1.0),
+    ]);
+    assert_eq!(outcomes, expected, "{}", answer.body);
+    let sources = metric(&series, "jobguard_duplicates_total");
+    let expected = BTreeMap::from([
+        (labels(&["credit", "double_enqueue"]), 3.0),
+        (labels(&["credit", "replay"]), 1.0),
+        (labels(&["noop", "double_enqueue"]), 1.0),
+    ]);
+    assert_eq!(sources, expected, "{}", answer.body);
+    let durations = metric(&series, "jobguard_job_duration_seconds_count");
+    assert_eq!(durations[&labels(&["credit", "applied"])], 5.0);
+    assert_eq!(durations[&labels(&["credit", "duplicate"])], 4.0);
+    assert_eq!(durations[&labels(&["fail", "dead"])], 1.0);
+    assert_eq!(metric(&series, "jobguard_dead_letters")[&labels(&[])], 1.0);
+    assert_eq!(metric(&series, "jobguard_jobs_running")[&labels(&[])], 0.0);
+    assert_eq!(
+        metric(&series, "jobguard_queue_depth")[&labels(&["default"])],
+        0.0
+    );
+    assert_eq!(
+        metric(&series, "jobguard_steps_attention")[&labels(&[])],
+        0.0
+    );
+    let horizon = metric(&series, "jobguard_guard_oldest_age_seconds");
+    assert!(horizon[&labels(&["processed_jobs"])] >= 0.0, "{horizon:?}");
+
+    // `jobguard stats` prints the same figures: from the database, and from the server.
+    let from_db = db.json(&["stats"]);
+    let from_server = db.json(&["stats", "--url", &server.base, "--token", TOKEN]);
+    for figures in [&from_db, &from_server, &figures] {
+        assert_eq!(figures["queue"]["dead"], 1, "{figures}");
+        let dead: Vec<&Value> = figures["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|job| &job["key"])
+            .collect();
+        assert_eq!(dead, [&json!("fail:boom")], "{figures}");
+        assert_eq!(figures["steps"]["attention"], 0, "{figures}");
+        assert!(
+            figures["guard"]["oldest_age"].as_f64().is_some(),
+            "{figures}"
+        );
+    }
+    assert_eq!(
+        from_db["queue"]["completed"],
+        from_server["queue"]["completed"]
+    );
+    assert!(from_db.get("outcomes").is_none(), "{from_db}");
+    assert_eq!(totals(&from_server, "credit"), (5, 4));
+    assert_eq!(totals(&from_server, "noop"), (3, 1));
+    let text = db.command(&["stats"]).output().unwrap();
+    assert_success(&text, &["stats"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    for needle in [
+        "jobs: 0 available, 0 running",
+        "dead letters: 1",
+        "fail:boom",
+        "guard memory horizon: the oldest key",
+        "external steps needing attention: none",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    let output = server.stop();
+    assert!(!output.contains(TOKEN), "the token was printed:\n{output}");
+}
+
+#[test]
+fn metrics_report_exactly_the_known_duplicates_on_sqlite() {
+    known_duplicates_are_counted_exactly(&Db::sqlite("exact"));
+}
+
+#[test]
+fn metrics_report_exactly_the_known_duplicates_on_postgres() {
+    if let Some(db) = Db::postgres("exact") {
+        known_duplicates_are_counted_exactly(&db);
+    }
+}
+
+/// A non-loopback bind refuses to start without a token; with one, every request but the page
+/// and /health needs it; the token never shows in the output, even with every log turned on.
+#[test]
+fn a_non_loopback_bind_needs_the_token_and_the_token_is_never_logged() {
+    let db = Db::sqlite("token");
+    let output = db
+        .command(&["serve", "--bind", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("not a loopback address") && stderr.contains("--token"),
+        "{stderr}"
+    );
+    let output = db
+        .command(&["serve", "--bind", "127.0.0.1:0", "--token", "short"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("at least 16 characters"),
+        "{output:?}"
+    );
+
+    db.enqueue("credit", credit("order-1"));
+    let server = Server::start(
+        &db,
+        &["--bind", "0.0.0.0:0", "--worker"],
+        &[("JOBGUARD_TOKEN", TOKEN), ("JOBGUARD_LOG", "trace")],
+    );
+    for path in ["/metrics", "/api/stats"] {
+        let url = server.url(path);
+        assert_eq!(get(&url, None).status, 401, "{path} without the token");
+        assert_eq!(
+            get(&url, Some("0123456789abcdefXX")).status,
+            401,
+            "{path} with another token"
+        );
+        let answer = get(&url, Some(TOKEN));
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body);
+    }
+    let replay = server.url("/api/dead/999999/replay");
+    assert_eq!(request("POST", &replay, None).status, 401);
+    assert_eq!(request("POST", &replay, Some(TOKEN)).status, 409);
+    let page = get(&server.url("/"), None);
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("<svg") || page.body.contains("createElementNS"));
+    assert!(!page.body.contains(TOKEN));
+    assert_eq!(get(&server.url("/health"), None).status, 200);
+    wait_for(&server, "the credit", |f| totals(f, "credit") == (1, 0));
+    let stats = db
+        .command(&["stats", "--url", &server.base])
+        .env("JOBGUARD_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert_success(&stats, &["stats", "--url"]);
+    let stats_output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&stats.stdout),
+        String::from_utf8_lossy(&stats.stderr)
+    );
+    assert!(!stats_output.contains(TOKEN), "{stats_output}");
+    let refused = db
+        .command(&["stats", "--url", &server.base])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let output = server.stop();
+    assert!(
+        output.contains("TRACE") || output.contains("DEBUG"),
+        "the server should have logged at trace level: {output}"
+    );
+    assert!(!output.contains(TOKEN), "the token was logged:\n{output}");
+
+    // On a loopback address the figures are open to local clients, replay is not; without a
+    // token replay is off altogether, and a foreign Host header is turned away.
+    let server = Server::start(&db, &["--token", TOKEN], &[]);
+    assert_eq!(get(&server.url("/metrics"), None).status, 200);
+    assert_eq!(get(&server.url("/api/stats"), None).status, 200);
+    assert_eq!(
+        request("POST", &server.url("/api/dead/1/replay"), None).status,
+        401
+    );
+    let rebinding = block_on(async {
+        reqwest::Client::new()
+            .get(server.url("/api/stats"))
+            .header("Host", "attacker.example:9464")
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    assert_eq!(rebinding.as_u16(), 421);
+    drop(server);
+    let server = Server::start(&db, &[], &[]);
+    let off = request("POST", &server.url("/api/dead/1/replay"), Some(TOKEN));
+    assert_eq!(off.status, 403, "{}", off.body);
+    assert!(off.body.contains("--token"), "{}", off.body);
+}
+
+/// The dashboard in headless Chromium: the chart shows the duplicates, and the replay button
+/// replays a dead letter with the token and is refused without it.
+#[test]
+fn the_dashboard_charts_duplicates_and_replays_dead_letters_in_a_browser() {
+    let Some(browser) = Browser::find() else {
+        return;
+    };
+    let db = Db::sqlite("browser");
+    db.enqueue("credit", credit("order-7"));
+    assert_eq!(db.json(&["worker", "--until-idle"])["applied"], 1);
+    let parked = db.park_dead_credit("order-7");
+    for n in 1..=4 {
+        db.enqueue("credit", credit(&format!("order-{n}")));
+    }
+    // Short windows, so the chart has a few of them by the end.
+    let server = Server::start(
+        &db,
+        &["--worker", "--token", TOKEN, "--spike-window", "1s"],
+        &[],
+    );
+    wait_for(&server, "the credits", |f| {
+        idle(f) && totals(f, "credit") == (4, 0)
+    });
+    for n in 1..=2 {
+        db.enqueue("credit", credit(&format!("order-{n}")));
+    }
+    wait_for(&server, "the duplicates", |f| {
+        idle(f) && totals(f, "credit") == (4, 2)
+    });
+
+    let driver = browser.start();
+    let session = driver.session();
+    session.navigate(&server.url("/"));
+
+    // The chart: the duplicates of `credit`, plotted per window.
+    let values = session.wait_for_script(
+        "the chart",
+        "return Array.from(document.querySelectorAll(\
+           'svg.chart[data-kind=\"credit\"] circle.point.duplicates'))\
+           .map(c => Number(c.dataset.value));",
+        |values| {
+            values
+                .as_array()
+                .is_some_and(|v| v.iter().filter_map(Value::as_u64).sum::<u64>() == 2)
+        },
+    );
+    let line = session.script(
+        "return document.querySelector('svg.chart[data-kind=\"credit\"] \
+         polyline.series.duplicates').getAttribute('points');",
+    );
+    assert!(line.as_str().is_some_and(|p| !p.is_empty()), "{line}");
+    let legend = session.script(
+        "return document.querySelector('.kind[data-kind=\"credit\"] .legend').textContent;",
+    );
+    assert!(
+        legend.as_str().unwrap().contains("duplicates 2"),
+        "{legend} {values}"
+    );
+
+    // Replay without the token: refused, and the job stays dead.
+    let button = format!("button.replay[data-job-id=\"{parked}\"]");
+    session.click(&button);
+    session.wait_for_script(
+        "the refusal",
+        "return document.getElementById('replay-status').textContent;",
+        |text| text.as_str().is_some_and(|t| t.contains("refused (401)")),
+    );
+    assert_eq!(db.state(parked), "dead");
+
+    // With the token: replayed, and the worker completes it as a duplicate.
+    session.type_into("#token", TOKEN);
+    session.click(&button);
+    session.wait_for_script(
+        "the replay",
+        "return document.getElementById('replay-status').textContent;",
+        |text| {
+            text.as_str()
+                .is_some_and(|t| t.contains(&format!("Replayed job {parked}")))
+        },
+    );
+    wait_for(&server, "the replayed duplicate", |f| {
+        idle(f) && totals(f, "credit") == (4, 3)
+    });
+    assert_eq!(db.state(parked), "completed");
+    session.wait_for_script(
+        "the chart to catch up",
+        "return document.querySelector('.kind[data-kind=\"credit\"] .legend').textContent;",
+        |text| text.as_str().is_some_and(|t| t.contains("duplicates 3")),
+    );
+    session.wait_for_script(
+        "the dead letter to leave the table",
+        &format!(
+            "return document.querySelector('{}') === null;",
+            button.replace('\'', "\\'")
+        ),
+        |gone| gone == &json!(true),
+    );
+    let screenshot = db.dir.join("dashboard.png");
+    session.screenshot(&screenshot);
+    eprintln!("dashboard screenshot: {}", screenshot.display());
+}
+
+/// Chromium and chromedriver from Debian: found, installed when running as root, or the test
+/// is skipped (and fails on CI).
+struct Browser {
+    chromium: PathBuf,
+    chromedriver: PathBuf,
+}
+
+impl Browser {
+    fn find() -> Option<Browser> {
+        let found = || {
+            Some(Browser {
+                chromium: which("chromium")?,
+                chromedriver: which("chromedriver")?,
+            })
+        };
+        if let Some(browser) = found() {
+            return Some(browser);
+        }
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0");
+        if root {
+            eprintln!("installing Debian's chromium and chromium-driver for the browser test");
+            let installed = Command::new("apt-get")
+                .args(["install", "-y", "-q", "chromium", "chromium-driver"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
+                .is_ok_and(|status| status.success())
+                || (Command::new("apt-get")
+                    .args(["update", "-q"])
+                    .status()
+                    .is_ok_and(|status| status.success())
+                    && Command::new("apt-get")
+                        .args(["install", "-y", "-q", "chromium", "chromium-driver"])
+                        .env("DEBIAN_FRONTEND", "noninteractive")
+                        .status()
+                        .is_ok_and(|status| status.success()));
+            if installed && let Some(browser) = found() {
+                return Some(browser);
+            }
+        }
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("CI=true but chromium and chromedriver are missing and could not be installed");
+        }
+        eprintln!(
+            "skipping: chromium and chromedriver are missing (as root: apt-get install chromium \
+             chromium-driver)"
+        );
+        None
+    }
+
+    fn start(&self) -> Driver {
+        let port = free_port();
+        let profile = std::env::temp_dir().join(format!(
+            "jobguard-serve-chromium-{}-{port}",
+            std::process::id()
+        ));
+        let child = Command::new(&self.chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let driver = Driver {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            chromium: self.chromium.clone(),
+            profile,
+            browser: Mutex::new(None),
+        };
+        let started = Instant::now();
+        while !driver.ready() {
+            assert!(started.elapsed() < DEADLINE, "chromedriver did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        driver
+    }
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running chromedriver, killed (with its browsers) when dropped.
+struct Driver {
+    child: Child,
+    base: String,
+    chromium: PathBuf,
+    profile: PathBuf,
+    /// The browser's process, killed with the driver in case the session could not close it.
+    browser: Mutex<Option<u32>>,
+}
+
+impl Driver {
+    fn session(&self) -> Session<'_> {
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": self.chromium,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-quic", "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--window-size=1280,1500",
+                    format!("--user-data-dir={}", self.profile.display()),
+                ],
+            },
+        }}});
+        let created = webdriver(
+            "POST",
+            &format!("{}/session", self.base),
+            Some(&capabilities),
+        );
+        let session = &created["value"];
+        if let Some(pid) = session["capabilities"]["goog:processID"].as_u64() {
+            *self.browser.lock().unwrap() = Some(pid as u32);
+        }
+        let id = session["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no WebDriver session: {created}"))
+            .to_owned();
+        Session { driver: self, id }
+    }
+}
+
+impl Driver {
+    fn ready(&self) -> bool {
+        block_on(async {
+            let Ok(response) = reqwest::get(format!("{}/status", self.base)).await else {
+                return false;
+            };
+            let status: Value = response.json().await.unwrap_or(Value::Null);
+            status["value"]["ready"] == true
+        })
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(pid) = *self.browser.lock().unwrap() {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
+}
+
+/// A WebDriver session: one headless Chromium, closed when dropped.
+struct Session<'d> {
+    driver: &'d Driver,
+    id: String,
+}
+
+impl Session<'_> {
+    fn url(&self, path: &str) -> String {
+        format!("{}/session/{}{path}", self.driver.base, self.id)
+    }
+
+    fn navigate(&self, url: &str) {
+        webdriver("POST", &self.url("/url"), Some(&json!({"url": url})));
+    }
+
+    fn script(&self, script: &str) -> Value {
+        webdriver(
+            "POST",
+            &self.url("/execute/sync"),
+            Some(&json!({"script": script, "args": []})),
+        )["value"]
+            .clone()
+    }
+
+    fn wait_for_script(&self, what: &str, script: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let started = Instant::now();
+        loop {
+            let value = self.script(script);
+            if done(&value) {
+                return value;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "gave up waiting for {what} in the browser: {value}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The element matching `css`, found again if the page re-rendered it.
+    fn element(&self, css: &str) -> String {
+        let started = Instant::now();
+        loop {
+            let found = webdriver_answer(
+                "POST",
+                &self.url("/element"),
+                Some(&json!({"using": "css selector", "value": css})),
+            );
+            if let Some(id) = found["value"]
+                .as_object()
+                .and_then(|element| element.values().next())
+                .and_then(Value::as_str)
+            {
+                return id.to_owned();
+            }
+            assert!(started.elapsed() < DEADLINE, "no element {css}: {found}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Clicks the element matching `css` with a real pointer click, again if the dashboard
+    /// re-rendered it in between.
+    fn click(&self, css: &str) {
+        let started = Instant::now();
+        loop {
+            let element = self.element(css);
+            let clicked = webdriver_answer(
+                "POST",
+                &self.url(&format!("/element/{element}/click")),
+                Some(&json!({})),
+            );
+            if clicked["value"].is_null() {
+                return;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "cannot click {css}: {clicked}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn type_into(&self, css: &str, text: &str) {
+        let element = self.element(css);
+        webdriver(
+            "POST",
+            &self.url(&format!("/element/{element}/value")),
+            Some(&json!({"text": text})),
+        );
+    }
+
+    fn screenshot(&self, path: &Path) {
+        let encoded = webdriver("GET", &self.url("/screenshot"), None)["value"]
+            .as_str()
+            .expect("a base64 screenshot")
+            .to_owned();
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .expect("valid base64");
+        assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+        std::fs::write(path, png).unwrap();
+    }
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        let _ = webdriver_answer("DELETE", &self.url(""), None);
+    }
+}
+
+/// A WebDriver command that must succeed.
+fn webdriver(method: &str, url: &str, body: Option<&Value>) -> Value {
+    let answer = webdriver_answer(method, url, body);
+    assert!(
+        answer["value"].get("error").is_none(),
+        "WebDriver {method} {url} failed: {answer}"
+    );
+    answer
+}
+
+/// A WebDriver command's answer, errors included.
+fn webdriver_answer(method: &str, url: &str, body: Option<&Value>) -> Value {
+    block_on(async {
+        let client = reqwest::Client::new();
+        let request = match method {
+            "POST" => client.post(url).json(body.unwrap_or(&json!({}))),
+            "DELETE" => client.delete(url),
+            _ => client.get(url),
+        };
+        let response = request
+            .timeout(DEADLINE)
+            .send()
+            .await
+            .expect("reach chromedriver");
+        response.json().await.unwrap_or(Value::Null)
+    })
+}
+
+fn assert_success(output: &Output, args: &[&str]) {
+    assert!(
+        output.status.success(),
+        "jobguard {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn block_on<T>(future: impl Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+fn postgres_url() -> Option<String> {
+    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+            panic!(
+                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
+            )
+        }
+        _ => {
+            eprintln!("skipping: JOBGUARD_TEST_DATABASE_URL is unset (scripts/test sets it)");
+            None
+        }
+    }
+}

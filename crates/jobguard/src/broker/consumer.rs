@@ -1,0 +1,638 @@
+//! The consumer: one loop, shared by every broker, that runs each message's job through the
+//! guard and acknowledges the message only after the guard's transaction ended.
+//!
+//! A broker hands the loop [`Delivery`] values through a [`Source`], its adapter. For each one:
+//!
+//! 1. the body is read as an [`Envelope`] and its kind looked up among the registered [`Job`]s;
+//!    a body that is not an envelope, an unknown kind or a payload that does not deserialize
+//!    can never run, and is dead-lettered at once;
+//! 2. [`Guard::run_with_payload`] claims the key and runs the job in one transaction, while the
+//!    delivery is kept alive with [`Delivery::progress`] (JetStream progress acks, Redis
+//!    `XCLAIM`);
+//! 3. `Applied` or `Duplicate`: the message is acknowledged. The ack comes after the commit, so
+//!    a consumer that dies between the two leaves a committed effect and an unacknowledged
+//!    message; the broker delivers it again, the guard finds the key and reports a duplicate,
+//!    and that delivery is acknowledged;
+//! 4. a retryable error: the transaction rolled back, and the message is given back to the
+//!    broker ([`Delivery::retry`]) for a later delivery, until the broker's maximum number of
+//!    deliveries; then, or on a fatal error, it is dead-lettered ([`Delivery::dead_letter`]).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use super::Envelope;
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::guard::{Guard, Outcome};
+use crate::key::JobKey;
+use crate::metrics::{DuplicateSource, record_duplicate_source, record_outcome};
+use crate::worker::Job;
+
+/// A message received from a broker, not yet settled.
+///
+/// Each broker module implements it; every method that settles the message consumes it, so a
+/// message is settled at most once by the consumer. A message dropped unsettled (its task was
+/// aborted at shutdown, the process died) is delivered again by the broker.
+pub trait Delivery: Send + Sync + 'static {
+    /// The message body: an [`Envelope`] as JSON.
+    fn body(&self) -> &[u8];
+
+    /// Which delivery of the message this is, from 1, as the broker counts them.
+    fn attempt(&self) -> u32;
+
+    /// Acknowledges the message: the broker never delivers it again. Called after the guard's
+    /// transaction committed (or found the key applied).
+    fn ack(self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Gives the message back for another delivery after about `delay`.
+    fn retry(self, delay: Duration) -> impl Future<Output = Result<()>> + Send;
+
+    /// Moves the message to the broker's dead letters, with why.
+    fn dead_letter(self, reason: String) -> impl Future<Output = Result<()>> + Send;
+
+    /// Tells the broker the message's job is still running, so it is not delivered to another
+    /// consumer meanwhile. Called every [`Source::progress_interval`] while the job runs.
+    fn progress(&self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Where a [`Consumer`] receives messages from: a queue, stream or subject on one broker.
+pub trait Source: Send + 'static {
+    /// The messages it hands out.
+    type Delivery: Delivery;
+
+    /// The broker's name for logs: `rabbitmq`, `nats`, `redis`.
+    fn broker(&self) -> &'static str;
+
+    /// How many messages this consumer holds unacknowledged at once: the broker's prefetch,
+    /// and the number of jobs the consumer runs at once.
+    fn prefetch(&self) -> usize;
+
+    /// How many deliveries a message gets; a failure on the last one dead-letters it.
+    fn max_deliveries(&self) -> u32;
+
+    /// How often a running job's delivery needs [`Delivery::progress`]; `None` if never.
+    fn progress_interval(&self) -> Option<Duration>;
+
+    /// Up to `max` messages (`max` is at least 1). Waits for the first one for about a second,
+    /// then returns what has arrived, possibly nothing, so that the consumer can notice it is
+    /// idle. The consumer cancels the call at shutdown: a message received and dropped
+    /// unsettled is delivered again by the broker.
+    fn receive(&mut self, max: usize) -> impl Future<Output = Result<Vec<Self::Delivery>>> + Send;
+
+    /// Stops receiving and closes the connection. Messages still unacknowledged go back to the
+    /// broker.
+    fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// How a [`Consumer`] runs.
+#[derive(Clone, Debug)]
+pub struct ConsumerConfig {
+    /// How long a failed delivery waits before it is given back, doubled with each delivery
+    /// of the message, up to a minute.
+    pub retry_delay: Duration,
+    /// How long running jobs get to finish after shutdown is asked; the rest are rolled back
+    /// and their messages left unacknowledged, for the broker to deliver again.
+    pub shutdown_timeout: Duration,
+    /// Return once no message has arrived for this long and no job is running (for tests,
+    /// demos and draining a queue); `None` runs until shutdown.
+    pub stop_when_idle_for: Option<Duration>,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        ConsumerConfig {
+            retry_delay: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(30),
+            stop_when_idle_for: None,
+        }
+    }
+}
+
+/// What a consumer did, by how each delivery ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ConsumerStats {
+    /// Deliveries whose effect this consumer committed.
+    pub applied: u64,
+    /// Deliveries whose key the guard already held: acknowledged, effect skipped.
+    pub duplicates: u64,
+    /// Deliveries that failed and were given back for another delivery.
+    pub failed: u64,
+    /// Messages dead-lettered: undecodable, an unknown kind, a fatal error, or out of
+    /// deliveries.
+    pub dead: u64,
+    /// Acknowledgements or settlements the broker did not take: the message comes again, and
+    /// the guard reports it as a duplicate.
+    pub unacked: u64,
+    /// Jobs still running at the end of the shutdown timeout: rolled back, messages left to
+    /// the broker.
+    pub released: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    applied: AtomicU64,
+    duplicates: AtomicU64,
+    failed: AtomicU64,
+    dead: AtomicU64,
+    unacked: AtomicU64,
+    released: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> ConsumerStats {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        ConsumerStats {
+            applied: get(&self.applied),
+            duplicates: get(&self.duplicates),
+            failed: get(&self.failed),
+            dead: get(&self.dead),
+            unacked: get(&self.unacked),
+            released: get(&self.released),
+        }
+    }
+}
+
+/// Called after a job's transaction ended and before its message is acknowledged.
+type BeforeAck = Arc<dyn Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Runs registered [`Job`] kinds from a broker through a [`Guard`]. See the
+/// [module documentation](self) for the order of claim, commit and ack.
+///
+/// ```no_run
+/// use jobguard::broker::{Consumer, ConsumerConfig};
+/// use jobguard::broker::rabbitmq::{RabbitConfig, RabbitSource};
+/// use jobguard::{Job, JobError, JobKey, KeyError, PgGuard};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Credit { order: String, account: i64, amount: i64 }
+///
+/// impl Job<sqlx::Postgres> for Credit {
+///     const KIND: &'static str = "credit";
+///     fn key(&self) -> Result<JobKey, KeyError> { JobKey::new("credit", [&self.order]) }
+///     async fn run(&self, conn: &mut sqlx::PgConnection) -> Result<(), JobError> {
+///         sqlx::query("insert into ledger (account, amount) values ($1, $2)")
+///             .bind(self.account).bind(self.amount).execute(conn).await?;
+///         Ok(())
+///     }
+/// }
+///
+/// # async fn f(pool: sqlx::PgPool) -> jobguard::Result<()> {
+/// let consumer = Consumer::new(PgGuard::new(pool)).register::<Credit>();
+/// consumer.migrate().await?;
+/// let source =
+///     RabbitSource::connect("amqp://127.0.0.1:5672", RabbitConfig::new("credits")).await?;
+/// let stats = consumer.run(source, jobguard::worker::shutdown_signal()).await?;
+/// println!("{} applied, {} duplicates", stats.applied, stats.duplicates);
+/// # Ok(()) }
+/// ```
+pub struct Consumer<DB: Backend> {
+    guard: Guard<DB>,
+    handlers: HashMap<String, Arc<dyn Handler<DB>>>,
+    config: ConsumerConfig,
+    before_ack: Option<BeforeAck>,
+}
+
+impl<DB: Backend> Consumer<DB> {
+    /// A consumer claiming keys with `guard`, with the default configuration and no job kinds
+    /// yet.
+    pub fn new(guard: Guard<DB>) -> Self {
+        Self::with_config(guard, ConsumerConfig::default())
+    }
+
+    /// A consumer with its own configuration.
+    pub fn with_config(guard: Guard<DB>, config: ConsumerConfig) -> Self {
+        Consumer {
+            guard,
+            handlers: HashMap::new(),
+            config,
+            before_ack: None,
+        }
+    }
+
+    /// Runs messages of kind `J::KIND` as `J`.
+    pub fn register<J: Job<DB>>(mut self) -> Self {
+        self.handlers
+            .insert(J::KIND.to_owned(), Arc::new(TypedHandler::<J>(PhantomData)));
+        self
+    }
+
+    /// Calls `hook` after each job's transaction ended with an outcome and before its message
+    /// is acknowledged: the window in which a crash leaves a committed effect and a message the
+    /// broker delivers again. For progress reports and fault-injection tests.
+    pub fn before_ack<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    {
+        self.before_ack = Some(Arc::new(hook));
+        self
+    }
+
+    /// The guard the consumer claims keys with.
+    pub fn guard(&self) -> &Guard<DB> {
+        &self.guard
+    }
+
+    /// Creates the guard's table when missing.
+    pub async fn migrate(&self) -> Result<()> {
+        self.guard.migrate().await
+    }
+
+    /// Receives and runs messages from `source` until `shutdown` resolves (see
+    /// [`shutdown_signal`](crate::worker::shutdown_signal)), or until idle with
+    /// [`ConsumerConfig::stop_when_idle_for`]. Runs up to [`Source::prefetch`] jobs at once.
+    ///
+    /// Fails when the source keeps failing to receive (the broker went away); messages not
+    /// acknowledged by then are delivered again by the broker.
+    pub async fn run<S: Source>(
+        self,
+        mut source: S,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<ConsumerStats> {
+        let consumer = Arc::new(self);
+        let counters = Arc::new(Counters::default());
+        let permits = Arc::new(Semaphore::new(source.prefetch().max(1)));
+        let limits = Limits {
+            broker: source.broker(),
+            max_deliveries: source.max_deliveries().max(1),
+            progress_interval: source.progress_interval(),
+        };
+        let mut tasks = JoinSet::new();
+        let mut shutdown = pin!(shutdown);
+        let mut last_message = Instant::now();
+        let mut receive_failures = 0_u32;
+        let mut failure = None;
+
+        loop {
+            while let Some(joined) = tasks.try_join_next() {
+                log_join(joined);
+            }
+            let first = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                permit = Arc::clone(&permits).acquire_owned() => permit.expect("never closed"),
+            };
+            let free = 1 + permits.available_permits();
+            let received = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                received = source.receive(free) => received,
+            };
+            let deliveries = match received {
+                Ok(deliveries) => {
+                    receive_failures = 0;
+                    deliveries
+                }
+                Err(error) => {
+                    receive_failures += 1;
+                    if receive_failures >= MAX_RECEIVE_FAILURES {
+                        failure = Some(error);
+                        break;
+                    }
+                    tracing::warn!(%error, broker = limits.broker, "receiving failed; trying again");
+                    drop(first);
+                    let pause = Duration::from_millis(100 << receive_failures.min(5));
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(pause) => continue,
+                    }
+                }
+            };
+            if deliveries.is_empty() {
+                drop(first);
+                if let Some(idle) = consumer.config.stop_when_idle_for
+                    && tasks.is_empty()
+                    && last_message.elapsed() >= idle
+                {
+                    break;
+                }
+                continue;
+            }
+            last_message = Instant::now();
+            let mut first = Some(first);
+            for delivery in deliveries {
+                let permit = match first.take() {
+                    Some(permit) => permit,
+                    None => Arc::clone(&permits)
+                        .acquire_owned()
+                        .await
+                        .expect("never closed"),
+                };
+                tasks.spawn(Arc::clone(&consumer).process(
+                    delivery,
+                    limits.clone(),
+                    Arc::clone(&counters),
+                    permit,
+                ));
+            }
+        }
+
+        let drained = tokio::time::timeout(consumer.config.shutdown_timeout, async {
+            while let Some(joined) = tasks.join_next().await {
+                log_join(joined);
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                jobs = tasks.len(),
+                "running jobs did not finish in time; rolling them back, their messages go back to the broker"
+            );
+            counters
+                .released
+                .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
+        source.close().await;
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(counters.snapshot()),
+        }
+    }
+
+    async fn process<D: Delivery>(
+        self: Arc<Self>,
+        delivery: D,
+        limits: Limits,
+        counters: Arc<Counters>,
+        _permit: OwnedSemaphorePermit,
+    ) {
+        let counters = &*counters;
+        let attempt = delivery.attempt();
+        let decoded = self.decode(delivery.body());
+        let kind = match &decoded {
+            Ok((envelope, _)) => envelope.kind.clone(),
+            Err((kind, _)) => kind.clone().unwrap_or_else(|| "unknown".to_owned()),
+        };
+        let key = decoded
+            .as_ref()
+            .map(|(envelope, _)| envelope.key.to_string());
+        let span = tracing::info_span!(
+            "message",
+            broker = limits.broker,
+            job.kind = %kind,
+            job.key = key.as_deref().unwrap_or("-"),
+            attempt,
+        );
+        async {
+            let (envelope, runnable) = match decoded {
+                Ok(decoded) => decoded,
+                Err((_, reason)) => {
+                    return self.bury(delivery, &kind, &reason, counters).await;
+                }
+            };
+            if attempt > limits.max_deliveries {
+                // The broker delivered it again after deliveries that never settled (consumers
+                // that died running it): stop here rather than die with it once more.
+                let reason = format!(
+                    "delivered {attempt} times, more than the {} allowed, without settling",
+                    limits.max_deliveries
+                );
+                return self.bury(delivery, &kind, &reason, counters).await;
+            }
+            let run = Arc::clone(&runnable).guarded(
+                self.guard.clone(),
+                envelope.key.clone(),
+                envelope.payload.clone(),
+            );
+            let run = AssertUnwindSafe(run).catch_unwind();
+            let ran = with_progress(&delivery, limits.progress_interval, run).await;
+            let error = match ran {
+                Ok(Ok(outcome)) => {
+                    let counter = match outcome {
+                        Outcome::Applied(()) => &counters.applied,
+                        Outcome::Duplicate(_) => {
+                            // The broker says how this copy came: delivered again, or
+                            // published again by the producer.
+                            let source = if attempt > 1 {
+                                DuplicateSource::Redelivery
+                            } else {
+                                DuplicateSource::DoubleEnqueue
+                            };
+                            record_duplicate_source(&kind, source);
+                            &counters.duplicates
+                        }
+                    };
+                    Counters::add(counter);
+                    if let Some(hook) = &self.before_ack {
+                        hook(&envelope.key, &outcome).await;
+                    }
+                    if let Err(error) = delivery.ack().await {
+                        tracing::warn!(%error, "the ack failed; the message comes again as a duplicate");
+                        Counters::add(&counters.unacked);
+                    }
+                    return;
+                }
+                Ok(Err(error)) => error,
+                Err(panic) => Error::Effect {
+                    key: envelope.key.to_string(),
+                    fatal: false,
+                    source: format!("the job panicked: {}", panic_message(&panic)).into(),
+                },
+            };
+            if !error.is_retryable() || attempt >= limits.max_deliveries {
+                let reason = if error.is_retryable() {
+                    format!("failed on delivery {attempt}, the last allowed: {error}")
+                } else {
+                    error.to_string()
+                };
+                return self.bury(delivery, &kind, &reason, counters).await;
+            }
+            tracing::warn!(%error, "the job failed; the message is given back for another delivery");
+            Counters::add(&counters.failed);
+            let delay = retry_delay(self.config.retry_delay, attempt);
+            if let Err(error) = delivery.retry(delay).await {
+                tracing::warn!(%error, "giving the message back failed; the broker delivers it again later");
+                Counters::add(&counters.unacked);
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// Dead-letters a delivery and counts it.
+    async fn bury<D: Delivery>(&self, delivery: D, kind: &str, reason: &str, counters: &Counters) {
+        tracing::warn!(error = reason, "message dead-lettered");
+        // Kinds nobody registered are whatever a message said: one label for them all keeps
+        // the series bounded.
+        let label = if self.handlers.contains_key(kind) {
+            kind
+        } else {
+            "unknown"
+        };
+        record_outcome(label, "dead");
+        Counters::add(&counters.dead);
+        if let Err(error) = delivery.dead_letter(reason.to_owned()).await {
+            tracing::warn!(%error, "dead-lettering failed; the broker delivers the message again");
+            Counters::add(&counters.unacked);
+        }
+    }
+
+    /// The envelope and its runnable job, or the kind (when known) and why it can never run.
+    fn decode(&self, body: &[u8]) -> Decoded<DB> {
+        let envelope = Envelope::from_bytes(body).map_err(|error| {
+            let kind = serde_json::from_slice::<Value>(body)
+                .ok()
+                .and_then(|value| value.get("kind")?.as_str().map(str::to_owned));
+            let shown: String = String::from_utf8_lossy(body).chars().take(200).collect();
+            (
+                kind,
+                format!(
+                    "the message is not a jobguard envelope \
+                     ({{\"kind\": ..., \"key\": ..., \"payload\": ...}}): {error}; body: {shown}"
+                ),
+            )
+        })?;
+        let Some(handler) = self.handlers.get(&envelope.kind) else {
+            let reason = format!(
+                "unknown job kind `{}`: no handler is registered for it in this consumer",
+                envelope.kind
+            );
+            return Err((Some(envelope.kind), reason));
+        };
+        match handler.decode(&envelope.payload) {
+            Ok(runnable) => Ok((envelope, Arc::from(runnable))),
+            Err(error) => {
+                let reason = format!(
+                    "the payload does not deserialize into a `{}` job: {error}",
+                    envelope.kind
+                );
+                Err((Some(envelope.kind), reason))
+            }
+        }
+    }
+}
+
+type Decoded<DB> = std::result::Result<(Envelope, Arc<dyn Runnable<DB>>), (Option<String>, String)>;
+
+/// Consecutive failed receives after which [`Consumer::run`] gives up.
+const MAX_RECEIVE_FAILURES: u32 = 8;
+
+/// The longest a failed delivery waits before it is given back.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
+
+/// What the loop knows of its source, for each message.
+#[derive(Clone)]
+struct Limits {
+    broker: &'static str,
+    max_deliveries: u32,
+    progress_interval: Option<Duration>,
+}
+
+/// `base` doubled for each delivery after the first, up to [`MAX_RETRY_DELAY`].
+fn retry_delay(base: Duration, attempt: u32) -> Duration {
+    let factor = 2_u32.saturating_pow(attempt.saturating_sub(1).min(16));
+    base.saturating_mul(factor).min(MAX_RETRY_DELAY)
+}
+
+/// Runs `work`, calling [`Delivery::progress`] every `interval` until it finishes.
+async fn with_progress<D: Delivery, T>(
+    delivery: &D,
+    interval: Option<Duration>,
+    work: impl Future<Output = T>,
+) -> T {
+    let Some(interval) = interval.filter(|i| !i.is_zero()) else {
+        return work.await;
+    };
+    // Polled alongside `work`, never instead of it.
+    let beats = async {
+        loop {
+            tokio::time::sleep(interval).await;
+            if let Err(error) = delivery.progress().await {
+                tracing::warn!(%error, "telling the broker the job still runs failed");
+            }
+        }
+    };
+    tokio::select! {
+        done = work => done,
+        () = beats => unreachable!("progress never ends"),
+    }
+}
+
+fn log_join(joined: std::result::Result<(), tokio::task::JoinError>) {
+    if let Err(error) = joined
+        && error.is_panic()
+    {
+        tracing::error!(%error, "a message task panicked outside the job");
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".to_owned())
+}
+
+/// Turns a payload into a runnable job of one kind.
+trait Handler<DB: Backend>: Send + Sync {
+    fn decode(&self, payload: &Value) -> Result<Box<dyn Runnable<DB>>, serde_json::Error>;
+}
+
+struct TypedHandler<J>(PhantomData<fn() -> J>);
+
+impl<DB: Backend, J: Job<DB>> Handler<DB> for TypedHandler<J> {
+    fn decode(&self, payload: &Value) -> Result<Box<dyn Runnable<DB>>, serde_json::Error> {
+        Ok(Box::new(J::deserialize(payload)?))
+    }
+}
+
+/// A decoded job, its type erased.
+trait Runnable<DB: Backend>: Send + Sync {
+    /// The job's guarded run. Built where the job's type is known: with every type concrete,
+    /// rustc proves the future `Send` for the spawned task (rust-lang/rust#110338).
+    fn guarded(
+        self: Arc<Self>,
+        guard: Guard<DB>,
+        key: JobKey,
+        payload: Value,
+    ) -> BoxFuture<'static, Result<Outcome<()>>>;
+}
+
+impl<DB: Backend, J: Job<DB>> Runnable<DB> for J {
+    fn guarded(
+        self: Arc<Self>,
+        guard: Guard<DB>,
+        key: JobKey,
+        payload: Value,
+    ) -> BoxFuture<'static, Result<Outcome<()>>> {
+        Box::pin(async move {
+            guard
+                .run_with_payload(&key, &payload, async move |conn| self.run(conn).await)
+                .await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_double_up_to_a_minute() {
+        let base = Duration::from_millis(500);
+        assert_eq!(retry_delay(base, 1), base);
+        assert_eq!(retry_delay(base, 2), base * 2);
+        assert_eq!(retry_delay(base, 4), base * 8);
+        assert_eq!(retry_delay(base, 40), MAX_RETRY_DELAY);
+    }
+}

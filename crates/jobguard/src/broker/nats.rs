@@ -1,0 +1,621 @@
+//! NATS JetStream with async-nats: a [`Source`] on a durable pull consumer with explicit acks,
+//! AckWait kept alive by progress acks, MaxDeliver and a dead-letter subject, and
+//! [`NatsSink`], the outbox's sink, publishing with `Nats-Msg-Id` for the server's dedupe
+//! window.
+//!
+//! # Topology
+//!
+//! [`declare`] (run by [`NatsSource::connect`] unless [`NatsConfig::declare`] is off) creates,
+//! when missing:
+//!
+//! - the work stream [`NatsConfig::stream`] on [`NatsConfig::subject`], with work-queue
+//!   retention: an acknowledged message is removed;
+//! - the stream `<stream>_DEAD` on the [dead-letter subject](NatsConfig::dead_letter_subject);
+//! - the durable pull consumer [`NatsConfig::consumer`], shared by every consumer process, with
+//!   explicit acks, [`ack_wait`](NatsConfig::ack_wait) and `MaxDeliver` set to
+//!   [`max_deliveries`](NatsConfig::max_deliveries).
+//!
+//! # How messages are settled
+//!
+//! | the job | the message |
+//! |---|---|
+//! | running | a progress ack (`+WPI`) every third of AckWait, so it is not redelivered meanwhile |
+//! | committed, or its key was already applied | `+ACK`, confirmed by the server (a double ack) |
+//! | failed, retryable, deliveries left | `-NAK` with the retry delay |
+//! | failed on the last delivery, fatal, or the message cannot run | copied to the dead-letter subject, then `+TERM` |
+//!
+//! A message whose last delivery never settled (the consumer died running it) is not delivered
+//! again: the server publishes a max-deliveries advisory instead. Every [`NatsSource`] listens
+//! for it in one queue group, so one of them copies the message to the dead-letter subject and
+//! deletes it from the work stream. Dead letters carry `Nats-Msg-Id: dead:<stream>:<sequence>`,
+//! so both paths at once still leave one copy in the dead-letter stream.
+//!
+//! # An ack after AckWait
+//!
+//! A job that outlives AckWait without progress acks (a consumer that stalled) has its
+//! message redelivered to another consumer while it still runs. Its ack, when it comes, is
+//! taken by the server for the message's stream sequence, whichever delivery is outstanding:
+//! it can land on the redelivery while that one still runs. That is harmless here, because
+//! the guard and not the ack carries the guarantee: the stalled consumer committed (or it
+//! would not ack), and the redelivery waits on the guard row and reports a duplicate. The
+//! redelivery's own ack then finds nothing pending, which the consumer ignores. Progress acks
+//! keep this rare; acks are double acks so that a lost ack is known, and the message it
+//! leaves behind comes back as a duplicate.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::stream::{self, RetentionPolicy};
+use async_nats::jetstream::{self, AckKind, Context};
+use futures::{FutureExt as _, StreamExt as _};
+use serde::Deserialize;
+
+use super::consumer::{Delivery, Source};
+use super::envelope::Envelope;
+use super::redact;
+use crate::error::{Error, Result};
+use crate::outbox::{OutboxMessage, Sink, SinkError};
+
+const BROKER: &str = "nats";
+
+/// How long [`NatsSource::receive`](Source::receive) waits for a first message.
+const POLL: Duration = Duration::from_secs(1);
+
+/// The header a dead letter says why in.
+pub const DEAD_REASON_HEADER: &str = "Jobguard-Dead-Reason";
+/// The header a dead letter names its original subject in.
+pub const DEAD_SUBJECT_HEADER: &str = "Jobguard-Dead-Subject";
+
+/// Where a [`NatsSource`] consumes from, and how.
+#[derive(Clone, Debug)]
+pub struct NatsConfig {
+    /// The work stream.
+    pub stream: String,
+    /// The subject jobs are published on, and the consumer's filter.
+    pub subject: String,
+    /// The durable pull consumer's name, shared by every consumer process (default
+    /// `jobguard`).
+    pub consumer: String,
+    /// How long the server waits for an ack before delivering a message again (default 30 s).
+    /// A running job sends a progress ack every third of it.
+    pub ack_wait: Duration,
+    /// Deliveries a message gets (`MaxDeliver`, default 5).
+    pub max_deliveries: u32,
+    /// Messages pulled ahead, and the jobs run at once (default 10).
+    pub prefetch: usize,
+    /// Where dead letters are published (default `<subject>.dead`). It must not be one of the
+    /// work stream's subjects.
+    pub dead_letter_subject: String,
+    /// Create the streams and the consumer when missing (default true).
+    pub declare: bool,
+}
+
+impl NatsConfig {
+    /// Consumes the jobs of `subject`, stored in `stream`, with the defaults.
+    pub fn new(stream: impl Into<String>, subject: impl Into<String>) -> Self {
+        let subject = subject.into();
+        NatsConfig {
+            stream: stream.into(),
+            dead_letter_subject: format!("{subject}.dead"),
+            subject,
+            consumer: "jobguard".to_owned(),
+            ack_wait: Duration::from_secs(30),
+            max_deliveries: 5,
+            prefetch: 10,
+            declare: true,
+        }
+    }
+
+    /// The stream the dead letters are kept in: `<stream>_DEAD`.
+    pub fn dead_letter_stream(&self) -> String {
+        format!("{}_DEAD", self.stream)
+    }
+
+    fn advisory_subject(&self) -> String {
+        format!(
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
+            self.stream, self.consumer
+        )
+    }
+}
+
+/// Creates the streams and the durable consumer of `config` when missing; see the
+/// [module documentation](self).
+pub async fn declare(context: &Context, config: &NatsConfig) -> Result<PullConsumer> {
+    let work = context
+        .get_or_create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![config.subject.clone()],
+            retention: RetentionPolicy::WorkQueue,
+            ..stream::Config::default()
+        })
+        .await
+        .map_err(|error| broker_error(format!("create the stream `{}`", config.stream), error))?;
+    context
+        .get_or_create_stream(stream::Config {
+            name: config.dead_letter_stream(),
+            subjects: vec![config.dead_letter_subject.clone()],
+            ..stream::Config::default()
+        })
+        .await
+        .map_err(|error| {
+            broker_error(
+                format!("create the stream `{}`", config.dead_letter_stream()),
+                error,
+            )
+        })?;
+    work.get_or_create_consumer(
+        &config.consumer,
+        pull::Config {
+            durable_name: Some(config.consumer.clone()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            max_deliver: i64::from(config.max_deliveries.max(1)),
+            filter_subject: config.subject.clone(),
+            ..pull::Config::default()
+        },
+    )
+    .await
+    .map_err(|error| broker_error(format!("create the consumer `{}`", config.consumer), error))
+}
+
+/// Deletes the work stream of `config` and its dead-letter stream, with their messages and
+/// consumers. For tests and demos that make their own streams.
+pub async fn remove(url: &str, config: &NatsConfig) -> Result<()> {
+    let context = jetstream::new(connect(url).await?);
+    for stream in [config.stream.clone(), config.dead_letter_stream()] {
+        // A stream that does not exist has nothing to delete.
+        if context.get_stream(&stream).await.is_ok() {
+            context
+                .delete_stream(&stream)
+                .await
+                .map_err(|error| broker_error(format!("delete the stream `{stream}`"), error))?;
+        }
+    }
+    Ok(())
+}
+
+/// Consumes a JetStream durable pull consumer for a [`Consumer`](super::Consumer).
+pub struct NatsSource {
+    consumer: PullConsumer,
+    /// Started on the first receive, so that a source made only to declare pulls nothing.
+    messages: Option<pull::Stream>,
+    config: NatsConfig,
+    /// Moves messages out of deliveries to the dead-letter subject on the max-deliveries
+    /// advisory; stopped with the source.
+    advisories: tokio::task::JoinHandle<()>,
+}
+
+impl NatsSource {
+    /// Connects to `url` (`nats://host:4222`), creates the streams and the consumer unless told
+    /// not to, and starts pulling.
+    pub async fn connect(url: &str, config: NatsConfig) -> Result<Self> {
+        let client = connect(url).await?;
+        Self::on(jetstream::new(client), config).await
+    }
+
+    /// Consumes through a JetStream context of the caller's.
+    pub async fn on(context: Context, config: NatsConfig) -> Result<Self> {
+        let consumer: PullConsumer = if config.declare {
+            declare(&context, &config).await?
+        } else {
+            context
+                .get_consumer_from_stream(&config.consumer, &config.stream)
+                .await
+                .map_err(|error| {
+                    broker_error(
+                        format!(
+                            "find the consumer `{}` on the stream `{}`",
+                            config.consumer, config.stream
+                        ),
+                        error,
+                    )
+                })?
+        };
+        // Subscribed before the first pull, so no advisory of this source's deliveries is missed.
+        let advisories = context
+            .client()
+            .queue_subscribe(
+                config.advisory_subject(),
+                format!("jobguard-dead-{}-{}", config.stream, config.consumer),
+            )
+            .await
+            .map_err(|error| {
+                broker_error("subscribe to max-deliveries advisories".into(), error)
+            })?;
+        let advisories = tokio::spawn(dead_letter_on_advisories(
+            context.clone(),
+            config.clone(),
+            advisories,
+        ));
+        Ok(NatsSource {
+            consumer,
+            messages: None,
+            config,
+            advisories,
+        })
+    }
+
+    async fn messages(&mut self) -> Result<&mut pull::Stream> {
+        if self.messages.is_none() {
+            let messages = self
+                .consumer
+                .stream()
+                .max_messages_per_batch(self.config.prefetch.max(1))
+                .messages()
+                .await
+                .map_err(|error| {
+                    broker_error(
+                        format!("pull from the consumer `{}`", self.config.consumer),
+                        error,
+                    )
+                })?;
+            self.messages = Some(messages);
+        }
+        Ok(self.messages.as_mut().expect("just started"))
+    }
+}
+
+impl Drop for NatsSource {
+    fn drop(&mut self) {
+        self.advisories.abort();
+    }
+}
+
+impl Source for NatsSource {
+    type Delivery = NatsDelivery;
+
+    fn broker(&self) -> &'static str {
+        BROKER
+    }
+
+    fn prefetch(&self) -> usize {
+        self.config.prefetch.max(1)
+    }
+
+    fn max_deliveries(&self) -> u32 {
+        self.config.max_deliveries
+    }
+
+    fn progress_interval(&self) -> Option<Duration> {
+        Some(self.config.ack_wait / 3)
+    }
+
+    async fn receive(&mut self, max: usize) -> Result<Vec<NatsDelivery>> {
+        let config = self.config.clone();
+        let messages = self.messages().await?;
+        let first = match tokio::time::timeout(POLL, messages.next()).await {
+            Err(_elapsed) => return Ok(Vec::new()),
+            Ok(first) => first,
+        };
+        let mut deliveries = vec![delivered(first, &config)?];
+        while deliveries.len() < max {
+            match messages.next().now_or_never() {
+                Some(next) => deliveries.push(delivered(next, &config)?),
+                None => break,
+            }
+        }
+        Ok(deliveries)
+    }
+
+    async fn close(self) {
+        // Messages pulled and not acked are delivered again after AckWait.
+        drop(self);
+    }
+}
+
+fn delivered(
+    next: Option<std::result::Result<jetstream::Message, pull::MessagesError>>,
+    config: &NatsConfig,
+) -> Result<NatsDelivery> {
+    match next {
+        Some(Ok(message)) => Ok(NatsDelivery {
+            message,
+            config: config.clone(),
+        }),
+        Some(Err(error)) => Err(broker_error(
+            format!("pull from the consumer `{}`", config.consumer),
+            error,
+        )),
+        None => Err(Error::Broker {
+            broker: BROKER,
+            action: format!("pull from the consumer `{}`", config.consumer),
+            source: "the message stream ended".into(),
+        }),
+    }
+}
+
+/// A message from a [`NatsSource`].
+pub struct NatsDelivery {
+    message: jetstream::Message,
+    config: NatsConfig,
+}
+
+impl NatsDelivery {
+    fn stream_sequence(&self) -> Option<u64> {
+        self.message.info().ok().map(|info| info.stream_sequence)
+    }
+}
+
+impl Delivery for NatsDelivery {
+    fn body(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    fn attempt(&self) -> u32 {
+        let delivered = self.message.info().map(|info| info.delivered).unwrap_or(1);
+        u32::try_from(delivered.max(1)).unwrap_or(u32::MAX)
+    }
+
+    async fn ack(self) -> Result<()> {
+        self.message
+            .double_ack()
+            .await
+            .map_err(|error| broker_error("ack a message".into(), error))
+    }
+
+    async fn retry(self, delay: Duration) -> Result<()> {
+        self.message
+            .ack_with(AckKind::Nak(Some(delay)))
+            .await
+            .map_err(|error| broker_error("nak a message".into(), error))
+    }
+
+    async fn dead_letter(self, reason: String) -> Result<()> {
+        let sequence = self.stream_sequence().unwrap_or_default();
+        let context = &self.message.context;
+        publish_dead_letter(
+            context,
+            &self.config,
+            sequence,
+            self.message.subject.as_str(),
+            self.message.payload.to_vec(),
+            &reason,
+        )
+        .await?;
+        self.message
+            .double_ack_with(AckKind::Term)
+            .await
+            .map_err(|error| broker_error("terminate a dead-lettered message".into(), error))
+    }
+
+    async fn progress(&self) -> Result<()> {
+        self.message
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|error| broker_error("send a progress ack".into(), error))
+    }
+}
+
+/// Publishes a copy of a message to the dead-letter subject and waits for the stream to take it.
+async fn publish_dead_letter(
+    context: &Context,
+    config: &NatsConfig,
+    sequence: u64,
+    subject: &str,
+    payload: Vec<u8>,
+    reason: &str,
+) -> Result<()> {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "Nats-Msg-Id",
+        format!("dead:{}:{sequence}", config.stream).as_str(),
+    );
+    // Header values are one line.
+    let reason: String = reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(1000)
+        .collect();
+    headers.insert(DEAD_REASON_HEADER, reason.as_str());
+    headers.insert(DEAD_SUBJECT_HEADER, subject);
+    let action = || format!("publish a dead letter to `{}`", config.dead_letter_subject);
+    context
+        .publish_with_headers(config.dead_letter_subject.clone(), headers, payload.into())
+        .await
+        .map_err(|error| broker_error(action(), error))?
+        .await
+        .map_err(|error| broker_error(action(), error))?;
+    Ok(())
+}
+
+/// The max-deliveries advisory: `stream_seq` was delivered `deliveries` times and never settled.
+#[derive(Deserialize)]
+struct MaxDeliveries {
+    stream_seq: u64,
+    deliveries: u64,
+}
+
+/// Moves each message whose deliveries ran out to the dead-letter subject and deletes it from
+/// the work stream.
+async fn dead_letter_on_advisories(
+    context: Context,
+    config: NatsConfig,
+    mut advisories: async_nats::Subscriber,
+) {
+    while let Some(advisory) = advisories.next().await {
+        let Ok(advisory) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
+            tracing::warn!("unreadable max-deliveries advisory");
+            continue;
+        };
+        if let Err(error) = dead_letter_sequence(&context, &config, &advisory).await {
+            tracing::warn!(%error, sequence = advisory.stream_seq, "dead-lettering a message out of deliveries failed");
+        }
+    }
+}
+
+async fn dead_letter_sequence(
+    context: &Context,
+    config: &NatsConfig,
+    advisory: &MaxDeliveries,
+) -> Result<()> {
+    let stream = context
+        .get_stream(&config.stream)
+        .await
+        .map_err(|error| broker_error(format!("find the stream `{}`", config.stream), error))?;
+    let Ok(message) = stream.get_raw_message(advisory.stream_seq).await else {
+        // Settled or dead-lettered meanwhile.
+        return Ok(());
+    };
+    let reason = format!(
+        "delivered {} times without being acknowledged: the consumers running it died or \
+         stalled past AckWait each time",
+        advisory.deliveries
+    );
+    tracing::warn!(
+        error = reason,
+        sequence = advisory.stream_seq,
+        "message dead-lettered"
+    );
+    crate::metrics::record_outcome(
+        &Envelope::from_bytes(&message.payload)
+            .map(|envelope| envelope.kind)
+            .unwrap_or_else(|_| "unknown".to_owned()),
+        "dead",
+    );
+    publish_dead_letter(
+        context,
+        config,
+        advisory.stream_seq,
+        message.subject.as_str(),
+        message.payload.to_vec(),
+        &reason,
+    )
+    .await?;
+    stream
+        .delete_message(advisory.stream_seq)
+        .await
+        .map_err(|error| broker_error("delete a dead-lettered message".into(), error))?;
+    Ok(())
+}
+
+/// Publishes to JetStream, waiting for the stream's ack: the outbox's [`Sink`], and a producer
+/// of job [`Envelope`]s.
+///
+/// As a sink, each outbox message is published on `<prefix><topic>` with the payload as JSON
+/// and the [message id](crate::outbox::MessageId) as `Nats-Msg-Id`: a stream with a duplicate
+/// window (2 minutes unless configured) stores a message published again within it once, and
+/// acknowledges the copy as a duplicate.
+///
+/// | the server | what the relay does |
+/// |---|---|
+/// | a stream acknowledges it (stored, or a duplicate) | delivered: marks the message sent |
+/// | no stream takes the subject, no answer, an error | retries after a backoff |
+///
+/// ```no_run
+/// use jobguard::broker::nats::NatsSink;
+/// use jobguard::outbox::{Outbox, Relay};
+///
+/// # async fn f(pool: sqlx::PgPool) -> jobguard::Result<()> {
+/// // Messages on topic `invoices` go to the subject `events.invoices`.
+/// let sink = NatsSink::connect("nats://127.0.0.1:4222").await?.subject_prefix("events.");
+/// let report = Relay::new(Outbox::new(pool), sink).drain().await?;
+/// assert_eq!(report.dead, 0);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct NatsSink {
+    context: Context,
+    prefix: String,
+    message_ids: bool,
+}
+
+impl NatsSink {
+    /// Connects to `url`; topics are published as subjects of the same name.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Ok(Self::on(jetstream::new(connect(url).await?)))
+    }
+
+    /// Publishes through a JetStream context of the caller's.
+    pub fn on(context: Context) -> Self {
+        NatsSink {
+            context,
+            prefix: String::new(),
+            message_ids: true,
+        }
+    }
+
+    /// Publishes topic `t` on the subject `<prefix>t`.
+    pub fn subject_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Leaves `Nats-Msg-Id` off: every publish is stored, even within the duplicate window.
+    /// For producers that must not be deduplicated by the server (a demo of duplicates);
+    /// receivers then deduplicate alone.
+    pub fn without_message_ids(mut self) -> Self {
+        self.message_ids = false;
+        self
+    }
+
+    /// Publishes a job's envelope on `subject` with the job key as `Nats-Msg-Id`, and waits for
+    /// the stream's ack. Published again within the stream's duplicate window, it is stored
+    /// once.
+    pub async fn publish(&self, subject: &str, envelope: &Envelope) -> Result<()> {
+        self.send(subject, envelope.key.as_str(), envelope.to_bytes())
+            .await
+            .map_err(|error| Error::Broker {
+                broker: BROKER,
+                action: format!("publish job `{}` on `{subject}`", envelope.key),
+                source: Box::new(error),
+            })
+    }
+
+    async fn send(
+        &self,
+        subject: &str,
+        id: &str,
+        body: Vec<u8>,
+    ) -> std::result::Result<(), SinkError> {
+        let mut headers = HeaderMap::new();
+        if self.message_ids {
+            headers.insert("Nats-Msg-Id", id);
+        }
+        let failed = |error| {
+            SinkError::retryable(format!("publishing on `{subject}` failed")).with_source(error)
+        };
+        let ack = self
+            .context
+            .publish_with_headers(subject.to_owned(), headers, body.into())
+            .await
+            .map_err(failed)?;
+        ack.await.map_err(|error| {
+            SinkError::retryable(format!(
+                "no stream acknowledged the message on `{subject}` (is there a stream on it?)"
+            ))
+            .with_source(error)
+        })?;
+        Ok(())
+    }
+}
+
+impl Sink for NatsSink {
+    async fn deliver(&self, message: &OutboxMessage) -> std::result::Result<(), SinkError> {
+        let body = serde_json::to_vec(&message.payload)
+            .map_err(|error| SinkError::permanent("the payload is not JSON").with_source(error))?;
+        let subject = format!("{}{}", self.prefix, message.topic);
+        self.send(&subject, message.id.as_str(), body).await
+    }
+}
+
+async fn connect(url: &str) -> Result<async_nats::Client> {
+    async_nats::connect(url).await.map_err(|error| {
+        broker_error(
+            format!("connect to {} (is NATS running there?)", redact(url)),
+            error,
+        )
+    })
+}
+
+fn broker_error(
+    action: String,
+    error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+) -> Error {
+    Error::Broker {
+        broker: BROKER,
+        action,
+        source: error.into(),
+    }
+}

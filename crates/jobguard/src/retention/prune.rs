@@ -1,0 +1,328 @@
+//! Pruning the guard table, and the step ledger's `done` steps, in batches.
+
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use sqlx::Pool;
+
+use super::Retention;
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::guard::Guard;
+use crate::metrics::{record_oldest_age, record_pruned};
+use crate::steps::Steps;
+use crate::table::TableName;
+
+/// A time before any guard row, in microseconds since the Unix epoch (the year 1): where the
+/// first batch starts.
+const FAR_PAST_MICROS: i64 = -62_135_596_800_000_000;
+
+/// After each batch the pruner rests at least this many times as long as the batch took: it
+/// deletes at most a fifth of the time whatever the batch size and the machine, and backs off
+/// when the database is slow because it is busy.
+const REST_PER_BATCH: u32 = 4;
+
+/// Deletes guard rows older than a [`Retention`], in batches, one pruner per table at a time.
+///
+/// Each batch is one statement deleting at most [`batch`](Self::batch) of the oldest rows,
+/// committed on its own, so no long transaction holds locks or keeps old row versions alive
+/// while jobs run; between batches the pruner pauses, at least four times as long as the batch
+/// took, so that it deletes at most a fifth of the time. The cutoff (now minus the retention, by
+/// the database clock) is fixed when a run starts. A step ledger given with
+/// [`steps`](Self::steps) loses its `done` steps of the same age too; `started` steps and steps
+/// that need attention are never deleted.
+///
+/// Only one pruner runs on a table at a time: on PostgreSQL it holds an advisory lock for the
+/// table while it runs, on SQLite an in-process lock (SQLite's single writer already serialises
+/// the batches of pruners in other processes). A pruner that finds the table taken returns
+/// `None` without deleting anything.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// use jobguard::retention::{Pruner, RetentionConfig};
+/// use jobguard::RetryPolicy;
+///
+/// # async fn f(guard: jobguard::SqliteGuard) -> jobguard::Result<()> {
+/// let retention = RetentionConfig::default().validate(&RetryPolicy::default(), Duration::from_secs(30))?;
+/// let pruner = Pruner::new(&guard, retention).batch(5_000).pause(Duration::from_millis(20));
+/// println!("{} rows to prune", pruner.plan().await?.guard_rows);
+/// match pruner.run().await? {
+///     Some(report) => println!("pruned {} rows in {} batches", report.guard_rows, report.batches),
+///     None => println!("another pruner is running on this table"),
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Pruner<DB: Backend> {
+    guard: Guard<DB>,
+    retention: Retention,
+    batch: u32,
+    pause: Duration,
+    steps: Option<Steps<DB>>,
+}
+
+impl<DB: Backend> Clone for Pruner<DB> {
+    fn clone(&self) -> Self {
+        Pruner {
+            guard: self.guard.clone(),
+            retention: self.retention.clone(),
+            batch: self.batch,
+            pause: self.pause,
+            steps: self.steps.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for Pruner<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pruner")
+            .field("guard", &self.guard)
+            .field("retention", &self.retention)
+            .field("batch", &self.batch)
+            .field("pause", &self.pause)
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+/// What a [`Pruner`] run deleted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PruneReport {
+    /// Guard rows deleted.
+    pub guard_rows: u64,
+    /// `done` steps deleted from the step ledger.
+    pub step_rows: u64,
+    /// Delete statements run.
+    pub batches: u64,
+    /// Time since the run started.
+    pub elapsed: Duration,
+    /// The age of the oldest guard row left, once the run ended; `None` when the table is empty
+    /// (and while the run is in progress).
+    pub oldest_age: Option<Duration>,
+}
+
+/// What a [`Pruner`] run would delete now, from [`Pruner::plan`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PrunePlan {
+    /// Guard rows older than the retention.
+    pub guard_rows: u64,
+    /// `done` steps older than the retention.
+    pub step_rows: u64,
+    /// The age of the oldest guard row; `None` when the table is empty.
+    pub oldest_age: Option<Duration>,
+}
+
+impl<DB: Backend> Pruner<DB> {
+    /// A pruner of `guard`'s table keeping rows for `retention`, 10,000 rows per batch with a
+    /// 10 ms pause between batches.
+    pub fn new(guard: &Guard<DB>, retention: Retention) -> Self {
+        Pruner {
+            guard: guard.clone(),
+            retention,
+            batch: super::PruneConfig::DEFAULT_BATCH,
+            pause: super::PruneConfig::DEFAULT_PAUSE,
+            steps: None,
+        }
+    }
+
+    /// Rows deleted per statement (at least 1). Smaller batches hold their locks and write
+    /// their WAL in smaller pieces; larger ones finish sooner.
+    pub fn batch(mut self, rows: u32) -> Self {
+        self.batch = rows.max(1);
+        self
+    }
+
+    /// The shortest pause between two batches, which lets jobs through. The pruner also rests
+    /// at least four times as long as each batch took, so it deletes at most a fifth of the
+    /// time and backs off when the database is busy.
+    pub fn pause(mut self, pause: Duration) -> Self {
+        self.pause = pause;
+        self
+    }
+
+    /// Also prunes `done` steps of this step ledger.
+    pub fn steps(mut self, steps: Steps<DB>) -> Self {
+        self.steps = Some(steps);
+        self
+    }
+
+    /// The retention the pruner keeps.
+    pub fn retention(&self) -> &Retention {
+        &self.retention
+    }
+
+    /// Counts what a run would delete now, deleting nothing (a dry run).
+    pub async fn plan(&self) -> Result<PrunePlan> {
+        let pool = self.guard.pool();
+        let table = self.guard.table();
+        let cutoff = DB::prune_cutoff(pool, self.retention.keep()).await?;
+        let step_rows = match &self.steps {
+            Some(steps) => steps.prunable(cutoff).await?,
+            None => 0,
+        };
+        Ok(PrunePlan {
+            guard_rows: DB::count_guard(pool, table, cutoff).await?,
+            step_rows,
+            oldest_age: self.oldest_age().await?,
+        })
+    }
+
+    /// The age of the oldest guard row, by the database clock: how far back the guard
+    /// remembers. Also sets the `jobguard_guard_oldest_age_seconds` gauge.
+    pub async fn oldest_age(&self) -> Result<Option<Duration>> {
+        let table = self.guard.table();
+        let age = DB::oldest_guard_age(self.guard.pool(), table).await?;
+        record_oldest_age(&table.to_string(), age);
+        Ok(age)
+    }
+
+    /// Deletes every guard row (and `done` step) older than the retention, batch by batch.
+    /// `None` when another pruner holds the table.
+    pub async fn run(&self) -> Result<Option<PruneReport>> {
+        self.run_with(|_| ControlFlow::Continue(())).await
+    }
+
+    /// Like [`run`](Self::run), calling `progress` after every batch with the totals so far;
+    /// `progress` returns [`ControlFlow::Break`] to stop after that batch (what was deleted
+    /// stays deleted).
+    pub async fn run_with(
+        &self,
+        mut progress: impl FnMut(&PruneReport) -> ControlFlow<()> + Send,
+    ) -> Result<Option<PruneReport>> {
+        let pool = self.guard.pool();
+        let table = self.guard.table();
+        let Some(turn) = DB::take_prune_turn(pool, table).await? else {
+            return Ok(None);
+        };
+        let result = self.prune(&mut progress).await;
+        DB::end_prune_turn(turn).await;
+        let mut report = result?;
+        report.oldest_age = self.oldest_age().await?;
+        tracing::debug!(
+            table = %table,
+            guard_rows = report.guard_rows,
+            step_rows = report.step_rows,
+            batches = report.batches,
+            seconds = report.elapsed.as_secs_f64(),
+            "pruned"
+        );
+        Ok(Some(report))
+    }
+
+    async fn prune(
+        &self,
+        progress: &mut (impl FnMut(&PruneReport) -> ControlFlow<()> + Send),
+    ) -> Result<PruneReport> {
+        let started = Instant::now();
+        let pool = self.guard.pool();
+        let table = self.guard.table();
+        let table_label = table.to_string();
+        let cutoff = DB::prune_cutoff(pool, self.retention.keep()).await?;
+        let mut report = PruneReport::default();
+        let batch = u64::from(self.batch);
+        // Each batch starts where the last one ended, rather than at the start of the index
+        // where the entries of the rows just deleted still wait for vacuum.
+        let mut after = FAR_PAST_MICROS;
+        loop {
+            let batch_started = Instant::now();
+            let (deleted, last) = {
+                let _writer = self.guard.write_turn().await;
+                DB::prune_guard(pool, table, cutoff, after, self.batch).await?
+            };
+            let took = batch_started.elapsed();
+            after = last.unwrap_or(after);
+            record_pruned(&table_label, deleted);
+            report.guard_rows += deleted;
+            report.batches += 1;
+            report.elapsed = started.elapsed();
+            if progress(&report).is_break() {
+                return Ok(report);
+            }
+            if deleted < batch {
+                break;
+            }
+            self.rest(took).await;
+        }
+        let Some(steps) = &self.steps else {
+            return Ok(report);
+        };
+        let steps_label = steps.table().to_string();
+        loop {
+            let batch_started = Instant::now();
+            let deleted = {
+                let _writer = self.guard.write_turn().await;
+                steps.prune_batch(cutoff, self.batch).await?
+            };
+            let took = batch_started.elapsed();
+            record_pruned(&steps_label, deleted);
+            report.step_rows += deleted;
+            report.batches += 1;
+            report.elapsed = started.elapsed();
+            if progress(&report).is_break() || deleted < batch {
+                return Ok(report);
+            }
+            self.rest(took).await;
+        }
+    }
+
+    /// The pause after a batch that took `took`.
+    async fn rest(&self, took: Duration) {
+        tokio::time::sleep(self.pause.max(took * REST_PER_BATCH)).await;
+    }
+}
+
+/// The pruning statements each backend implements.
+#[doc(hidden)]
+pub trait PruneStore: sqlx::Database {
+    /// Proof that this process holds a table's turn to prune; released by
+    /// [`end_prune_turn`](Self::end_prune_turn) or, if lost, when dropped.
+    #[doc(hidden)]
+    type PruneTurn: Send + 'static;
+
+    /// Now minus `keep` by the database clock, in microseconds since the Unix epoch.
+    #[doc(hidden)]
+    fn prune_cutoff(
+        pool: &Pool<Self>,
+        keep: Duration,
+    ) -> impl Future<Output = sqlx::Result<i64>> + Send;
+
+    /// Deletes up to `limit` of the oldest guard rows applied at or after `after` and before
+    /// `cutoff`; returns how many, and the newest `applied_at` among them.
+    #[doc(hidden)]
+    fn prune_guard(
+        pool: &Pool<Self>,
+        table: &TableName,
+        cutoff: i64,
+        after: i64,
+        limit: u32,
+    ) -> impl Future<Output = sqlx::Result<(u64, Option<i64>)>> + Send;
+
+    #[doc(hidden)]
+    fn count_guard(
+        pool: &Pool<Self>,
+        table: &TableName,
+        cutoff: i64,
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+
+    #[doc(hidden)]
+    fn oldest_guard_age(
+        pool: &Pool<Self>,
+        table: &TableName,
+    ) -> impl Future<Output = sqlx::Result<Option<Duration>>> + Send;
+
+    /// The table's turn to prune, or `None` when another pruner holds it.
+    #[doc(hidden)]
+    fn take_prune_turn(
+        pool: &Pool<Self>,
+        table: &TableName,
+    ) -> impl Future<Output = sqlx::Result<Option<Self::PruneTurn>>> + Send;
+
+    #[doc(hidden)]
+    fn end_prune_turn(turn: Self::PruneTurn) -> impl Future<Output = ()> + Send;
+}
+
+/// Microseconds as a duration, zero when negative.
+pub(crate) fn micros_duration(micros: i64) -> Duration {
+    Duration::from_micros(micros.max(0) as u64)
+}

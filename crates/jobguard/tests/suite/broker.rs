@@ -1,0 +1,414 @@
+// The broker consumer suite, included by `tests/brokers.rs` once per database backend and
+// broker, with `DB` set to the backend's type and `Broker` to a `TestBroker`: every test runs
+// against the real broker and the real database, on a queue or stream and a schema or file of
+// its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Envelope};
+use jobguard::{Backend, Guard, Job, JobError, JobKey, KeyError, Outcome};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::Pool;
+
+use crate::common::{TestDb, ledger_rows, ledger_total};
+use crate::{Settings, TestBroker};
+
+/// The longest a consumer runs in a test before the test fails: a guard against hangs only.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+/// Credits `amount` for `order`: one ledger row per applied job.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Credit {
+    order: String,
+    amount: i64,
+    /// Fails every delivery: retryably, or fatally.
+    #[serde(default)]
+    fail: Option<Failure>,
+    /// Holds the transaction this long after the effect: a long job.
+    #[serde(default)]
+    hold_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Failure {
+    Retryable,
+    Fatal,
+}
+
+impl Credit {
+    fn new(order: usize, amount: i64) -> Self {
+        Credit {
+            order: format!("order-{order}"),
+            amount,
+            fail: None,
+            hold_ms: 0,
+        }
+    }
+
+    fn body(&self) -> Vec<u8> {
+        Envelope::for_job::<DB, _>(self).unwrap().to_bytes()
+    }
+}
+
+impl Job<DB> for Credit {
+    const KIND: &'static str = "credit";
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new("credit", [&self.order])
+    }
+
+    async fn run(&self, conn: &mut <DB as sqlx::Database>::Connection) -> Result<(), JobError> {
+        match self.fail {
+            Some(Failure::Retryable) => return Err(JobError::msg("the ledger is busy")),
+            Some(Failure::Fatal) => return Err(JobError::fatal("the account is closed")),
+            None => {}
+        }
+        DB::insert_ledger(conn, 1, self.amount).await?;
+        if self.order.starts_with("doomed") {
+            DOOMED_RUNS.fetch_add(1, Ordering::SeqCst);
+        }
+        tokio::time::sleep(Duration::from_millis(self.hold_ms)).await;
+        Ok(())
+    }
+}
+
+/// How many times a `doomed-*` credit started running in this module.
+static DOOMED_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// The test's broker URL, queue or stream name, and database.
+struct Fixture {
+    url: String,
+    name: String,
+    pool: Pool<DB>,
+}
+
+impl Fixture {
+    async fn new(test: &str) -> Option<Fixture> {
+        let url = Broker::url()?;
+        let pool = DB::open(&format!("b_{}_{test}", Broker::NAME), 16).await?;
+        let name = format!("{}-{test}", DB::BACKEND);
+        Broker::reset(&url, &name).await;
+        Some(Fixture { url, name, pool })
+    }
+
+    async fn source(&self, settings: Settings) -> <Broker as TestBroker>::Source {
+        Broker::source(&self.url, &self.name, settings).await
+    }
+
+    async fn publish(&self, bodies: Vec<Vec<u8>>) {
+        Broker::publish(&self.url, &self.name, bodies).await;
+    }
+
+    /// A migrated consumer of `Credit` jobs that stops once nothing arrived for `idle`.
+    async fn consumer(&self, idle: Duration) -> Consumer<DB> {
+        let config = ConsumerConfig {
+            retry_delay: Duration::from_millis(100),
+            shutdown_timeout: Duration::from_secs(10),
+            stop_when_idle_for: Some(idle),
+        };
+        let consumer =
+            Consumer::with_config(Guard::new(self.pool.clone()), config).register::<Credit>();
+        consumer.migrate().await.expect("migrate the guard");
+        consumer
+    }
+
+    /// Runs a consumer until it has been idle for `idle`.
+    async fn drain(&self, settings: Settings, idle: Duration) -> ConsumerStats {
+        let consumer = self.consumer(idle).await;
+        let source = self.source(settings).await;
+        tokio::time::timeout(DEADLINE, consumer.run(source, std::future::pending()))
+            .await
+            .expect("the consumer stopped before the deadline")
+            .expect("the consumer ran")
+    }
+
+    async fn cleanup(self) {
+        Broker::reset(&self.url, &self.name).await;
+        self.pool.close().await;
+    }
+}
+
+/// Long enough without a message that anything the broker still had to deliver again (after
+/// AckWait or the claim threshold) has come.
+fn settled(settings: Settings) -> Duration {
+    settings.redelivery * 2 + Duration::from_secs(1)
+}
+
+/// Every message published three times, copies next to each other: each key is applied once,
+/// the other deliveries are duplicates, and everything is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applies_each_key_once_and_acknowledges_the_duplicates() {
+    let Some(fixture) = Fixture::new("once").await else {
+        return;
+    };
+    let credits: Vec<Credit> = (0..20).map(|n| Credit::new(n, 100 + n as i64)).collect();
+    let bodies = credits
+        .iter()
+        .flat_map(|credit| std::iter::repeat_n(credit.body(), 3))
+        .collect();
+    fixture.publish(bodies).await;
+
+    let settings = Settings::default();
+    let stats = fixture.drain(settings, Duration::from_secs(1)).await;
+    assert_eq!((stats.applied, stats.duplicates), (20, 40), "{stats:?}");
+    assert_eq!(
+        (stats.failed, stats.dead, stats.unacked),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(ledger_rows(&fixture.pool).await, 20);
+    let expected: i64 = credits.iter().map(|credit| credit.amount).sum();
+    assert_eq!(ledger_total(&fixture.pool).await, expected);
+
+    // Every delivery was acknowledged: nothing comes back.
+    let again = fixture.drain(settings, settled(settings)).await;
+    assert_eq!(again, ConsumerStats::default());
+    assert_eq!(Broker::left_behind(&fixture.url, &fixture.name).await, 0);
+    assert!(
+        Broker::dead_letters(&fixture.url, &fixture.name)
+            .await
+            .is_empty()
+    );
+    fixture.cleanup().await;
+}
+
+/// A consumer stops after a job committed and before its ack, and never acks: the broker
+/// delivers the message again, the guard reports a duplicate, and it is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_ack_is_lost_comes_back_as_a_duplicate() {
+    let Some(fixture) = Fixture::new("lost_ack").await else {
+        return;
+    };
+    fixture.publish(vec![Credit::new(1, 500).body()]).await;
+    let settings = Settings::default();
+
+    let committed = Arc::new(tokio::sync::Notify::new());
+    let stop = {
+        let committed = Arc::clone(&committed);
+        async move { committed.notified().await }
+    };
+    let consumer = {
+        let committed = Arc::clone(&committed);
+        let config = ConsumerConfig {
+            shutdown_timeout: Duration::ZERO,
+            ..ConsumerConfig::default()
+        };
+        Consumer::with_config(Guard::new(fixture.pool.clone()), config)
+            .register::<Credit>()
+            .before_ack(move |_key: &JobKey, _outcome: &Outcome<()>| {
+                committed.notify_one();
+                // The consumer dies here: the ack never comes.
+                std::future::pending().boxed()
+            })
+    };
+    consumer.migrate().await.unwrap();
+    let source = fixture.source(settings).await;
+    let first = tokio::time::timeout(DEADLINE, consumer.run(source, stop))
+        .await
+        .expect("stopped before the deadline")
+        .unwrap();
+    assert_eq!((first.applied, first.released), (1, 1), "{first:?}");
+    assert_eq!(ledger_rows(&fixture.pool).await, 1);
+
+    let second = fixture.drain(settings, settled(settings)).await;
+    assert_eq!((second.applied, second.duplicates), (0, 1), "{second:?}");
+    assert_eq!(
+        ledger_rows(&fixture.pool).await,
+        1,
+        "the effect exists once"
+    );
+    let third = fixture.drain(settings, settled(settings)).await;
+    assert_eq!(
+        third,
+        ConsumerStats::default(),
+        "the duplicate was acknowledged"
+    );
+    fixture.cleanup().await;
+}
+
+/// Messages that can never run, fatal failures and failures on the last delivery end in the
+/// broker's dead letters; nothing is applied for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_messages_end_in_the_dead_letters() {
+    let Some(fixture) = Fixture::new("poison").await else {
+        return;
+    };
+    let key = JobKey::new("credit", ["order-9"]).unwrap();
+    let retryable = Credit {
+        fail: Some(Failure::Retryable),
+        ..Credit::new(1, 100)
+    };
+    let fatal = Credit {
+        fail: Some(Failure::Fatal),
+        ..Credit::new(2, 100)
+    };
+    let poison = vec![
+        b"not json".to_vec(),
+        Envelope::new("email", key.clone(), &json!({"to": "a@b.c"}))
+            .unwrap()
+            .to_bytes(),
+        Envelope::new("credit", key, &json!({"order": 9}))
+            .unwrap()
+            .to_bytes(),
+        fatal.body(),
+        retryable.body(),
+    ];
+    fixture.publish(poison.clone()).await;
+
+    let settings = Settings {
+        max_deliveries: 3,
+        ..Settings::default()
+    };
+    let stats = fixture.drain(settings, settled(settings)).await;
+    assert_eq!(stats.dead, 5, "{stats:?}");
+    // The retryable failure was given back twice, then dead-lettered on its third delivery.
+    assert_eq!(stats.failed, 2, "{stats:?}");
+    assert_eq!((stats.applied, stats.duplicates), (0, 0), "{stats:?}");
+    assert_eq!(ledger_rows(&fixture.pool).await, 0);
+
+    let mut dead = Broker::dead_letters(&fixture.url, &fixture.name).await;
+    let mut expected = poison;
+    dead.sort();
+    expected.sort();
+    assert_eq!(dead, expected, "each poison message is dead-lettered once");
+    assert_eq!(Broker::left_behind(&fixture.url, &fixture.name).await, 0);
+    fixture.cleanup().await;
+}
+
+/// A key first applied with one payload and delivered again with another is refused and
+/// dead-lettered: the same key naming two operations is a producer's bug.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_with_another_payload_is_dead_lettered() {
+    let Some(fixture) = Fixture::new("reused").await else {
+        return;
+    };
+    let first = Credit::new(1, 100);
+    let other = Credit::new(1, 999);
+    fixture.publish(vec![first.body()]).await;
+    let settings = Settings::default();
+    let stats = fixture.drain(settings, Duration::from_secs(1)).await;
+    assert_eq!(stats.applied, 1, "{stats:?}");
+    fixture.publish(vec![other.body()]).await;
+    let stats = fixture.drain(settings, Duration::from_secs(1)).await;
+    assert_eq!((stats.applied, stats.dead), (0, 1), "{stats:?}");
+    assert_eq!(ledger_total(&fixture.pool).await, 100);
+    assert_eq!(
+        Broker::dead_letters(&fixture.url, &fixture.name).await,
+        vec![other.body()]
+    );
+    fixture.cleanup().await;
+}
+
+/// Three consumers on one queue or stream, as on three machines, each message published three
+/// times: effects equal distinct keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_consumers_apply_each_key_once() {
+    let Some(fixture) = Fixture::new("three").await else {
+        return;
+    };
+    let credits: Vec<Credit> = (0..30).map(|n| Credit::new(n, 10)).collect();
+    let bodies = credits
+        .iter()
+        .flat_map(|credit| std::iter::repeat_n(credit.body(), 3))
+        .collect();
+    fixture.publish(bodies).await;
+
+    let settings = Settings {
+        prefetch: 4,
+        ..Settings::default()
+    };
+    let idle = Duration::from_secs(2);
+    let (a, b, c) = tokio::join!(
+        fixture.drain(settings, idle),
+        fixture.drain(settings, idle),
+        fixture.drain(settings, idle),
+    );
+    let applied = a.applied + b.applied + c.applied;
+    let duplicates = a.duplicates + b.duplicates + c.duplicates;
+    assert_eq!((applied, duplicates), (30, 60), "{a:?} {b:?} {c:?}");
+    assert_eq!(ledger_rows(&fixture.pool).await, 30);
+    assert_eq!(ledger_total(&fixture.pool).await, 300);
+    fixture.cleanup().await;
+}
+
+/// A job that runs past AckWait (NATS) or the claim threshold (Redis) keeps its message with
+/// progress updates: the other consumer never gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_job_keeps_its_message() {
+    let Some(fixture) = Fixture::new("long").await else {
+        return;
+    };
+    let settings = Settings {
+        redelivery: Duration::from_secs(2),
+        ..Settings::default()
+    };
+    let long = Credit {
+        hold_ms: 5_000,
+        ..Credit::new(1, 100)
+    };
+    fixture.publish(vec![long.body()]).await;
+    let (a, b) = tokio::join!(
+        fixture.drain(settings, Duration::from_secs(3)),
+        fixture.drain(settings, Duration::from_secs(3)),
+    );
+    assert_eq!(a.applied + b.applied, 1, "{a:?} {b:?}");
+    assert_eq!(
+        a.duplicates + b.duplicates,
+        0,
+        "the message was delivered again while its job ran: {a:?} {b:?}"
+    );
+    assert_eq!(ledger_rows(&fixture.pool).await, 1);
+    fixture.cleanup().await;
+}
+
+/// A message whose consumer dies while running it, on every delivery, ends in the dead
+/// letters once its deliveries run out, though no consumer ever settled it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_consumers_keep_dying_is_dead_lettered() {
+    let Some(fixture) = Fixture::new("dying").await else {
+        return;
+    };
+    let doomed = Credit {
+        order: "doomed-1".into(),
+        hold_ms: 600_000,
+        ..Credit::new(1, 100)
+    };
+    fixture.publish(vec![doomed.body()]).await;
+    let settings = Settings::default();
+    for death in 1..=settings.max_deliveries as usize {
+        let started = async {
+            while DOOMED_RUNS.load(Ordering::SeqCst) < death {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let config = ConsumerConfig {
+            shutdown_timeout: Duration::ZERO,
+            ..ConsumerConfig::default()
+        };
+        let consumer =
+            Consumer::with_config(Guard::new(fixture.pool.clone()), config).register::<Credit>();
+        consumer.migrate().await.unwrap();
+        let source = fixture.source(settings).await;
+        let stats = tokio::time::timeout(DEADLINE, consumer.run(source, started))
+            .await
+            .expect("stopped before the deadline")
+            .unwrap();
+        assert_eq!(stats.released, 1, "death {death}: {stats:?}");
+    }
+    // No delivery is left: the broker (RabbitMQ), the advisory (NATS) or the claim (Redis)
+    // moves it to the dead letters.
+    let stats = fixture.drain(settings, settled(settings)).await;
+    assert_eq!((stats.applied, stats.failed), (0, 0), "{stats:?}");
+    assert_eq!(ledger_rows(&fixture.pool).await, 0);
+    assert_eq!(
+        Broker::dead_letters(&fixture.url, &fixture.name).await,
+        vec![doomed.body()]
+    );
+    assert_eq!(Broker::left_behind(&fixture.url, &fixture.name).await, 0);
+    fixture.cleanup().await;
+}

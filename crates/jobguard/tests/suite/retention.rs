@@ -1,0 +1,378 @@
+// Guard retention's conformance suite, included once per backend by `tests/retention.rs` with
+// `DB` set to the backend's type.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use jobguard::queue::{JobState, Replay};
+use jobguard::retention::{PruneConfig, PruneSchedule, Pruner, Retention, RetentionConfig};
+use jobguard::steps::{Reconciled, Steps};
+use jobguard::{Error, Guard, Job, JobError, JobKey, KeyError, Queue, RetryPolicy, Worker, WorkerConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::common::{TestDb, guard_rows, ledger_rows};
+use crate::{Aging, DAY};
+
+type Conn = <DB as sqlx::Database>::Connection;
+
+/// The seed's credit job.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Credit {
+    order: u32,
+    amount: i64,
+}
+
+impl Job<DB> for Credit {
+    const KIND: &'static str = "credit";
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new("credit", [format!("order-{}", self.order)])
+    }
+
+    async fn run(&self, conn: &mut Conn) -> Result<(), JobError> {
+        DB::insert_ledger(conn, 7, self.amount).await?;
+        Ok(())
+    }
+}
+
+fn draining() -> WorkerConfig {
+    WorkerConfig {
+        concurrency: 4,
+        stop_when_idle: true,
+        poll_interval: Duration::from_millis(50),
+        retry: RetryPolicy { base: Duration::ZERO, ..Default::default() },
+        ..WorkerConfig::default()
+    }
+}
+
+async fn setup(test: &str) -> Option<(sqlx::Pool<DB>, Queue<DB>)> {
+    let pool = DB::open(test, 8).await?;
+    let queue = Queue::new(pool.clone());
+    queue.migrate().await.unwrap();
+    queue.guard(Default::default()).unwrap().migrate().await.unwrap();
+    Some((pool, queue))
+}
+
+async fn drain(queue: &Queue<DB>) -> jobguard::WorkerStats {
+    let worker = Worker::with_config(queue.clone(), draining()).unwrap().register::<Credit>();
+    tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
+        .await
+        .expect("the worker drained the queue in time")
+        .unwrap()
+}
+
+/// The worker's retention: `config` checked against the draining worker's horizon.
+fn retention(config: RetentionConfig) -> Retention {
+    let worker = draining();
+    config.validate(&worker.retry, worker.lease).unwrap()
+}
+
+/// Applies a credit through the worker, ages its guard row by `age`, then enqueues the same
+/// credit again and dead-letters it by hand: a dead letter whose key the guard applied `age`
+/// ago. Returns the dead job's id.
+async fn applied_then_dead_lettered(pool: &sqlx::Pool<DB>, queue: &Queue<DB>, age: Duration) -> i64 {
+    let credit = Credit { order: 5, amount: 500 };
+    queue.enqueue_job(&credit).await.unwrap();
+    assert_eq!(drain(queue).await.applied, 1);
+    DB::age_guard(pool, age).await;
+
+    let second = queue.enqueue_job(&credit).await.unwrap();
+    assert!(second.inserted, "the first job is completed, so this is a new job");
+    let leased = queue.fetch("default", 1, Duration::from_secs(30)).await.unwrap();
+    queue.dead_letter(leased[0].lease, "dead-lettered by hand").await.unwrap();
+    assert_eq!(queue.list(Some(JobState::Dead), None, 10).await.unwrap().len(), 1);
+    second.id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_replayed_within_the_retention_is_a_duplicate() {
+    let Some((pool, queue)) = setup("retention_replay_within").await else { return };
+    let dead = applied_then_dead_lettered(&pool, &queue, 3 * DAY).await;
+
+    // Two weeks cover the default 7-day replay window; a prune now keeps the 3-day-old key.
+    let guard = queue.guard(Default::default()).unwrap();
+    let pruner = Pruner::new(&guard, retention(RetentionConfig::default()));
+    assert_eq!(pruner.run().await.unwrap().unwrap().guard_rows, 0);
+
+    assert_eq!(queue.replay(&Replay::Job(dead)).await.unwrap(), vec![dead]);
+    let stats = drain(&queue).await;
+    assert_eq!((stats.applied, stats.duplicates), (0, 1), "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 1, "the replay changed nothing");
+}
+
+/// The seed's pitfall, "pruning too early", on purpose. The operator declared a 12-hour replay
+/// window, so a one-day retention covers the horizon (about 12 h 5 m) and passes the check.
+/// Then they replay a dead letter three days later, outside the window they declared: the
+/// guard no longer holds the key, because the prune deleted it as the retention said it could,
+/// and the job applies a second time. The horizon is only as good as what is declared; a replay
+/// after the declared window is exactly the duplicate no retention shorter than it can stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_older_than_the_retention_applies_again() {
+    let Some((pool, queue)) = setup("retention_replay_after").await else { return };
+    let dead = applied_then_dead_lettered(&pool, &queue, 3 * DAY).await;
+
+    let config = RetentionConfig {
+        keep: DAY,
+        replay_window: Duration::from_secs(12 * 3600),
+        ..RetentionConfig::default()
+    };
+    let retention = retention(config);
+    assert!(!retention.is_overridden(), "one day covers a 12-hour replay window");
+    let guard = queue.guard(Default::default()).unwrap();
+    let report = Pruner::new(&guard, retention).run().await.unwrap().unwrap();
+    assert_eq!(report.guard_rows, 1, "the 3-day-old key is past the 1-day retention");
+    assert_eq!(guard_rows(&pool).await, 0);
+
+    queue.replay(&Replay::Job(dead)).await.unwrap();
+    let stats = drain(&queue).await;
+    assert_eq!((stats.applied, stats.duplicates), (1, 0), "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 2, "the credit was applied twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden() {
+    let Some((pool, queue)) = setup("retention_refused").await else { return };
+    queue.enqueue_job(&Credit { order: 1, amount: 500 }).await.unwrap();
+    let short = RetentionConfig { keep: Duration::from_secs(3600), ..RetentionConfig::default() };
+    let config = WorkerConfig { retention: short.clone(), ..draining() };
+    let expected = short.horizon(&config.retry, config.lease);
+    // No retries to speak of (a zero backoff), ten 30-second leases, the 7-day replay window.
+    assert_eq!(expected.total(), 7 * DAY + Duration::from_secs(300));
+
+    let worker = Worker::with_config(queue.clone(), config.clone()).unwrap().register::<Credit>();
+    let error = worker.run(std::future::pending()).await.unwrap_err();
+    let Error::RetentionTooShort { retention, horizon, breakdown } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!((*retention, *horizon), (Duration::from_secs(3600), expected.total()));
+    assert_eq!(breakdown, &expected.to_string());
+    let message = error.to_string();
+    for needle in ["guard retention 1h is shorter", "replay window 7d", "at least 7d 5m", "override"] {
+        assert!(message.contains(needle), "{needle:?} missing from: {message}");
+    }
+    assert_eq!(queue.counts().await.unwrap().available, 1, "the worker did not start");
+    assert_eq!(ledger_rows(&pool).await, 0);
+    // Nor can a pruner be built with it.
+    assert!(matches!(
+        short.validate(&config.retry, config.lease),
+        Err(Error::RetentionTooShort { .. })
+    ));
+
+    let overridden = WorkerConfig {
+        retention: RetentionConfig { override_horizon: true, ..short },
+        ..config
+    };
+    let worker = Worker::with_config(queue.clone(), overridden).unwrap().register::<Credit>();
+    assert!(worker.retention().unwrap().is_overridden());
+    let stats = worker.run(std::future::pending()).await.unwrap();
+    assert_eq!(stats.applied, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_deletes_old_rows_in_batches_and_keeps_the_rest() {
+    let Some(pool) = DB::open("retention_batches", 4).await else { return };
+    let guard = Guard::<DB>::new(pool.clone());
+    guard.migrate().await.unwrap();
+    for order in 0..20 {
+        let key = JobKey::new("credit", [format!("order-{order}")]).unwrap();
+        let outcome = guard.run(&key, async |conn| Ok(DB::insert_ledger(conn, 7, 1).await?)).await;
+        assert!(outcome.unwrap().is_applied());
+    }
+    DB::insert_guard_rows(&pool, "old", 250, 30 * DAY).await;
+    // One day short of the retention: kept.
+    DB::insert_guard_rows(&pool, "young", 7, 13 * DAY).await;
+    assert_eq!(guard_rows(&pool).await, 277);
+
+    let pruner = Pruner::new(&guard, retention(RetentionConfig::default()))
+        .batch(100)
+        .pause(Duration::ZERO);
+    let plan = pruner.plan().await.unwrap();
+    assert_eq!((plan.guard_rows, plan.step_rows), (250, 0));
+    assert!(plan.oldest_age.unwrap() > 29 * DAY, "{plan:?}");
+    assert_eq!(guard_rows(&pool).await, 277, "planning deletes nothing");
+
+    let mut seen = Vec::new();
+    let report = pruner
+        .run_with(|progress| {
+            seen.push(progress.guard_rows);
+            ControlFlow::Continue(())
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((report.guard_rows, report.batches), (250, 3), "{report:?}");
+    assert_eq!(seen, [100, 200, 250]);
+    let oldest = report.oldest_age.unwrap();
+    assert!(oldest > 12 * DAY && oldest < 14 * DAY, "the 13-day-old rows are the oldest: {oldest:?}");
+    assert_eq!(guard_rows(&pool).await, 27);
+    assert_eq!(pruner.plan().await.unwrap().guard_rows, 0);
+
+    // Stopped after its first batch, a run keeps what it deleted.
+    DB::insert_guard_rows(&pool, "old", 250, 30 * DAY).await;
+    let report = pruner.run_with(|_| ControlFlow::Break(())).await.unwrap().unwrap();
+    assert_eq!((report.guard_rows, report.batches), (100, 1));
+    assert_eq!(guard_rows(&pool).await, 177);
+}
+
+/// Steps by state: done, started, attention.
+async fn step_states(pool: &sqlx::Pool<DB>) -> (i64, i64, i64) {
+    (
+        DB::count(pool, "select count(*) from jobguard_steps where state = 'done'").await,
+        DB::count(pool, "select count(*) from jobguard_steps where state = 'started'").await,
+        DB::count(pool, "select count(*) from jobguard_steps where state = 'attention'").await,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_steps_are_pruned_and_started_or_attention_steps_survive() {
+    let Some(pool) = DB::open("retention_steps", 4).await else { return };
+    let guard = Guard::<DB>::new(pool.clone());
+    guard.migrate().await.unwrap();
+    let steps = Steps::<DB>::new(pool.clone());
+    steps.migrate().await.unwrap();
+    let key = |n: &str| JobKey::new("payout", [n]).unwrap();
+
+    // done
+    let done = steps
+        .run(&key("p-1"), "transfer", async || Ok("tr-1".to_owned()), async || Ok(Reconciled::NotDone))
+        .await
+        .unwrap();
+    assert!(done.called());
+    // started, its caller still in the call (its future is dropped mid-call, as a crash would)
+    let p2 = key("p-2");
+    let in_call = steps.run(
+        &p2,
+        "transfer",
+        async || {
+            std::future::pending::<()>().await;
+            Ok("never".to_owned())
+        },
+        async || Ok(Reconciled::NotDone),
+    );
+    assert!(tokio::time::timeout(Duration::from_millis(200), in_call).await.is_err());
+    // attention: the call failed, then the reconciler could not tell
+    let failed = steps
+        .run(
+            &key("p-3"),
+            "transfer",
+            async || Err::<String, _>(JobError::msg("timed out")),
+            async || Ok(Reconciled::NotDone),
+        )
+        .await;
+    assert!(failed.is_err());
+    let unknown = steps
+        .run(
+            &key("p-3"),
+            "transfer",
+            async || Ok("tr-3".to_owned()),
+            async || Ok(Reconciled::Unknown("the lookup is down".into())),
+        )
+        .await;
+    assert!(matches!(unknown, Err(Error::StepNeedsAttention { .. })), "{unknown:?}");
+
+    // All three a month old, and one more done step from today.
+    DB::age_steps(&pool, 30 * DAY).await;
+    steps
+        .run(&key("p-4"), "transfer", async || Ok("tr-4".to_owned()), async || Ok(Reconciled::NotDone))
+        .await
+        .unwrap();
+    assert_eq!(step_states(&pool).await, (2, 1, 1));
+
+    let pruner = Pruner::new(&guard, retention(RetentionConfig::default())).steps(steps.clone());
+    assert_eq!(pruner.plan().await.unwrap().step_rows, 1);
+    let report = pruner.run().await.unwrap().unwrap();
+    assert_eq!(report.step_rows, 1, "{report:?}");
+    assert_eq!(step_states(&pool).await, (1, 1, 1), "only the month-old done step went");
+    let attention = steps.attention(10).await.unwrap();
+    assert_eq!(attention.len(), 1);
+    assert_eq!(attention[0].key, "payout:p-3");
+}
+
+/// Only one pruner runs on a table at a time: a second pruner on its own pool (on PostgreSQL,
+/// another session, as another process would be) asked while the first is between batches
+/// finds the table taken and deletes nothing; once the first is done, it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_pruner_skips_while_the_first_runs() {
+    let Some(pool) = DB::open("retention_one_pruner", 4).await else { return };
+    let guard = Guard::<DB>::new(pool.clone());
+    guard.migrate().await.unwrap();
+    DB::insert_guard_rows(&pool, "old", 30, 30 * DAY).await;
+    let other_pool = sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(2)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let other_guard = Guard::<DB>::new(other_pool);
+    let first = Pruner::new(&guard, retention(RetentionConfig::default())).batch(10).pause(Duration::ZERO);
+    let second = Pruner::new(&other_guard, retention(RetentionConfig::default()));
+
+    let mut meanwhile = None;
+    let report = first
+        .run_with(|_| {
+            if meanwhile.is_none() {
+                let handle = tokio::runtime::Handle::current();
+                meanwhile = Some(tokio::task::block_in_place(|| handle.block_on(second.run())));
+            }
+            ControlFlow::Continue(())
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(meanwhile, Some(Ok(None))), "{meanwhile:?}");
+    assert_eq!(report.guard_rows, 30);
+    let after = second.run().await.unwrap();
+    assert_eq!(after.map(|report| report.guard_rows), Some(0), "the table is free again");
+}
+
+/// Two workers prune on a schedule that fires every second; each prune of the 300 old rows
+/// takes at least three seconds (30 batches, 100 ms apart). Whichever worker starts first holds
+/// the table, and the other's rounds meanwhile are skipped instead of pruning alongside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_prune_on_schedule_one_at_a_time() {
+    let Some((pool, queue)) = setup("retention_two_workers").await else { return };
+    DB::insert_guard_rows(&pool, "old", 300, 30 * DAY).await;
+    let other_pool = sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(8)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let config = WorkerConfig {
+        concurrency: 2,
+        poll_interval: Duration::from_millis(50),
+        prune: PruneConfig {
+            schedule: Some(PruneSchedule::new("* * * * * *").unwrap()),
+            batch: 10,
+            pause: Duration::from_millis(100),
+            steps: None,
+        },
+        ..WorkerConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut running = Vec::new();
+    for queue in [queue.clone(), Queue::new(other_pool)] {
+        let worker = Worker::with_config(queue, config.clone()).unwrap().register::<Credit>();
+        let mut stopped = stopped.clone();
+        running.push(tokio::spawn(worker.run(async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        })));
+    }
+    // The workers run jobs meanwhile.
+    queue.enqueue_job(&Credit { order: 1, amount: 500 }).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while DB::count(&pool, "select count(*) from processed_jobs where kind = 'old'").await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the old rows were never pruned");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send(true).unwrap();
+    let mut stats = Vec::new();
+    for worker in running {
+        stats.push(worker.await.unwrap().unwrap());
+    }
+    let pruned: u64 = stats.iter().map(|s| s.pruned).sum();
+    let skipped: u64 = stats.iter().map(|s| s.prunes_skipped).sum();
+    let applied: u64 = stats.iter().map(|s| s.applied).sum();
+    assert_eq!(pruned, 300, "{stats:?}");
+    assert!(skipped >= 1, "no round found the table taken: both pruned at once? {stats:?}");
+    assert_eq!(applied, 1, "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 1);
+}
