@@ -12,8 +12,15 @@
 //! - **replay window**: how long after a job is dead-lettered an operator may still replay it
 //!   (declared: jobguard cannot know your runbook);
 //! - **provider key lifetime**: how long the external API keeps an idempotency key (declared;
-//!   Stripe keeps them 24 hours), so that the guard never forgets a key while repeats of the
-//!   job can still be answered from the provider's memory rather than its own.
+//!   Stripe keeps them 24 hours). A repeat that finds no guard row calls the API again with
+//!   the same key; the guard keeps its rows that much longer again, so that its own record,
+//!   not the provider's shorter memory, is what stops a late repeat. This term is a margin:
+//!   the other three bound when duplicates can arrive.
+//!
+//! The terms add up because each can follow the one before: a job retried to its last
+//! attempt, each attempt stalling to the end of its lease, dead-lettered, replayed at the end
+//! of the window. Measured from the first attempt, the horizon also covers a key applied by a
+//! later attempt, whose row is younger.
 //!
 //! A [`Retention`] is a retention checked against its horizon: building one shorter than the
 //! horizon fails with [`Error::RetentionTooShort`] naming both numbers, unless the check is
