@@ -318,10 +318,13 @@ fn wait_for(server: &Server, what: &str, done: impl Fn(&Value) -> bool) -> Value
     }
 }
 
-/// The queue is drained: nothing available to run now, nothing running.
+/// The queue is drained: nothing available, nothing running. The counts and the backlog are
+/// sampled separately, so both must say so.
 fn idle(figures: &Value) -> bool {
     let queue = &figures["queue"];
-    queue["running"] == 0 && queue["backlog"].as_array().is_some_and(Vec::is_empty)
+    queue["running"] == 0
+        && queue["available"] == 0
+        && queue["backlog"].as_array().is_some_and(Vec::is_empty)
 }
 
 fn totals(figures: &Value, kind: &str) -> (u64, u64) {
