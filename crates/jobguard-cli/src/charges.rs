@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use jobguard::external::{ApiKey, ExternalJob};
 use jobguard::steps::{Reconciled, StepConfig, Steps};
-use jobguard::{Error, JobError, JobKey, KeyError, TableName, Worker};
+use jobguard::{JobError, JobKey, KeyError, TableName, Worker};
 use jobguard_provider::{Charge, ProviderClient, ProviderError};
 use serde::{Deserialize, Serialize};
 
@@ -191,15 +191,33 @@ fn checked(order: &ChargeOrder) -> Result<(), JobError> {
     validate(order).map_err(JobError::fatal)
 }
 
-impl<DB: ExampleDb> ExternalJob<DB> for ChargeKeyed {
-    const KIND: &'static str = <Self as Example>::KIND;
-    const STEP: &'static str = "create-charge";
-    type Context = Payments<DB>;
-    type Output = Charge;
+/// What the three charge jobs share: their kind, key, context and how they record a charge, on
+/// the transaction that claims the key and completes the job. Only the call differs.
+macro_rules! charge_job {
+    () => {
+        const KIND: &'static str = <Self as Example>::KIND;
+        type Context = Payments<DB>;
+        type Output = Charge;
 
-    fn key(&self) -> Result<JobKey, KeyError> {
-        self.job_key()
-    }
+        fn key(&self) -> Result<JobKey, KeyError> {
+            self.job_key()
+        }
+
+        async fn record(
+            &self,
+            payments: &Payments<DB>,
+            conn: &mut DB::Connection,
+            charge: &Charge,
+        ) -> Result<(), JobError> {
+            let kind = <Self as Example>::KIND;
+            Ok(DB::record_charge(conn, &payments.charges, kind, charge).await?)
+        }
+    };
+}
+
+impl<DB: ExampleDb> ExternalJob<DB> for ChargeKeyed {
+    const STEP: &'static str = "create-charge";
+    charge_job!();
 
     async fn call(&self, payments: &Payments<DB>, api_key: &ApiKey) -> Result<Charge, JobError> {
         checked(&self.0)?;
@@ -211,26 +229,10 @@ impl<DB: ExampleDb> ExternalJob<DB> for ChargeKeyed {
         payments.maybe_crash(&self.0.order).await;
         Ok(charge)
     }
-
-    async fn record(
-        &self,
-        payments: &Payments<DB>,
-        conn: &mut DB::Connection,
-        charge: &Charge,
-    ) -> Result<(), JobError> {
-        let kind = <Self as Example>::KIND;
-        Ok(DB::record_charge(conn, &payments.charges, kind, charge).await?)
-    }
 }
 
 impl<DB: ExampleDb> ExternalJob<DB> for ChargeNaive {
-    const KIND: &'static str = <Self as Example>::KIND;
-    type Context = Payments<DB>;
-    type Output = Charge;
-
-    fn key(&self) -> Result<JobKey, KeyError> {
-        self.job_key()
-    }
+    charge_job!();
 
     async fn call(&self, payments: &Payments<DB>, _api_key: &ApiKey) -> Result<Charge, JobError> {
         checked(&self.0)?;
@@ -242,26 +244,10 @@ impl<DB: ExampleDb> ExternalJob<DB> for ChargeNaive {
         payments.maybe_crash(&self.0.order).await;
         Ok(charge)
     }
-
-    async fn record(
-        &self,
-        payments: &Payments<DB>,
-        conn: &mut DB::Connection,
-        charge: &Charge,
-    ) -> Result<(), JobError> {
-        let kind = <Self as Example>::KIND;
-        Ok(DB::record_charge(conn, &payments.charges, kind, charge).await?)
-    }
 }
 
 impl<DB: ExampleDb> ExternalJob<DB> for ChargeKeyless {
-    const KIND: &'static str = <Self as Example>::KIND;
-    type Context = Payments<DB>;
-    type Output = Charge;
-
-    fn key(&self) -> Result<JobKey, KeyError> {
-        self.job_key()
-    }
+    charge_job!();
 
     async fn call(&self, payments: &Payments<DB>, _api_key: &ApiKey) -> Result<Charge, JobError> {
         checked(&self.0)?;
@@ -295,23 +281,13 @@ impl<DB: ExampleDb> ExternalJob<DB> for ChargeKeyless {
             .await;
         match outcome {
             Ok(outcome) => Ok(outcome.into_value()),
-            Err(error @ Error::StepInFlight { .. }) => Err(JobError::from(error)),
+            // In flight is retryable and needs-attention fatal, as the worker should treat them.
             Err(error) => {
                 let fatal = !error.is_retryable();
                 let error = JobError::from(error);
                 Err(if fatal { error.into_fatal() } else { error })
             }
         }
-    }
-
-    async fn record(
-        &self,
-        payments: &Payments<DB>,
-        conn: &mut DB::Connection,
-        charge: &Charge,
-    ) -> Result<(), JobError> {
-        let kind = <Self as Example>::KIND;
-        Ok(DB::record_charge(conn, &payments.charges, kind, charge).await?)
     }
 }
 

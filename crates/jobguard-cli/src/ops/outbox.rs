@@ -141,7 +141,15 @@ async fn list<DB: Backend>(outbox: &Outbox<DB>, args: &ListArgs) -> anyhow::Resu
 
 async fn replay<DB: Backend>(outbox: &Outbox<DB>, args: &ReplayArgs) -> anyhow::Result<ExitCode> {
     let database = redact(&args.target.database_url);
-    let id: Option<MessageId> = args.id.as_deref().map(str::parse).transpose()?;
+    let id: Option<MessageId> = match args.id.as_deref() {
+        Some(id) => Some(id.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "`{id}` is not a message id: write `<job key>/<topic>` as `jobguard outbox list` \
+                 shows it"
+            )
+        })?),
+        None => None,
+    };
     let replayed = match outbox.replay_dead(id.as_ref()).await {
         Err(error) if super::is_missing_table(&error) => return Err(missing(error, &database)),
         result => result.with_context(|| format!("cannot replay dead messages in {database}"))?,
