@@ -135,7 +135,34 @@ pub trait Backend:
     ) -> impl Future<Output = sqlx::Result<bool>> + Send;
 
     #[doc(hidden)]
-    fn rescue(pool: &Pool<Self>, sql: &QueueSql) -> impl Future<Output = sqlx::Result<u64>> + Send;
+    fn rescue(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        max_attempts: i32,
+        held: &[String],
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+
+    /// Records that the holder of `lease` is alive for `by` more without the database's write
+    /// lock; `None` when the backend keeps heartbeats in the table.
+    #[doc(hidden)]
+    fn beat_aside(
+        _pool: &Pool<Self>,
+        _sql: &QueueSql,
+        _lease: Lease,
+        _by: Duration,
+    ) -> Option<std::io::Result<()>> {
+        None
+    }
+
+    /// The leases that heartbeats kept outside the table say still hold, as `job_id:token`.
+    #[doc(hidden)]
+    fn held_aside(_pool: &Pool<Self>, _sql: &QueueSql) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Removes the heartbeat kept outside the table of a lease that ended.
+    #[doc(hidden)]
+    fn forget_aside(_pool: &Pool<Self>, _sql: &QueueSql, _lease: Lease) {}
 
     #[doc(hidden)]
     fn counts(
@@ -438,8 +465,13 @@ macro_rules! shared_statements {
         async fn rescue(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::queue::QueueSql,
+            max_attempts: i32,
+            held: &[String],
         ) -> sqlx::Result<u64> {
+            let held = serde_json::to_string(held).expect("strings serialize");
             let done = sqlx::query(sqlx::AssertSqlSafe(sql.rescue.clone()))
+                .bind(max_attempts)
+                .bind(held)
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected())

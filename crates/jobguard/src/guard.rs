@@ -186,7 +186,6 @@ impl<DB: Backend> std::fmt::Debug for Guard<DB> {
 /// A transaction opened by [`Guard::begin_on`].
 pub(crate) struct GuardedTx<'c, DB: Backend> {
     pub(crate) tx: Transaction<'c, DB>,
-    _writer: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 /// Records a `failed` outcome when dropped armed, that is while a panic unwinds.
@@ -276,18 +275,15 @@ impl<DB: Backend> Guard<DB> {
         self.inner.writer.acquire().await
     }
 
-    /// Opens the transaction a guarded job runs in on `conn`, holding this process's turn to
-    /// write on SQLite until it ends.
+    /// Opens the transaction a guarded job runs in on `conn`. On SQLite the caller holds this
+    /// process's turn to write ([`write_turn`](Self::write_turn)) until it ends, taken before
+    /// `conn`.
     pub(crate) async fn begin_on<'c>(
         &self,
         conn: &'c mut DB::Connection,
     ) -> Result<GuardedTx<'c, DB>> {
-        let writer = self.inner.writer.acquire().await;
         let tx = DB::begin_on(conn).await?;
-        Ok(GuardedTx {
-            tx,
-            _writer: writer,
-        })
+        Ok(GuardedTx { tx })
     }
 
     /// Runs `effect` once for `key`, however many times the job is delivered.

@@ -407,6 +407,16 @@ impl<DB: Backend> Queue<DB> {
         &self.inner.sql
     }
 
+    /// This process's turn to write on SQLite (shared with the queue's guard); nothing on
+    /// PostgreSQL.
+    ///
+    /// Everything that writes under the turn takes it *before* a connection from the pool,
+    /// never while holding one: a task holding a connection while it waited for the turn
+    /// could leave the turn's holder waiting for a connection, each waiting for the other.
+    pub(crate) async fn write_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        self.inner.writer.acquire().await
+    }
+
     /// The pool the queue uses.
     pub fn pool(&self) -> &Pool<DB> {
         &self.inner.pool
@@ -515,7 +525,9 @@ impl<DB: Backend> Queue<DB> {
         self.settle(&mut conn, lease, Settle::Dead { error }).await
     }
 
-    /// [`retry`](Self::retry) on a connection the caller holds, outside any transaction.
+    /// [`retry`](Self::retry) on a connection the caller holds, outside any transaction. The
+    /// caller holds this process's turn to write ([`write_turn`](Self::write_turn)), taken
+    /// before the connection.
     pub(crate) async fn retry_on(
         &self,
         conn: &mut DB::Connection,
@@ -523,20 +535,19 @@ impl<DB: Backend> Queue<DB> {
         delay: Duration,
         error: &str,
     ) -> Result<()> {
-        let _writer = self.inner.writer.acquire().await;
         self.settle(conn, lease, Settle::Retry { delay, error })
             .await
     }
 
     /// [`dead_letter`](Self::dead_letter) on a connection the caller holds, outside any
-    /// transaction.
+    /// transaction. The caller holds this process's turn to write, taken before the
+    /// connection.
     pub(crate) async fn dead_letter_on(
         &self,
         conn: &mut DB::Connection,
         lease: Lease,
         error: &str,
     ) -> Result<()> {
-        let _writer = self.inner.writer.acquire().await;
         self.settle(conn, lease, Settle::Dead { error }).await
     }
 
@@ -550,8 +561,12 @@ impl<DB: Backend> Queue<DB> {
 
     /// Extends a lease to `by` from now, by the database clock, for a job that runs long (a
     /// heartbeat).
+    ///
+    /// On SQLite this does not wait for this process's turn to write: a job waiting for its
+    /// turn (behind the other jobs of its process) or for the write lock (behind other
+    /// processes) keeps its lease, the extension waiting for the lock only as long as the
+    /// transaction that holds it, through the busy timeout.
     pub async fn extend(&self, lease: Lease, by: Duration) -> Result<()> {
-        let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
         self.settle(&mut conn, lease, Settle::Extend { lease: by })
             .await
@@ -569,10 +584,49 @@ impl<DB: Backend> Queue<DB> {
     }
 
     /// Makes jobs whose lease expired available again, or dead when that was their last
-    /// attempt. Returns how many jobs it moved.
+    /// attempt by their own `max_attempts`. Returns how many jobs it moved.
+    ///
+    /// On SQLite a [`Worker`](crate::Worker)'s heartbeats are small files in
+    /// `<database>-jobguard-leases/`, which need no write lock: a job whose file says its lease
+    /// holds is left running even when its lease in the table expired, because its worker is
+    /// alive and waiting for the write lock.
+    ///
+    /// A [`Worker`](crate::Worker) rescues with [`rescue_within`](Self::rescue_within) and its
+    /// retry policy's limit.
     pub async fn rescue(&self) -> Result<u64> {
+        self.rescue_within(u32::MAX).await
+    }
+
+    /// [`rescue`](Self::rescue), where a job's last attempt is the lesser of its own
+    /// `max_attempts` and `max_attempts`: the limit a worker's
+    /// [`RetryPolicy`](crate::RetryPolicy) puts on failed attempts, so that losing a lease
+    /// gives a job no more attempts than failing does.
+    pub async fn rescue_within(&self, max_attempts: u32) -> Result<u64> {
+        let limit = i32::try_from(max_attempts.max(1)).unwrap_or(i32::MAX);
         let _writer = self.inner.writer.acquire().await;
-        Ok(DB::rescue(&self.inner.pool, &self.inner.sql).await?)
+        let held = DB::held_aside(&self.inner.pool, &self.inner.sql);
+        Ok(DB::rescue(&self.inner.pool, &self.inner.sql, limit, &held).await?)
+    }
+
+    /// A worker's heartbeat: the lease holds for `by` from now. On SQLite it is written beside
+    /// the database (see [`Queue::rescue`]), taking no lock, so a job waiting for the write lock
+    /// keeps its lease however long another process holds the lock; on PostgreSQL it is
+    /// [`extend`](Self::extend).
+    pub(crate) async fn heartbeat(&self, lease: Lease, by: Duration) -> Result<()> {
+        match DB::beat_aside(&self.inner.pool, &self.inner.sql, lease, by) {
+            None => self.extend(lease, by).await,
+            Some(Ok(())) => Ok(()),
+            Some(Err(error)) => {
+                tracing::warn!(%error, "writing a heartbeat file failed; extending the lease in the table");
+                self.extend(lease, by).await
+            }
+        }
+    }
+
+    /// Removes what [`heartbeat`](Self::heartbeat) kept outside the table for a lease that
+    /// ended.
+    pub(crate) fn end_heartbeats(&self, lease: Lease) {
+        DB::forget_aside(&self.inner.pool, &self.inner.sql, lease);
     }
 
     /// Job counts by state.

@@ -120,12 +120,18 @@ impl<DB: Backend> Queue<DB> {
     }
 }
 
+/// Connections a [`Worker`] leaves its pool beyond one per running job: for fetching and
+/// rescuing, and for heartbeats.
+pub const SPARE_CONNECTIONS: usize = 2;
+
 /// How a [`Worker`] runs.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
     /// The queue to take jobs from.
     pub queue: String,
-    /// Jobs run at once.
+    /// Jobs run at once. A running job holds a connection, and the worker needs
+    /// [`SPARE_CONNECTIONS`] more: [`Worker::run`] lowers the concurrency, with a warning, to
+    /// the pool's `max_connections` minus those (at least 1).
     pub concurrency: usize,
     /// How long a job is leased for when fetched. Until it starts, the worker extends the
     /// lease every third of it; once it starts, its transaction holds the job's row, so a job
@@ -276,6 +282,26 @@ impl<DB: Backend> Worker<DB> {
         })
     }
 
+    /// [`WorkerConfig::concurrency`], lowered with a warning to what the pool can serve: one
+    /// connection per running job, and [`SPARE_CONNECTIONS`] for fetching, rescuing and
+    /// heartbeats, which would otherwise wait for a running job to finish and let leases
+    /// expire.
+    fn servable_concurrency(&self) -> usize {
+        let requested = self.config.concurrency.max(1);
+        let pool = self.queue.pool().options().get_max_connections() as usize;
+        let servable = pool.saturating_sub(SPARE_CONNECTIONS).max(1);
+        if requested > servable {
+            tracing::warn!(
+                concurrency = requested,
+                pool,
+                running = servable,
+                "the pool cannot serve this many jobs at once; running fewer (give the pool \
+                 concurrency + {SPARE_CONNECTIONS} connections)"
+            );
+        }
+        requested.min(servable)
+    }
+
     /// Runs jobs of kind `J::KIND` as `J`.
     pub fn register<J: Job<DB>>(mut self) -> Self {
         self.handlers
@@ -320,8 +346,9 @@ impl<DB: Backend> Worker<DB> {
     ///
     /// After shutdown is asked it takes no new jobs, lets running jobs finish within
     /// [`WorkerConfig::shutdown_timeout`], then rolls back the rest and gives their jobs back.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<WorkerStats> {
+    pub async fn run(mut self, shutdown: impl Future<Output = ()> + Send) -> Result<WorkerStats> {
         let retention = self.retention()?;
+        self.config.concurrency = self.servable_concurrency();
         let worker = Arc::new(self);
         let counters = Arc::new(Counters::default());
         let (stop_pruning, pruning) = worker.prune_on_schedule(retention, &counters);
@@ -350,7 +377,7 @@ impl<DB: Backend> Worker<DB> {
                 let rescued = tokio::select! {
                     biased;
                     () = &mut shutdown => break,
-                    rescued = worker.queue.rescue() => rescued,
+                    rescued = worker.queue.rescue_within(worker.config.retry.max_attempts) => rescued,
                 };
                 match rescued {
                     Ok(0) => {}
@@ -389,6 +416,7 @@ impl<DB: Backend> Worker<DB> {
                             tasks.spawn(async move {
                                 let lease = job.lease;
                                 worker.process(job, &counters, permit).await;
+                                worker.queue.end_heartbeats(lease);
                                 leases.lock().expect("not poisoned").remove(&lease);
                             });
                         }
@@ -520,6 +548,12 @@ impl<DB: Backend> Worker<DB> {
             Ok((runnable, key)) => self.call_external(job, key, &**runnable).await,
             Err(_) => Ok(()),
         };
+        // On SQLite, this process's turn to write comes before a connection (see
+        // `Queue::write_turn`), and is held until the job's outcome is written. Jobs wait for
+        // it behind each other, so their leases are extended meanwhile.
+        let _turn = self
+            .with_heartbeat(job.lease, self.queue.write_turn())
+            .await;
         let conn = match self.checkout().await {
             Ok(conn) => conn,
             Err(error) => {
@@ -642,11 +676,14 @@ impl<DB: Backend> Worker<DB> {
     /// Keeps a connection for the next job; a rolled-back transaction on it was only queued,
     /// and goes out with the next statement.
     ///
-    /// At most one connection per job slot is kept, and never the pool's last two, so fetching
-    /// and heartbeats always find one.
+    /// At most one connection per job slot is kept, and never the pool's last
+    /// [`SPARE_CONNECTIONS`], so fetching and heartbeats always find one.
     fn check_in(&self, conn: Option<PoolConnection<DB>>) {
         let pool = self.queue.pool().options().get_max_connections() as usize;
-        let keep = self.config.concurrency.min(pool.saturating_sub(2));
+        let keep = self
+            .config
+            .concurrency
+            .min(pool.saturating_sub(SPARE_CONNECTIONS));
         let mut kept = self.connections.lock().expect("not poisoned");
         if let Some(conn) = conn.filter(|_| kept.len() < keep) {
             kept.push(conn);
@@ -777,7 +814,7 @@ impl<DB: Backend> Worker<DB> {
         let beats = async {
             loop {
                 tokio::time::sleep(length / 3).await;
-                match self.queue.extend(lease, length).await {
+                match self.queue.heartbeat(lease, length).await {
                     Ok(()) => {}
                     Err(Error::Fenced { .. }) => {
                         tracing::warn!(

@@ -97,14 +97,22 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         heartbeat: format!("update {t} set leased_until = now() + $3 {micros} {fenced}").into(),
+        // The last attempt is the lesser of the job's own limit and the worker's retry
+        // policy ($1), as when an attempt fails: a job is never given more attempts by
+        // losing its lease than by failing.
         rescue: format!(
             "update {t}
-             set state = case when attempt >= max_attempts then 'dead' else 'available' end,
-                 finished_at = case when attempt >= max_attempts then now() end,
+             set state = case when attempt >= least(max_attempts, $1) then 'dead'
+                              else 'available' end,
+                 finished_at = case when attempt >= least(max_attempts, $1) then now() end,
                  last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
                  leased_until = null
              where id in (select id from {t}
                           where state = 'running' and leased_until < now()
+                            -- leases known to hold outside the table ($2, `id:token`):
+                            -- always none on PostgreSQL, whose heartbeats are in the table
+                            and (id::text || ':' || lease_token::text)
+                                not in (select jsonb_array_elements_text($2::jsonb))
                           -- a running job's own transaction holds its row: not expired
                           for update skip locked)"
         )

@@ -5,6 +5,7 @@
 //! a busy timeout, so concurrent deliveries queue instead of failing with `database is locked`.
 //! WAL mode lets readers proceed while a job writes.
 
+mod heartbeat;
 mod outbox_sql;
 mod queue_sql;
 mod sql;
@@ -150,6 +151,24 @@ impl Backend for Sqlite {
     }
 
     crate::backend::shared_statements!();
+
+    fn beat_aside(
+        pool: &Pool<Self>,
+        sql: &crate::queue::QueueSql,
+        lease: crate::queue::Lease,
+        by: Duration,
+    ) -> Option<std::io::Result<()>> {
+        let until = std::time::SystemTime::now() + by;
+        Some(heartbeat::Heartbeats::of(pool, &sql.table).beat(lease, until))
+    }
+
+    fn held_aside(pool: &Pool<Self>, sql: &crate::queue::QueueSql) -> Vec<String> {
+        heartbeat::Heartbeats::of(pool, &sql.table).holding(std::time::SystemTime::now())
+    }
+
+    fn forget_aside(pool: &Pool<Self>, sql: &crate::queue::QueueSql, lease: crate::queue::Lease) {
+        heartbeat::Heartbeats::of(pool, &sql.table).forget(lease);
+    }
 
     async fn listen(_pool: &Pool<Self>) -> sqlx::Result<Option<crate::backend::Wakeup>> {
         Ok(None)

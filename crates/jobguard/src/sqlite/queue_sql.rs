@@ -88,14 +88,23 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "update {t} set state = 'available', attempt = attempt - 1, leased_until = null {fenced}"
         )
         .into(),
+        // Outside this process's writer turn, through the busy timeout. The worker's own
+        // heartbeats are files instead (see `heartbeat.rs`), which need no write lock.
         heartbeat: format!("update {t} set leased_until = {NOW} + $3 {fenced}").into(),
+        // The last attempt is the lesser of the job's own limit and the worker's retry
+        // policy ($1), as when an attempt fails: a job is never given more attempts by
+        // losing its lease than by failing.
         rescue: format!(
             "update {t}
-             set state = case when attempt >= max_attempts then 'dead' else 'available' end,
-                 finished_at = case when attempt >= max_attempts then {NOW} end,
+             set state = case when attempt >= min(max_attempts, $1) then 'dead'
+                              else 'available' end,
+                 finished_at = case when attempt >= min(max_attempts, $1) then {NOW} end,
                  last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
                  leased_until = null
-             where state = 'running' and leased_until < {NOW}"
+             where state = 'running' and leased_until < {NOW}
+               -- a lease whose heartbeat file says it holds ($2, `id:token`) belongs to a
+               -- worker that is alive, waiting for the write lock: not expired
+               and (id || ':' || lease_token) not in (select value from json_each($2))"
         )
         .into(),
         counts: format!("select state, count(*) from {t} group by state").into(),
