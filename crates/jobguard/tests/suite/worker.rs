@@ -183,6 +183,42 @@ async fn failures_retry_then_dead_letter_and_roll_back_their_effect() {
     assert!(attempts.contains(&3) && attempts.contains(&1) && attempts.contains(&2), "{attempts:?}");
 }
 
+/// A job whose lease expired is out of attempts at the same limit as a job that failed: the
+/// lesser of its own `max_attempts` and the worker's retry policy. A worker whose policy
+/// allows one attempt dead-letters the rescued job instead of running it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rescue_stops_at_the_retry_policys_attempt_limit_as_failure_does() {
+    let Some((pool, queue)) = setup("worker_rescue_policy_limit").await else { return };
+    // The job allows 10 attempts; the worker's policy allows 1.
+    let job = NewJob::from_job::<DB, _>(&Credit { order: 1, amount: 500 }).unwrap().max_attempts(10);
+    queue.enqueue(&job).await.unwrap();
+    // A worker that takes the job and dies: attempt 1 is spent, its lease runs out.
+    let taken = queue.fetch("default", 1, Duration::from_millis(50)).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    let expired = taken[0].leased_until + Duration::from_millis(50);
+    while std::time::SystemTime::now() < expired {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let config = WorkerConfig {
+        retry: jobguard::RetryPolicy { max_attempts: 1, base: Duration::ZERO, ..Default::default() },
+        ..draining()
+    };
+    let worker = Worker::with_config(queue.clone(), config).unwrap().register::<Credit>();
+    let stats = tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
+        .await
+        .expect("the worker stopped when idle")
+        .unwrap();
+
+    assert_eq!(stats.applied, 0, "the job got no second attempt: {stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 0);
+    let dead = queue.list(Some(JobState::Dead), None, 10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{:?}", queue.list(None, None, 10).await.unwrap());
+    assert_eq!(dead[0].attempt, 1);
+    let error = dead[0].last_error.as_deref().unwrap();
+    assert!(error.contains("the lease of attempt 1 expired"), "{error}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_kinds_and_bad_payloads_are_dead_lettered_not_retried() {
     let Some((pool, queue)) = setup("worker_bad_input").await else { return };
