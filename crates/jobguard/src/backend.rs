@@ -139,7 +139,6 @@ pub trait Backend:
         pool: &Pool<Self>,
         sql: &QueueSql,
         max_attempts: i32,
-        held: &[String],
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 
     /// Records that the holder of `lease` is alive for `by` more without the database's write
@@ -466,14 +465,19 @@ macro_rules! shared_statements {
             pool: &sqlx::Pool<Self>,
             sql: &$crate::queue::QueueSql,
             max_attempts: i32,
-            held: &[String],
         ) -> sqlx::Result<u64> {
-            let held = serde_json::to_string(held).expect("strings serialize");
+            // The heartbeats kept outside the table are read once the transaction holds the
+            // write lock (SQLite's `begin immediate`): read before, they would miss the
+            // heartbeats written while the rescue waited for the lock, however long that was.
+            let mut tx = Self::begin(pool).await?;
+            let held = Self::held_aside(pool, sql);
+            let held = serde_json::to_string(&held).expect("strings serialize");
             let done = sqlx::query(sqlx::AssertSqlSafe(sql.rescue.clone()))
                 .bind(max_attempts)
                 .bind(held)
-                .execute(pool)
+                .execute(&mut *tx)
                 .await?;
+            tx.commit().await?;
             Ok(done.rows_affected())
         }
 

@@ -604,8 +604,7 @@ impl<DB: Backend> Queue<DB> {
     pub async fn rescue_within(&self, max_attempts: u32) -> Result<u64> {
         let limit = i32::try_from(max_attempts.max(1)).unwrap_or(i32::MAX);
         let _writer = self.inner.writer.acquire().await;
-        let held = DB::held_aside(&self.inner.pool, &self.inner.sql);
-        Ok(DB::rescue(&self.inner.pool, &self.inner.sql, limit, &held).await?)
+        Ok(DB::rescue(&self.inner.pool, &self.inner.sql, limit).await?)
     }
 
     /// A worker's heartbeat: the lease holds for `by` from now. On SQLite it is written beside

@@ -136,7 +136,9 @@ pub struct WorkerConfig {
     /// How long a job is leased for when fetched. Until it starts, the worker extends the
     /// lease every third of it; once it starts, its transaction holds the job's row, so a job
     /// that runs past its lease is not handed out again (a worker that stalls before that point
-    /// is fenced off instead).
+    /// is fenced off instead). On SQLite the extensions are files beside the database, written
+    /// without the write lock, so a job waiting for the lock keeps its lease (see
+    /// [`Queue::rescue`]).
     pub lease: Duration,
     /// How often an idle worker looks for jobs without a notification.
     pub poll_interval: Duration,
@@ -551,10 +553,12 @@ impl<DB: Backend> Worker<DB> {
         // On SQLite, this process's turn to write comes before a connection (see
         // `Queue::write_turn`), and is held until the job's outcome is written. Jobs wait for
         // it behind each other, so their leases are extended meanwhile.
-        let _turn = self
-            .with_heartbeat(job.lease, self.queue.write_turn())
-            .await;
-        let conn = match self.checkout().await {
+        let waiting = async {
+            let turn = self.queue.write_turn().await;
+            (turn, self.checkout().await)
+        };
+        let (_turn, conn) = self.with_heartbeat(job.lease, waiting).await;
+        let conn = match conn {
             Ok(conn) => conn,
             Err(error) => {
                 tracing::warn!(%error, "no connection for the job; it runs again when its lease expires");

@@ -2,6 +2,11 @@
 //!
 //! SQLite makes a second writer wait in its busy handler, which polls with growing sleeps. When
 //! the writers of one process queue on this lock instead, they run back to back, in order.
+//!
+//! The turn is taken before a connection from the pool, never while holding one: a task that
+//! held a connection while it waited for the turn could leave the turn's holder waiting for a
+//! connection, each waiting for the other. Lease heartbeats take no turn at all (see
+//! `sqlite/heartbeat.rs`): a job waiting for its turn must keep its lease.
 
 use std::sync::Arc;
 

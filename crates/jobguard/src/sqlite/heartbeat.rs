@@ -36,14 +36,20 @@ pub(crate) struct Heartbeats {
 }
 
 impl Heartbeats {
-    /// The heartbeats of `table` in the database `pool` opens.
-    pub(crate) fn of(pool: &SqlitePool, table: &TableName) -> Heartbeats {
-        let mut dir = pool.connect_options().get_filename().as_os_str().to_owned();
+    /// The heartbeats of `table` in the database `pool` opens; `None` for an in-memory
+    /// database, which has no file to keep them beside (and no other process to rescue).
+    pub(crate) fn of(pool: &SqlitePool, table: &TableName) -> Option<Heartbeats> {
+        let options = pool.connect_options();
+        let file = options.get_filename().as_os_str();
+        if file.is_empty() || file == ":memory:" {
+            return None;
+        }
+        let mut dir = file.to_owned();
         dir.push("-jobguard-leases");
-        Heartbeats {
+        Some(Heartbeats {
             dir: dir.into(),
             prefix: format!("{}.", table.name()),
-        }
+        })
     }
 
     fn path(&self, lease: Lease) -> PathBuf {

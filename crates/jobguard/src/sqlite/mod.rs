@@ -159,15 +159,19 @@ impl Backend for Sqlite {
         by: Duration,
     ) -> Option<std::io::Result<()>> {
         let until = std::time::SystemTime::now() + by;
-        Some(heartbeat::Heartbeats::of(pool, &sql.table).beat(lease, until))
+        heartbeat::Heartbeats::of(pool, &sql.table).map(|files| files.beat(lease, until))
     }
 
     fn held_aside(pool: &Pool<Self>, sql: &crate::queue::QueueSql) -> Vec<String> {
-        heartbeat::Heartbeats::of(pool, &sql.table).holding(std::time::SystemTime::now())
+        heartbeat::Heartbeats::of(pool, &sql.table)
+            .map(|files| files.holding(std::time::SystemTime::now()))
+            .unwrap_or_default()
     }
 
     fn forget_aside(pool: &Pool<Self>, sql: &crate::queue::QueueSql, lease: crate::queue::Lease) {
-        heartbeat::Heartbeats::of(pool, &sql.table).forget(lease);
+        if let Some(files) = heartbeat::Heartbeats::of(pool, &sql.table) {
+            files.forget(lease);
+        }
     }
 
     async fn listen(_pool: &Pool<Self>) -> sqlx::Result<Option<crate::backend::Wakeup>> {

@@ -80,6 +80,33 @@ impl Job<DB> for Slow {
     }
 }
 
+/// Counts how many of its kind run at once, inside their transaction.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Counted {
+    order: u32,
+}
+
+static COUNTED_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static COUNTED_MOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Job<DB> for Counted {
+    const KIND: &'static str = "counted";
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new("counted", [format!("order-{}", self.order)])
+    }
+
+    async fn run(&self, conn: &mut Conn) -> Result<(), JobError> {
+        use std::sync::atomic::Ordering;
+        let now = COUNTED_RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+        COUNTED_MOST.fetch_max(now, Ordering::SeqCst);
+        DB::insert_ledger(conn, 6, 1).await?;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        COUNTED_RUNNING.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 fn draining() -> WorkerConfig {
     WorkerConfig {
         concurrency: 4,
@@ -181,6 +208,30 @@ async fn failures_retry_then_dead_letter_and_roll_back_their_effect() {
     assert!(error_of("order-3").contains("panicked"), "{dead:?}");
     let attempts: Vec<i32> = dead.iter().map(|j| j.attempt).collect();
     assert!(attempts.contains(&3) && attempts.contains(&1) && attempts.contains(&2), "{attempts:?}");
+}
+
+/// A worker asked to run more jobs at once than its pool can serve runs fewer: each running
+/// job holds a connection, and fetch, rescue and heartbeats need two more. With a pool of 3 it
+/// runs one job at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_runs_no_more_jobs_at_once_than_its_pool_serves() {
+    let Some(pool) = DB::open("worker_pool_serves", 3).await else { return };
+    let queue = Queue::new(pool.clone());
+    queue.migrate().await.unwrap();
+    queue.guard(Default::default()).unwrap().migrate().await.unwrap();
+    for order in 0..20 {
+        queue.enqueue_job(&Counted { order }).await.unwrap();
+    }
+    let config = WorkerConfig { concurrency: 10, ..draining() };
+    let worker = Worker::with_config(queue.clone(), config).unwrap().register::<Counted>();
+    let stats = tokio::time::timeout(Duration::from_secs(120), worker.run(std::future::pending()))
+        .await
+        .expect("the worker drained the queue")
+        .unwrap();
+    assert_eq!((stats.applied, stats.failed, stats.dead), (20, 0, 0), "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 20);
+    let most = COUNTED_MOST.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(most, 1, "jobs that ran at once with 3 connections");
 }
 
 /// A job whose lease expired is out of attempts at the same limit as a job that failed: the
