@@ -77,3 +77,123 @@ async fn postgres_notification_wakes_an_idle_worker() {
     let stats = running.await.unwrap().unwrap();
     assert_eq!(stats.applied, 1);
 }
+
+/// On SQLite a job waiting for the write lock keeps its lease, however long another process
+/// holds the lock: here the other process holds it for four leases and then rescues expired
+/// leases at once, before the waiting job gets the lock. The job has one attempt, so a lease
+/// taken from it would leave it dead without having run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_job_waiting_for_the_write_lock_keeps_its_lease() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use common::TestDb;
+    use jobguard::external::{ApiKey, ExternalJob};
+    use jobguard::queue::NewJob;
+    use jobguard::{JobError, JobKey, KeyError, Queue, Worker, WorkerConfig};
+    use sqlx::Sqlite;
+    use tokio::sync::Notify;
+
+    /// Lets the test take the write lock after the job was fetched and before its
+    /// transaction begins.
+    #[derive(Default)]
+    struct Gate {
+        called: Notify,
+        go: Notify,
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Gated {
+        n: u32,
+    }
+
+    impl ExternalJob<Sqlite> for Gated {
+        const KIND: &'static str = "gated";
+        type Context = Arc<Gate>;
+        type Output = ();
+
+        fn key(&self) -> Result<JobKey, KeyError> {
+            JobKey::new("gated", [self.n.to_string()])
+        }
+
+        async fn call(&self, gate: &Arc<Gate>, _key: &ApiKey) -> Result<(), JobError> {
+            gate.called.notify_one();
+            gate.go.notified().await;
+            Ok(())
+        }
+
+        async fn record(
+            &self,
+            _gate: &Arc<Gate>,
+            conn: &mut sqlx::SqliteConnection,
+            _output: &(),
+        ) -> Result<(), JobError> {
+            Sqlite::insert_ledger(conn, 1, 1).await?;
+            Ok(())
+        }
+    }
+
+    let pool = Sqlite::open("worker_waits_for_the_lock", 8).await.unwrap();
+    let queue = Queue::new(pool.clone());
+    let lease = Duration::from_millis(300);
+    let config = WorkerConfig {
+        concurrency: 1,
+        lease,
+        poll_interval: Duration::from_millis(50),
+        stop_when_idle: true,
+        ..WorkerConfig::default()
+    };
+    let gate = Arc::new(Gate::default());
+    let worker = Worker::with_config(queue.clone(), config)
+        .unwrap()
+        .register_external::<Gated>(Arc::clone(&gate));
+    worker.migrate().await.unwrap();
+    let job = NewJob::from_external::<Sqlite, _>(&Gated { n: 1 })
+        .unwrap()
+        .max_attempts(1);
+    queue.enqueue(&job).await.unwrap();
+
+    // The other process: a pool of its own on the same file, with one connection.
+    let file = pool.connect_options().get_filename().display().to_string();
+    let other = jobguard::sqlite::connect(&format!("sqlite:{file}"), 1)
+        .await
+        .unwrap();
+    let other_queue = Queue::new(other.clone());
+
+    let running = tokio::spawn(worker.run(std::future::pending()));
+    tokio::time::timeout(Duration::from_secs(30), gate.called.notified())
+        .await
+        .expect("the worker fetched the job");
+    let mut holder = other.acquire().await.unwrap();
+    sqlx::query("begin immediate")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    gate.go.notify_one();
+    // The job waits for the write lock for four leases.
+    tokio::time::sleep(lease * 4).await;
+    // The other process's rescue waits for its connection, which it gets the moment the lock
+    // is let go, ahead of the job still polling for it.
+    let rescue = tokio::spawn(async move { other_queue.rescue().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sqlx::query("commit").execute(&mut *holder).await.unwrap();
+    drop(holder);
+
+    let rescued = tokio::time::timeout(Duration::from_secs(60), rescue)
+        .await
+        .expect("the rescue ran")
+        .unwrap()
+        .unwrap();
+    let stats = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the worker stopped when idle")
+        .unwrap()
+        .unwrap();
+    let jobs = queue.list(None, None, 10).await.unwrap();
+    assert_eq!(rescued, 0, "the waiting job's lease was taken: {jobs:?}");
+    assert_eq!(stats.applied, 1, "{stats:?} {jobs:?}");
+    assert_eq!(common::ledger_rows(&pool).await, 1);
+    let counts = queue.counts().await.unwrap();
+    assert_eq!((counts.completed, counts.dead, counts.running), (1, 0, 0));
+    other.close().await;
+}
