@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use jobguard::queue::NewJob;
@@ -387,12 +387,15 @@ enum Pool {
     Sqlite(sqlx::SqlitePool),
 }
 
-/// The database under test, and the test's own connection to it.
+/// The database under test, and a connection of the test's own to it.
 struct Db {
     url: String,
     dir: PathBuf,
     rt: tokio::runtime::Runtime,
     pool: Pool,
+    /// Whether dropping this deletes `dir` (unless the test panicked): false for the
+    /// enqueuing thread's connection.
+    owns_dir: bool,
 }
 
 /// A job the test enqueues.
@@ -439,33 +442,42 @@ impl Db {
 
     fn sqlite(dir: PathBuf) -> Db {
         let url = format!("sqlite:{}", dir.join("chaos.db").display());
-        let rt = runtime();
-        let pool = rt
-            .block_on(jobguard::sqlite::connect(&url, 1))
-            .expect("open the test's SQLite file");
-        Db {
-            url,
-            dir,
-            rt,
-            pool: Pool::Sqlite(pool),
-        }
+        Db::open(url, dir, true)
     }
 
     fn postgres(url: String, dir: PathBuf) -> Db {
+        Db::open(url, dir, true)
+    }
+
+    /// Another connection to the same database, for another thread.
+    fn again(&self) -> (String, PathBuf) {
+        (self.url.clone(), self.dir.clone())
+    }
+
+    fn open(url: String, dir: PathBuf, owns_dir: bool) -> Db {
         let rt = runtime();
-        let pool = rt
-            .block_on(
-                sqlx::postgres::PgPoolOptions::new()
-                    .max_connections(1)
-                    .acquire_timeout(Duration::from_secs(5))
-                    .connect(&url),
-            )
-            .expect("connect to the throwaway cluster");
+        let pool = if url.starts_with("sqlite:") {
+            let pool = rt
+                .block_on(jobguard::sqlite::connect(&url, 1))
+                .expect("open the test's SQLite file");
+            Pool::Sqlite(pool)
+        } else {
+            let pool = rt
+                .block_on(
+                    sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(1)
+                        .acquire_timeout(Duration::from_secs(5))
+                        .connect(&url),
+                )
+                .expect("connect to the throwaway cluster");
+            Pool::Postgres(pool)
+        };
         Db {
             url,
             dir,
             rt,
-            pool: Pool::Postgres(pool),
+            pool,
+            owns_dir,
         }
     }
 
@@ -602,7 +614,8 @@ impl Drop for Db {
             Pool::Postgres(pool) => self.rt.block_on(pool.close()),
             Pool::Sqlite(pool) => self.rt.block_on(pool.close()),
         }
-        if std::thread::panicking() {
+        if !self.owns_dir {
+        } else if std::thread::panicking() {
             eprintln!("the processes' logs are in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -627,11 +640,30 @@ struct Tally {
     restarts: u32,
     /// Workers that exited without being killed, and were started again.
     exits: Vec<String>,
+}
+
+/// What the enqueuing thread did.
+#[derive(Debug, Default)]
+struct Enqueues {
+    /// The keys enqueued.
+    keys: BTreeSet<String>,
+    /// Enqueues that succeeded.
     enqueued: u32,
     /// Enqueues of a key enqueued before, with the same payload.
-    enqueued_again: u32,
+    again: u32,
     /// Enqueues that failed (the server restarting, or SQLite busy) and were tried again.
-    enqueue_errors: u32,
+    errors: u32,
+    /// The last of their errors.
+    last_error: Option<String>,
+}
+
+/// Sets its flag when dropped, also when the test panics.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// A worker slot: its process and, when frozen, when it is to resume.
@@ -640,8 +672,9 @@ struct Slot {
     stopped_until: Option<Instant>,
 }
 
-/// Draws the next job: mostly new credits (a third of them slow), sometimes a credit enqueued
-/// again, sometimes a `fail` job, retryable or fatal.
+/// Draws the next job: mostly new credits (two in five slow), sometimes a credit enqueued
+/// again, sometimes a `fail` job, retryable or fatal. A slow credit waits 10 to 200 ms in its
+/// transaction after its ledger row: a kill then lands mid-transaction now and then.
 fn plan(rng: &mut Rng, n: &mut u64, credits: &mut Vec<Planned>) -> Planned {
     let roll = rng.below(100);
     if roll < 15 && !credits.is_empty() {
@@ -659,8 +692,8 @@ fn plan(rng: &mut Rng, n: &mut u64, credits: &mut Vec<Planned>) -> Planned {
         };
     }
     let mut payload = json!({"order": format!("o{n}"), "account": *n, "amount": 100 + *n});
-    if rng.percent(30) {
-        payload["hold_ms"] = json!(rng.below(150) + 10);
+    if rng.percent(40) {
+        payload["hold_ms"] = json!(rng.below(190) + 10);
     }
     let credit = Planned {
         key: format!("credit:o{n}"),
@@ -674,27 +707,52 @@ fn plan(rng: &mut Rng, n: &mut u64, credits: &mut Vec<Planned>) -> Planned {
 
 /// Enqueues what is pending, in order, until the first error (the server restarting, or
 /// SQLite's write lock held by a frozen worker); the rest waits for the next round.
-fn flush(
-    db: &Db,
-    pending: &mut VecDeque<Planned>,
-    enqueued: &mut BTreeSet<String>,
-    tally: &mut Tally,
-) {
+fn flush(db: &Db, pending: &mut VecDeque<Planned>, enqueues: &mut Enqueues) {
     while let Some(job) = pending.front() {
         match db.enqueue(job) {
             Ok(_) => {
-                if !enqueued.insert(job.key.clone()) {
-                    tally.enqueued_again += 1;
+                if !enqueues.keys.insert(job.key.clone()) {
+                    enqueues.again += 1;
                 }
-                tally.enqueued += 1;
+                enqueues.enqueued += 1;
                 pending.pop_front();
             }
-            Err(_) => {
-                tally.enqueue_errors += 1;
+            Err(error) => {
+                enqueues.errors += 1;
+                enqueues.last_error = Some(error);
                 return;
             }
         }
     }
+}
+
+/// Enqueues jobs without pause, on a connection of its own, until `stop`; then enqueues what
+/// is still pending and returns. A thread apart from the faults, so that an enqueue waiting
+/// for SQLite's write lock or for the server to come back does not hold up the faults.
+fn enqueue_until(db: &Db, mut rng: Rng, stop: &AtomicBool) -> Enqueues {
+    let mut enqueues = Enqueues::default();
+    let mut n = 0;
+    let mut credits = Vec::new();
+    let mut pending = VecDeque::new();
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..1 + rng.below(2) {
+            pending.push_back(plan(&mut rng, &mut n, &mut credits));
+        }
+        flush(db, &mut pending, &mut enqueues);
+        std::thread::sleep(rng.millis(30, 200));
+    }
+    let started = Instant::now();
+    while !pending.is_empty() {
+        assert!(
+            started.elapsed() < COMMAND_TIMEOUT,
+            "{}: {} jobs could not be enqueued within {COMMAND_TIMEOUT:?}: {enqueues:?}",
+            db.backend(),
+            pending.len()
+        );
+        flush(db, &mut pending, &mut enqueues);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    enqueues
 }
 
 /// Starts again any worker that exited on its own, noting why.
@@ -740,10 +798,6 @@ fn chaos(db: &Db, cluster: Option<&Cluster>) {
     let planned_restarts = restarts_at.len() as u32;
 
     let mut tally = Tally::default();
-    let mut n = 0;
-    let mut credits = Vec::new();
-    let mut pending = VecDeque::new();
-    let mut enqueued = BTreeSet::new();
     let mut slots: Vec<Slot> = (0..WORKERS)
         .map(|i| Slot {
             proc: db.worker(&format!("w{i}"), false),
@@ -755,108 +809,115 @@ fn chaos(db: &Db, cluster: Option<&Cluster>) {
     let mut faults = 0_u32;
     // The `pg_ctl restart` under way.
     let mut restarting: Option<Child> = None;
-    while started.elapsed() < duration {
-        for _ in 0..1 + rng.below(2) {
-            pending.push_back(plan(&mut rng, &mut n, &mut credits));
-        }
-        flush(db, &mut pending, &mut enqueued, &mut tally);
+    let stop = AtomicBool::new(false);
+    let enqueues = std::thread::scope(|scope| {
+        let enqueuer = {
+            let (url, dir) = db.again();
+            let rng = Rng(seed ^ 0x5eed);
+            let stop = &stop;
+            scope.spawn(move || enqueue_until(&Db::open(url, dir, false), rng, stop))
+        };
+        // Whatever happens here, the enqueuing thread stops, or the scope would wait for it.
+        let _stop = StopOnDrop(&stop);
+        while started.elapsed() < duration {
+            std::thread::sleep(rng.millis(20, 150));
 
-        let now = Instant::now();
-        for slot in &mut slots {
-            if slot.stopped_until.is_some_and(|until| until <= now) {
-                slot.proc.signal("CONT");
-                slot.stopped_until = None;
-            }
-        }
-        restart_exited(db, &mut slots, started, &mut tally);
-
-        if now >= next_fault {
-            // The first fault is a kill and the second a stop past the lease, so that a short
-            // run has both; then either, at random.
-            let kill = match faults {
-                0 => true,
-                1 => false,
-                _ => rng.percent(50),
-            };
-            let stopped = slots.iter().filter(|s| s.stopped_until.is_some()).count();
-            if kill {
-                let i = rng.below(WORKERS as u64) as usize;
-                let slot = &mut slots[i];
-                // A frozen worker is killed too: SIGKILL needs no SIGCONT.
-                slot.proc.sigkill();
-                tally.kills += 1;
-                slot.proc = db.worker(&format!("w{i}"), false);
-                slot.stopped_until = None;
-            } else if stopped < MAX_STOPPED {
-                let running: Vec<usize> = (0..WORKERS)
-                    .filter(|&i| slots[i].stopped_until.is_none())
-                    .collect();
-                let i = running[rng.below(running.len() as u64) as usize];
-                let frozen = if faults == 1 {
-                    rng.millis(LEASE.as_millis() as u64 * 3 / 2, 3000)
-                } else {
-                    rng.millis(100, 3000)
-                };
-                slots[i].proc.signal("STOP");
-                slots[i].stopped_until = Some(now + frozen);
-                tally.stops += 1;
-                if frozen > LEASE {
-                    tally.stops_past_lease += 1;
+            let now = Instant::now();
+            for slot in &mut slots {
+                if slot.stopped_until.is_some_and(|until| until <= now) {
+                    slot.proc.signal("CONT");
+                    slot.stopped_until = None;
                 }
             }
-            faults += 1;
-            next_fault = now + rng.millis(300, 1500);
+            restart_exited(db, &mut slots, started, &mut tally);
+
+            if now >= next_fault {
+                // The first fault is a kill and the second a stop past the lease, so that a short
+                // run has both; then either, at random.
+                let kill = match faults {
+                    0 => true,
+                    1 => false,
+                    _ => rng.percent(50),
+                };
+                let stopped = slots.iter().filter(|s| s.stopped_until.is_some()).count();
+                if kill {
+                    let i = rng.below(WORKERS as u64) as usize;
+                    let slot = &mut slots[i];
+                    // A frozen worker is killed too: SIGKILL needs no SIGCONT.
+                    slot.proc.sigkill();
+                    tally.kills += 1;
+                    slot.proc = db.worker(&format!("w{i}"), false);
+                    slot.stopped_until = None;
+                } else if stopped < MAX_STOPPED {
+                    let running: Vec<usize> = (0..WORKERS)
+                        .filter(|&i| slots[i].stopped_until.is_none())
+                        .collect();
+                    let i = running[rng.below(running.len() as u64) as usize];
+                    let frozen = if faults == 1 {
+                        rng.millis(LEASE.as_millis() as u64 * 3 / 2, 3000)
+                    } else {
+                        rng.millis(100, 3000)
+                    };
+                    slots[i].proc.signal("STOP");
+                    slots[i].stopped_until = Some(now + frozen);
+                    tally.stops += 1;
+                    if frozen > LEASE {
+                        tally.stops_past_lease += 1;
+                    }
+                }
+                faults += 1;
+                next_fault = now + rng.millis(300, 1500);
+            }
+
+            if let Some(cluster) = cluster {
+                if let Some(pg_ctl) = restarting.as_mut()
+                    && pg_ctl.try_wait().expect("wait for pg_ctl").is_some()
+                {
+                    cluster.end_restart(restarting.take().unwrap());
+                    eprintln!(
+                        "{backend}: PostgreSQL back at {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                if restarting.is_none()
+                    && restarts_at
+                        .front()
+                        .is_some_and(|&at| started.elapsed() >= at)
+                {
+                    restarts_at.pop_front();
+                    restarting = Some(cluster.begin_restart_immediate());
+                    tally.restarts += 1;
+                    eprintln!(
+                        "{backend}: restarting PostgreSQL in immediate mode at {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
         }
 
-        if let Some(cluster) = cluster {
-            if let Some(pg_ctl) = restarting.as_mut()
-                && pg_ctl.try_wait().expect("wait for pg_ctl").is_some()
-            {
-                cluster.end_restart(restarting.take().unwrap());
-                eprintln!(
-                    "{backend}: PostgreSQL back at {:.1} s",
-                    started.elapsed().as_secs_f64()
-                );
-            }
-            if restarting.is_none()
-                && restarts_at
-                    .front()
-                    .is_some_and(|&at| started.elapsed() >= at)
-            {
-                restarts_at.pop_front();
-                restarting = Some(cluster.begin_restart_immediate());
-                tally.restarts += 1;
-                eprintln!(
-                    "{backend}: restarting PostgreSQL in immediate mode at {:.1} s",
-                    started.elapsed().as_secs_f64()
-                );
+        // The faults are over: every worker resumes, the last jobs go in, and the queue drains.
+        stop.store(true, Ordering::Relaxed);
+        if let (Some(cluster), Some(pg_ctl)) = (cluster, restarting.take()) {
+            cluster.end_restart(pg_ctl);
+        }
+        for slot in &mut slots {
+            if slot.stopped_until.take().is_some() {
+                slot.proc.signal("CONT");
             }
         }
-        std::thread::sleep(rng.millis(20, 150));
-    }
-
-    // The faults are over: every worker resumes, the last jobs go in, and the queue drains.
-    if let (Some(cluster), Some(pg_ctl)) = (cluster, restarting.take()) {
-        cluster.end_restart(pg_ctl);
-    }
-    for slot in &mut slots {
-        if slot.stopped_until.take().is_some() {
-            slot.proc.signal("CONT");
-        }
-    }
+        enqueuer.join().expect("the enqueuing thread")
+    });
     let drain_started = Instant::now();
     loop {
-        flush(db, &mut pending, &mut enqueued, &mut tally);
         restart_exited(db, &mut slots, started, &mut tally);
-        if pending.is_empty() && db.unfinished() == Ok((0, 0)) {
+        if db.unfinished() == Ok((0, 0)) {
             break;
         }
         assert!(
             drain_started.elapsed() < DRAIN_TIMEOUT,
             "{backend} (seed {seed}): the queue did not drain within {DRAIN_TIMEOUT:?}: \
-             (available, running) {:?}, {} jobs not enqueued; {tally:?}",
+             (available, running) {:?}; {tally:?}",
             db.unfinished(),
-            pending.len()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -894,7 +955,7 @@ fn chaos(db: &Db, cluster: Option<&Cluster>) {
     check(
         db,
         seed,
-        &enqueued,
+        &enqueues,
         &tally,
         planned_restarts,
         &reports,
@@ -906,7 +967,7 @@ fn chaos(db: &Db, cluster: Option<&Cluster>) {
 fn check(
     db: &Db,
     seed: u64,
-    enqueued: &BTreeSet<String>,
+    enqueues: &Enqueues,
     tally: &Tally,
     planned_restarts: u32,
     reports: &[Value],
@@ -934,7 +995,7 @@ fn check(
     // Every enqueue is a job, and every job was enqueued by the test.
     let job_keys: BTreeSet<String> = jobs.iter().map(|job| job.key.clone()).collect();
     assert_eq!(
-        &job_keys, enqueued,
+        job_keys, enqueues.keys,
         "{context}: the jobs' keys are the keys enqueued"
     );
 
@@ -947,7 +1008,8 @@ fn check(
         dead_credits.is_empty(),
         "{context}: credits dead: {dead_credits:?}"
     );
-    let credit_keys: BTreeSet<String> = enqueued
+    let credit_keys: BTreeSet<String> = enqueues
+        .keys
         .iter()
         .filter(|key| key.starts_with("credit:"))
         .cloned()
@@ -1005,8 +1067,8 @@ fn check(
         "{context}: PostgreSQL restarts"
     );
     assert!(
-        tally.enqueued_again > 0,
-        "{context}: no key was enqueued twice: {tally:?}"
+        enqueues.again > 0,
+        "{context}: no key was enqueued twice: {enqueues:?}"
     );
     let ran_again = jobs.iter().filter(|job| job.attempt > 1).count();
     let completed_credits = jobs
@@ -1029,9 +1091,9 @@ fn check(
         past = tally.stops_past_lease,
         restarts = tally.restarts,
         exits = tally.exits.len(),
-        enq = tally.enqueued,
-        again = tally.enqueued_again,
-        errors = tally.enqueue_errors,
+        enq = enqueues.enqueued,
+        again = enqueues.again,
+        errors = enqueues.errors,
         jobs = jobs.len(),
         keys = ledger_keys.len(),
         dups = completed_credits - ledger_keys.len(),
