@@ -284,7 +284,14 @@ impl Cluster {
             );
             return None;
         };
-        let dir = std::env::temp_dir().join(format!("jobguard-chaos-pg-{}", std::process::id()));
+        // The `postgres` user must reach it when root hands the cluster over: a TMPDIR under
+        // /root would not do.
+        let tmp = if Cluster::is_root() {
+            PathBuf::from("/tmp")
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = tmp.join(format!("jobguard-chaos-pg-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         // Free now; the server takes it a moment later.
