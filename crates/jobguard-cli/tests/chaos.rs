@@ -456,8 +456,8 @@ impl Db {
         Db::open(url, dir, true)
     }
 
-    /// Another connection to the same database, for another thread.
-    fn again(&self) -> (String, PathBuf) {
+    /// What another thread needs to open a connection of its own with [`Db::open`].
+    fn address(&self) -> (String, PathBuf) {
         (self.url.clone(), self.dir.clone())
     }
 
@@ -622,7 +622,9 @@ impl Drop for Db {
             Pool::Sqlite(pool) => self.rt.block_on(pool.close()),
         }
         if !self.owns_dir {
-        } else if std::thread::panicking() {
+            return;
+        }
+        if std::thread::panicking() {
             eprintln!("the processes' logs are in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -819,7 +821,7 @@ fn chaos(db: &Db, cluster: Option<&Cluster>) {
     let stop = AtomicBool::new(false);
     let enqueues = std::thread::scope(|scope| {
         let enqueuer = {
-            let (url, dir) = db.again();
+            let (url, dir) = db.address();
             let rng = Rng(seed ^ 0x5eed);
             let stop = &stop;
             scope.spawn(move || enqueue_until(&Db::open(url, dir, false), rng, stop))
