@@ -15,7 +15,7 @@ use jobguard::{Backend, Guard, Pruner, Retention, TableName};
 use serde::Serialize;
 use sqlx::{Pool, Postgres, Sqlite};
 
-use super::retention::{DeclaredWindows, WorkerTiming, retention_config};
+use super::retention::{DeclaredWindows, JobKeeping, WorkerTiming, retention_config};
 use super::{Target, is_missing_table, parse_duration};
 use crate::database::{Database, redact};
 
@@ -47,6 +47,11 @@ pub struct PruneArgs {
     #[command(flatten)]
     windows: DeclaredWindows,
     #[command(flatten)]
+    jobs: JobKeeping,
+    /// The jobs table whose completed and dead jobs are pruned too, when it exists.
+    #[arg(long, default_value = "jobguard_jobs")]
+    jobs_table: String,
+    #[command(flatten)]
     target: Target,
 }
 
@@ -76,7 +81,7 @@ struct PruneOutput {
 
 /// Runs `jobguard prune`.
 pub async fn prune(args: PruneArgs) -> anyhow::Result<ExitCode> {
-    let config = retention_config(args.keep, &args.windows, args.override_horizon);
+    let config = retention_config(args.keep, &args.windows, &args.jobs, args.override_horizon);
     // Refused before touching the database.
     let retention = config.validate(&args.timing.retry(), args.timing.lease)?;
     let steps_table = TableName::new(&args.steps_table).context("invalid --steps-table")?;
