@@ -633,7 +633,7 @@ mod tests {
         assert_eq!(retention.provider_key_lifetime(), DAY);
 
         // The replay's fresh attempts count: a window that fits alone but not with them.
-        let window = DAY - Duration::from_secs(10 * 60);
+        let window = DAY - Duration::from_secs(20 * 60);
         let tight = RetentionConfig {
             replay_window: window,
             ..stripe
