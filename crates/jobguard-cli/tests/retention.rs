@@ -260,12 +260,7 @@ fn retention_prints_the_horizon_and_checks_keep() {
         .collect();
     assert_eq!(
         names,
-        [
-            "retries",
-            "leases",
-            "replay window",
-            "replayed attempts"
-        ]
+        ["retries", "leases", "replay window", "replayed attempts"]
     );
     assert_eq!(run.json["covered"], Value::Null, "no --keep, no verdict");
 
@@ -364,7 +359,11 @@ fn retention_refuses_a_horizon_past_the_provider_key_lifetime() {
     assert!(retention(&[]).ok);
     let no_provider = retention(&["--replay-window", "7d", "--provider-key-lifetime", "0s"]);
     assert!(no_provider.ok, "{}", no_provider.stdout);
-    assert!(no_provider.stdout.contains("no provider key lifetime declared"));
+    assert!(
+        no_provider
+            .stdout
+            .contains("no provider key lifetime declared")
+    );
 }
 
 /// Three credits applied; two of them 20 days ago. A dry run counts two and deletes nothing;
@@ -439,7 +438,13 @@ fn short_retentions_are_refused_unless_overridden(db: &Db) {
         assert!(error.contains(needle), "{needle:?} missing from: {error}");
     }
     assert_eq!(db.guard_rows(), 1, "nothing was pruned");
-    let error = db.fails(&[&["worker", "--until-idle", "--override-horizon"][..], &stripe].concat());
+    let error = db.fails(
+        &[
+            &["worker", "--until-idle", "--override-horizon"][..],
+            &stripe,
+        ]
+        .concat(),
+    );
     assert!(error.contains("provider key lifetime 1d"), "{error}");
     assert_eq!(db.ledger_rows(), 1, "the worker did not start");
 

@@ -67,12 +67,14 @@
 //! # Ok(()) }
 //! ```
 
+mod jobs;
 mod prune;
 mod schedule;
 
 use std::fmt;
 use std::time::Duration;
 
+pub use jobs::JobPruneStore;
 pub(crate) use prune::micros_duration;
 pub use prune::{PrunePlan, PruneReport, PruneStore, Pruner};
 pub use schedule::PruneSchedule;
@@ -191,7 +193,12 @@ impl RetentionConfig {
             breakdown: horizon.to_string(),
             replay_window: self.replay_window,
             replay_window_fits: lifetime
-                .saturating_sub(horizon.retries.saturating_add(horizon.leases).saturating_mul(2))
+                .saturating_sub(
+                    horizon
+                        .retries
+                        .saturating_add(horizon.leases)
+                        .saturating_mul(2),
+                )
                 .saturating_sub(Duration::from_secs(1)),
         })
     }
@@ -615,7 +622,10 @@ mod tests {
         assert_eq!(*horizon, DAY * 7 + Duration::from_millis(1_826_400));
         let message = error.to_string();
         for needle in ["provider key lifetime 1d", "replay window 7d", "7d 30m 26s"] {
-            assert!(message.contains(needle), "{needle:?} missing from: {message}");
+            assert!(
+                message.contains(needle),
+                "{needle:?} missing from: {message}"
+            );
         }
         // Overriding the guard's horizon does not silence it: the provider charges again.
         let overridden = RetentionConfig {
@@ -643,9 +653,11 @@ mod tests {
         assert!(tight.validate(&RetryPolicy::default(), lease).is_err());
 
         // No provider declared: no keyed external jobs, no check.
-        assert!(RetentionConfig::default()
-            .validate(&RetryPolicy::default(), lease)
-            .is_ok());
+        assert!(
+            RetentionConfig::default()
+                .validate(&RetryPolicy::default(), lease)
+                .is_ok()
+        );
     }
 
     #[test]
@@ -656,9 +668,15 @@ mod tests {
             ..RetentionConfig::default()
         };
         let error = short.validate(&RetryPolicy::default(), lease).unwrap_err();
-        assert!(matches!(error, Error::DeadRetentionTooShort { .. }), "{error:?}");
+        assert!(
+            matches!(error, Error::DeadRetentionTooShort { .. }),
+            "{error:?}"
+        );
         let message = error.to_string();
-        assert!(message.contains("1d") && message.contains("7d"), "{message}");
+        assert!(
+            message.contains("1d") && message.contains("7d"),
+            "{message}"
+        );
 
         let config = RetentionConfig {
             keep_completed: Duration::ZERO,

@@ -166,11 +166,13 @@ pub async fn retention(args: RetentionArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", render(&report, args.keep));
     }
-    Ok(if report.covered == Some(false) || !report.provider_key_lifetime_covers {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(
+        if report.covered == Some(false) || !report.provider_key_lifetime_covers {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
 }
 
 fn terms(horizon: &Horizon, retry: &RetryPolicy, args: &RetentionArgs) -> Vec<Term> {
@@ -239,7 +241,9 @@ fn render(report: &RetentionReport, keep: Option<Duration>) -> String {
             "the horizon {} stays below the provider key lifetime {}: every repeat of a keyed \
              job reaches the provider while it remembers the key\n",
             report.horizon,
-            format_duration(Duration::from_secs_f64(report.provider_key_lifetime_seconds))
+            format_duration(Duration::from_secs_f64(
+                report.provider_key_lifetime_seconds
+            ))
         ),
     };
     format!("{table}\n{verdict}{provider}")

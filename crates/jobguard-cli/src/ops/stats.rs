@@ -70,6 +70,10 @@ pub struct QueueFigures {
     pub running: i64,
     pub completed: i64,
     pub dead: i64,
+    /// Whether `completed` or `dead` is an estimate: above 100,000 finished jobs of a state the
+    /// counts are estimated, so that a sample stays cheap on a huge table.
+    #[serde(default)]
+    pub estimated: bool,
     /// Per queue with jobs ready to run.
     pub backlog: Vec<QueueBacklog>,
 }
@@ -248,6 +252,7 @@ impl<DB: Backend> Tables<DB> {
             running,
             completed,
             dead,
+            estimated,
         } = self.queue.counts().await?;
         let backlog = self.queue.backlog().await?;
         Ok(QueueFigures {
@@ -255,6 +260,7 @@ impl<DB: Backend> Tables<DB> {
             running,
             completed,
             dead,
+            estimated,
             backlog: backlog
                 .into_iter()
                 .map(|b| QueueBacklog {
@@ -386,8 +392,16 @@ pub fn render(figures: &Figures) -> String {
     match &figures.queue {
         Some(queue) => {
             out += &format!(
-                "jobs: {} available, {} running, {} completed, {} dead\n",
-                queue.available, queue.running, queue.completed, queue.dead
+                "jobs: {} available, {} running, {} completed, {} dead{}\n",
+                queue.available,
+                queue.running,
+                queue.completed,
+                queue.dead,
+                if queue.estimated {
+                    " (finished jobs estimated: over 100,000 of a state)"
+                } else {
+                    ""
+                }
             );
             if queue.backlog.is_empty() {
                 out += "no job is waiting for a worker\n";

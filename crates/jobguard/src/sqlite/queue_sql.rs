@@ -43,6 +43,23 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "create index if not exists {} on {t} (leased_until) where state = 'running'",
             table.derived("leases")
         ),
+        // Pruning finished jobs takes the oldest of one state in batches, and counts stop after
+        // a bounded number of them: both walk this index, never the whole table.
+        format!(
+            "create index if not exists {} on {t} (state, finished_at)
+             where state in ('completed', 'dead')",
+            table.derived("finished")
+        ),
+        // Replay finds a key's newest dead job, and the dead jobs of a kind, without a scan per
+        // dead row.
+        format!(
+            "create index if not exists {} on {t} (job_key, id) where state = 'dead'",
+            table.derived("dead_key")
+        ),
+        format!(
+            "create index if not exists {} on {t} (kind, id) where state = 'dead'",
+            table.derived("dead_kind")
+        ),
     ];
     QueueSql {
         table: table.clone(),
@@ -98,7 +115,21 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
              where state = 'running' and leased_until < {NOW}"
         )
         .into(),
-        counts: format!("select state, count(*) from {t} group by state").into(),
+        // Live states are counted exactly through their partial indexes (the fetch and lease
+        // indexes), finished ones up to TERMINAL_COUNT_CAP rows through the `finished` index, so
+        // a sample costs the same with 10M finished rows as with none. `estimated total` is
+        // what finished states above the cap are estimated from: the span of ids.
+        counts: format!(
+            "select 'available', count(*) from {t} where state = 'available'
+             union all select 'running', count(*) from {t} where state = 'running'
+             union all select 'completed', count(*) from
+                 (select 1 from {t} where state = 'completed' limit {cap}) c
+             union all select 'dead', count(*) from
+                 (select 1 from {t} where state = 'dead' limit {cap}) d
+             union all select 'estimated total', coalesce((select max(id) - min(id) + 1 from {t}), 0)",
+            cap = crate::queue::TERMINAL_COUNT_CAP
+        )
+        .into(),
         // Served by the fetch index (queue, run_at, id) where state = 'available'.
         backlog: format!(
             "select queue, count(*), {NOW} - min(run_at)
@@ -125,6 +156,21 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                            where d.job_key = j.job_key and d.state = 'dead')
                and not exists (select 1 from {t} l where l.job_key = j.job_key and l.{live})
              returning id"
+        )
+        .into(),
+        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2`; returns how
+        // many. One statement under SQLite's single writer: no replay can come between the pick and
+        // the delete.
+        prune_jobs: format!(
+            "delete from {t} where id in (
+                 select id from {t} where state = $1 and finished_at < $2
+                 order by finished_at limit $3)"
+        )
+        .into(),
+        // How many jobs in state `$1` finished before `$2`.
+        count_prunable_jobs: format!(
+            "select count(*) from {} where state = $1 and finished_at < $2",
+            t
         )
         .into(),
         notify: None,
