@@ -628,6 +628,12 @@ impl<DB: Backend> Queue<DB> {
         Ok(counts)
     }
 
+    /// The statement behind [`counts`](Self::counts), for tests that check its plan.
+    #[doc(hidden)]
+    pub fn counts_statement(&self) -> &str {
+        &self.inner.sql.counts
+    }
+
     /// Deletes up to `limit` of the oldest jobs in `state` (completed or dead) that finished
     /// before `cutoff` (microseconds since the Unix epoch, by the database clock), taking the
     /// writer's turn on SQLite. For the [`Pruner`](crate::retention::Pruner).

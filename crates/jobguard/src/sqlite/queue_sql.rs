@@ -44,10 +44,11 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             table.derived("leases")
         ),
         // Pruning finished jobs takes the oldest of one state in batches, and counts stop after
-        // a bounded number of them: both walk this index, never the whole table.
+        // a bounded number of them: both walk this index, never the whole table. Not partial:
+        // the prune names its state as a parameter, which a partial index's predicate cannot
+        // match in a generic plan (and SQLite matches only a predicate the query repeats).
         format!(
-            "create index if not exists {} on {t} (state, finished_at)
-             where state in ('completed', 'dead')",
+            "create index if not exists {} on {t} (state, finished_at)",
             table.derived("finished")
         ),
         // Replay finds a key's newest dead job, and the dead jobs of a kind, without a scan per
@@ -118,15 +119,19 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         // Live states are counted exactly through their partial indexes (the fetch and lease
         // indexes), finished ones up to TERMINAL_COUNT_CAP rows through the `finished` index, so
         // a sample costs the same with 10M finished rows as with none. `estimated total` is
-        // what finished states above the cap are estimated from: the span of ids.
+        // what finished states above the cap are estimated from: the span of ids (two
+        // lookups of the rowid's ends: SQLite reads `min` and `max` from the b-tree only one at a
+        // time).
         counts: format!(
             "select 'available', count(*) from {t} where state = 'available'
              union all select 'running', count(*) from {t} where state = 'running'
              union all select 'completed', count(*) from
-                 (select 1 from {t} where state = 'completed' limit {cap}) c
+                 (select 1 from {t} where state = 'completed'
+                  order by state, finished_at limit {cap}) c
              union all select 'dead', count(*) from
-                 (select 1 from {t} where state = 'dead' limit {cap}) d
-             union all select 'estimated total', coalesce((select max(id) - min(id) + 1 from {t}), 0)",
+                 (select 1 from {t} where state = 'dead'
+                  order by state, finished_at limit {cap}) d
+             union all select 'estimated total', coalesce((select max(id) from {t}) - (select min(id) from {t}) + 1, 0)",
             cap = crate::queue::TERMINAL_COUNT_CAP
         )
         .into(),
