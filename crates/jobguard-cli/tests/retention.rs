@@ -396,8 +396,17 @@ fn prune_deletes_what_is_past_the_retention(db: &Db) {
 
     let pruned = db.json(&["prune", "--keep", "14d", "--batch", "1", "--pause", "0s"]);
     assert_eq!(pruned["guard_rows"], 2, "{pruned}");
-    // Two batches of one, one that found nothing; one for the step ledger.
-    assert_eq!(pruned["batches"], 4, "{pruned}");
+    // Two batches of one, one that found nothing; one for the step ledger; one each for
+    // completed and dead jobs, none of them a day old.
+    assert_eq!(pruned["batches"], 6, "{pruned}");
+    assert_eq!(
+        (
+            pruned["completed_jobs"].as_u64(),
+            pruned["dead_jobs"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{pruned}"
+    );
     assert_eq!(pruned["overridden"], false);
     assert!(pruned["oldest_age_seconds"].as_f64().unwrap() < 86_400.0);
     assert_eq!(db.guard_rows(), 1);
@@ -405,6 +414,49 @@ fn prune_deletes_what_is_past_the_retention(db: &Db) {
     // Nothing left to prune.
     assert_eq!(db.json(&["prune"])["guard_rows"], 0);
     assert_eq!(db.ledger_rows(), 3);
+
+    // Completed jobs can go at once: the guard row is the durable record.
+    assert_eq!(db.json(&["jobs"])["counts"]["completed"], 3);
+    let dry = db.json(&["prune", "--keep-completed", "0s", "--dry-run"]);
+    assert_eq!(dry["completed_jobs"], 3, "{dry}");
+    assert_eq!(
+        db.json(&["jobs"])["counts"]["completed"],
+        3,
+        "a dry run deletes nothing"
+    );
+    let jobs = db.json(&["prune", "--keep-completed", "0s"]);
+    assert_eq!(
+        (jobs["completed_jobs"].as_u64(), jobs["guard_rows"].as_u64()),
+        (Some(3), Some(0))
+    );
+    let listed = db.json(&["jobs"]);
+    assert_eq!(listed["counts"]["completed"], 0, "{listed}");
+    assert_eq!(listed["jobs"], json!([]), "{listed}");
+    let text = db.run(&["prune", "--keep-completed", "0s"]);
+    assert!(
+        text.stdout
+            .contains("deleted 0 completed jobs older than 0s and 0 dead jobs older than 7d"),
+        "{}",
+        text.stdout
+    );
+    // The third credit again: its job row is gone, its guard row stops it.
+    db.enqueue_credit(3);
+    let report = db.json(&["worker", "--until-idle"]);
+    assert_eq!(
+        (report["applied"].as_u64(), report["duplicates"].as_u64()),
+        (Some(0), Some(1)),
+        "{report}"
+    );
+    assert_eq!(db.ledger_rows(), 3);
+
+    // Dead jobs are kept at least through the replay window.
+    let error = db.fails(&["prune", "--keep-dead", "1h"]);
+    assert!(
+        error.contains("dead-job retention 1h is shorter than the replay window 12h"),
+        "{error}"
+    );
+    let error = db.fails(&["worker", "--until-idle", "--keep-dead", "1h"]);
+    assert!(error.contains("dead-job retention 1h"), "{error}");
 }
 
 /// A --keep shorter than the horizon is refused by prune and worker alike, with the numbers;
