@@ -287,7 +287,7 @@ pub const TERMINAL_COUNT_CAP: i64 = 100_000;
 /// Live jobs (available, running) are counted exactly. Finished ones are counted exactly up to
 /// [`TERMINAL_COUNT_CAP`] per state; above it the count is estimated (on PostgreSQL from the
 /// planner's row count of the table, on SQLite from the span of job ids), never less than the
-/// cap, and [`estimated`](Self::estimated) says so.
+/// cap, and [`is_estimated`](Self::is_estimated) says so.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counts {
     /// Waiting to run.
@@ -298,8 +298,13 @@ pub struct Counts {
     pub completed: i64,
     /// Dead-lettered.
     pub dead: i64,
-    /// Whether `completed` or `dead` is an estimate (more than [`TERMINAL_COUNT_CAP`] rows).
-    pub estimated: bool,
+}
+
+impl Counts {
+    /// Whether `completed` or `dead` is an estimate: [`TERMINAL_COUNT_CAP`] rows or more.
+    pub fn is_estimated(&self) -> bool {
+        self.completed >= TERMINAL_COUNT_CAP || self.dead >= TERMINAL_COUNT_CAP
+    }
 }
 
 /// The jobs of one queue that are ready to run and waiting for a worker, from
@@ -612,12 +617,10 @@ impl<DB: Backend> Queue<DB> {
         let rest = |exact: i64| (total - counts.available - counts.running - exact).max(0);
         let (completed, dead) = (counts.completed, counts.dead);
         if completed >= TERMINAL_COUNT_CAP {
-            counts.estimated = true;
             counts.completed =
                 rest(if dead < TERMINAL_COUNT_CAP { dead } else { 0 }).max(TERMINAL_COUNT_CAP);
         }
         if dead >= TERMINAL_COUNT_CAP {
-            counts.estimated = true;
             counts.dead = rest(if completed < TERMINAL_COUNT_CAP {
                 completed
             } else {

@@ -247,13 +247,14 @@ impl<DB: Backend> Tables<DB> {
     }
 
     async fn queue_figures(&self) -> jobguard::Result<QueueFigures> {
+        let counts = self.queue.counts().await?;
+        let estimated = counts.is_estimated();
         let Counts {
             available,
             running,
             completed,
             dead,
-            estimated,
-        } = self.queue.counts().await?;
+        } = counts;
         let backlog = self.queue.backlog().await?;
         Ok(QueueFigures {
             available,
