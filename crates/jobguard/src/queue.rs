@@ -344,7 +344,9 @@ pub struct QueueSql {
     pub(crate) list: Arc<str>,
     pub(crate) replay: Arc<str>,
     pub(crate) notify: Option<Arc<str>>,
-    /// Deletes a batch of finished jobs of one state: `$1` state, `$2` cutoff, `$3` limit.
+    /// Deletes a batch of finished jobs of one state: `$1` state, `$2` cutoff, `$3` limit,
+    /// `$4` the earliest finish time to look at; returns the finish times deleted (SQLite) or
+    /// their count and the latest (PostgreSQL).
     pub(crate) prune_jobs: Arc<str>,
     /// Counts the finished jobs of one state before a cutoff: `$1` state, `$2` cutoff.
     pub(crate) count_prunable_jobs: Arc<str>,
@@ -638,20 +640,22 @@ impl<DB: Backend> Queue<DB> {
     }
 
     /// Deletes up to `limit` of the oldest jobs in `state` (completed or dead) that finished
-    /// before `cutoff` (microseconds since the Unix epoch, by the database clock), taking the
-    /// writer's turn on SQLite. For the [`Pruner`](crate::retention::Pruner).
+    /// before `cutoff` and not before `after` (microseconds since the Unix epoch, by the
+    /// database clock), taking the writer's turn on SQLite; returns how many, and the latest
+    /// finish time among them. For the [`Pruner`](crate::retention::Pruner).
     pub(crate) async fn prune_finished(
         &self,
         state: JobState,
         cutoff: i64,
+        after: i64,
         limit: u32,
-    ) -> Result<u64> {
+    ) -> Result<(u64, Option<i64>)> {
         let _writer = self.inner.writer.acquire().await;
         Ok(DB::prune_jobs(
             &self.inner.pool,
             &self.inner.sql,
             state.as_str(),
-            cutoff,
+            (cutoff, after),
             limit,
         )
         .await?)

@@ -174,8 +174,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
              returning j.id"
         )
         .into(),
-        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2` (microseconds
-        // since the Unix epoch); returns how many. A job replayed between the pick and the delete is
+        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2` and at or
+        // after `$4` (where the last batch ended, past the index entries it left for vacuum),
+        // times in microseconds since the Unix epoch; returns how many, and the latest finish. A job replayed between the pick and the delete is
         // no longer in state `$1`: the delete re-checks the state on the row it locks, so a replayed
         // job is never deleted.
         prune_jobs: format!(
@@ -184,11 +185,13 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                      select id from {t}
                      where state = $1
                        and finished_at < timestamptz 'epoch' + $2 * interval '1 microsecond'
+                       and finished_at >= timestamptz 'epoch' + $4 * interval '1 microsecond'
                      order by finished_at limit $3))
                    and state = $1
-                 returning 1
+                 returning finished_at
              )
-             select count(*)::int8 from deleted"
+             select count(*)::int8, (extract(epoch from max(finished_at)) * 1000000)::int8
+             from deleted"
         )
         .into(),
         // How many jobs in state `$1` finished before `$2`.

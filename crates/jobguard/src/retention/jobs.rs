@@ -15,16 +15,17 @@ use crate::queue::QueueSql;
 /// The statements that prune finished jobs, which each backend implements.
 #[doc(hidden)]
 pub trait JobPruneStore: sqlx::Database {
-    /// Deletes up to `limit` of the oldest jobs in `state` that finished before `cutoff`
-    /// (microseconds since the Unix epoch); returns how many.
+    /// Deletes up to `limit` of the oldest jobs in `state` that finished before `cutoff` and
+    /// not before `after` (microseconds since the Unix epoch); returns how many, and the latest
+    /// finish time among them.
     #[doc(hidden)]
     fn prune_jobs(
         pool: &Pool<Self>,
         sql: &QueueSql,
         state: &'static str,
-        cutoff: i64,
+        cutoff_after: (i64, i64),
         limit: u32,
-    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+    ) -> impl Future<Output = sqlx::Result<(u64, Option<i64>)>> + Send;
 
     /// How many jobs in `state` finished before `cutoff`.
     #[doc(hidden)]
@@ -42,16 +43,18 @@ impl JobPruneStore for sqlx::Postgres {
         pool: &Pool<Self>,
         sql: &QueueSql,
         state: &'static str,
-        cutoff: i64,
+        (cutoff, after): (i64, i64),
         limit: u32,
-    ) -> sqlx::Result<u64> {
-        let deleted: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.prune_jobs.clone()))
-            .bind(state)
-            .bind(cutoff)
-            .bind(i64::from(limit))
-            .fetch_one(pool)
-            .await?;
-        Ok(deleted.max(0) as u64)
+    ) -> sqlx::Result<(u64, Option<i64>)> {
+        let (deleted, last): (i64, Option<i64>) =
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.prune_jobs.clone()))
+                .bind(state)
+                .bind(cutoff)
+                .bind(i64::from(limit))
+                .bind(after)
+                .fetch_one(pool)
+                .await?;
+        Ok((deleted.max(0) as u64, last))
     }
 
     async fn count_prunable_jobs(
@@ -75,16 +78,17 @@ impl JobPruneStore for sqlx::Sqlite {
         pool: &Pool<Self>,
         sql: &QueueSql,
         state: &'static str,
-        cutoff: i64,
+        (cutoff, after): (i64, i64),
         limit: u32,
-    ) -> sqlx::Result<u64> {
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql.prune_jobs.clone()))
+    ) -> sqlx::Result<(u64, Option<i64>)> {
+        let finished: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.prune_jobs.clone()))
             .bind(state)
             .bind(cutoff)
             .bind(i64::from(limit))
-            .execute(pool)
+            .bind(after)
+            .fetch_all(pool)
             .await?;
-        Ok(done.rows_affected())
+        Ok((finished.len() as u64, finished.into_iter().max()))
     }
 
     async fn count_prunable_jobs(

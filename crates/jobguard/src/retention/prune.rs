@@ -315,11 +315,16 @@ impl<DB: Backend> Pruner<DB> {
         let jobs_label = queue.sql().table.to_string();
         let (completed, dead) = self.job_cutoffs().await?;
         for (state, cutoff) in [(JobState::Completed, completed), (JobState::Dead, dead)] {
+            // As with guard rows: each batch starts where the last one ended.
+            let mut after = FAR_PAST_MICROS;
             loop {
                 let batch_started = Instant::now();
                 // The queue takes the writer's turn itself.
-                let deleted = queue.prune_finished(state, cutoff, self.batch).await?;
+                let (deleted, last) = queue
+                    .prune_finished(state, cutoff, after, self.batch)
+                    .await?;
                 let took = batch_started.elapsed();
+                after = last.unwrap_or(after);
                 record_pruned(&jobs_label, deleted);
                 match state {
                     JobState::Dead => report.dead_jobs += deleted,

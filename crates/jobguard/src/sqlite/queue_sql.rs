@@ -163,13 +163,14 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
              returning id"
         )
         .into(),
-        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2`; returns how
-        // many. One statement under SQLite's single writer: no replay can come between the pick and
+        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2`, from `$4`
+        // on (where the last batch ended); returns the finish times of the jobs deleted. One statement under SQLite's single writer: no replay can come between the pick and
         // the delete.
         prune_jobs: format!(
             "delete from {t} where id in (
-                 select id from {t} where state = $1 and finished_at < $2
-                 order by finished_at limit $3)"
+                 select id from {t} where state = $1 and finished_at < $2 and finished_at >= $4
+                 order by finished_at limit $3)
+             returning finished_at"
         )
         .into(),
         // How many jobs in state `$1` finished before `$2`.
