@@ -140,7 +140,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
              union all select 'dead', count(*) from
                  (select 1 from {t} where state = 'dead'
                   order by state, finished_at limit {cap}) d
-             union all select 'estimated total', coalesce((select reltuples::int8 from pg_class where oid = to_regclass('{t}')), -1)",
+             union all select 'estimated total', coalesce(
+                 (select reltuples::int8 from pg_class where oid = to_regclass('{t}')), -1)",
             cap = crate::queue::TERMINAL_COUNT_CAP
         )
         .into(),
@@ -175,10 +176,10 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2` and at or
-        // after `$4` (where the last batch ended, past the index entries it left for vacuum),
-        // times in microseconds since the Unix epoch; returns how many, and the latest finish. A job replayed between the pick and the delete is
-        // no longer in state `$1`: the delete re-checks the state on the row it locks, so a replayed
-        // job is never deleted.
+        // after `$4` (where the last batch ended, past the index entries it left for vacuum), times
+        // in microseconds since the Unix epoch; returns how many, and the latest finish. A job
+        // replayed between the pick and the delete is no longer in state `$1`: the delete re-checks
+        // the state on the row it locks, so a replayed job is never deleted.
         prune_jobs: format!(
             "with deleted as (
                  delete from {t} where id = any(array(

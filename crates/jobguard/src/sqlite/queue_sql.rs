@@ -131,7 +131,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
              union all select 'dead', count(*) from
                  (select 1 from {t} where state = 'dead'
                   order by state, finished_at limit {cap}) d
-             union all select 'estimated total', coalesce((select max(id) from {t}) - (select min(id) from {t}) + 1, 0)",
+             union all select 'estimated total',
+                 coalesce((select max(id) from {t}) - (select min(id) from {t}) + 1, 0)",
             cap = crate::queue::TERMINAL_COUNT_CAP
         )
         .into(),
@@ -164,8 +165,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2`, from `$4`
-        // on (where the last batch ended); returns the finish times of the jobs deleted. One statement under SQLite's single writer: no replay can come between the pick and
-        // the delete.
+        // on (where the last batch ended); returns the finish times of the jobs deleted. One
+        // statement under SQLite's single writer: no replay can come between the pick and the
+        // delete.
         prune_jobs: format!(
             "delete from {t} where id in (
                  select id from {t} where state = $1 and finished_at < $2 and finished_at >= $4
