@@ -9,6 +9,11 @@
 //! 2. Table size: `--jobs` jobs drained with an empty guard table, then with `--big-rows` rows
 //!    in it. Keys are hashes, so each claim lands on a random page of the key index rather
 //!    than on the few hot pages that sequential keys would share.
+//! 3. A big jobs table: `--job-rows` completed jobs (with their payloads) finished two days
+//!    ago. What one dashboard sample of [`Queue::counts`] takes, against the `group by state`
+//!    it replaced; then the worker drains a backlog while a [`Pruner`] with
+//!    [`Pruner::jobs`] deletes the completed jobs past a day, and the worker's jobs per second
+//!    are measured over `--window` before and during the prune.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -51,6 +56,9 @@ pub struct BenchPruneArgs {
     /// Jobs drained with the empty and with the big guard table.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     jobs: u64,
+    /// Completed jobs in the jobs table for its measurement; 0 skips it.
+    #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+    job_rows: u64,
     /// Jobs run at once by the worker.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
     concurrency: u32,
@@ -77,6 +85,27 @@ pub struct PruneBenchReport {
     pub pause_ms: f64,
     pub prune: PruneUnderLoad,
     pub table_size: Option<TableSize>,
+    pub jobs_table: Option<JobsTable>,
+}
+
+/// A big jobs table: counting it, and pruning its completed jobs under load.
+#[derive(Debug, Serialize)]
+pub struct JobsTable {
+    /// Completed jobs inserted two days old, and deleted by the prune.
+    pub rows: u64,
+    pub fill_seconds: f64,
+    /// The median of ten [`Queue::counts`] samples, and of ten `group by state` counts.
+    pub counts_ms: f64,
+    pub group_by_ms: f64,
+    pub pruned: u64,
+    pub batches: u64,
+    pub prune_seconds: f64,
+    pub rows_per_s: f64,
+    /// The worker's jobs per second before and during the prune.
+    pub before_jobs_per_s: f64,
+    pub during_jobs_per_s: f64,
+    /// during / before.
+    pub ratio: f64,
 }
 
 /// Pruning while the worker runs jobs.
@@ -160,6 +189,11 @@ pub async fn run(args: BenchPruneArgs) -> anyhow::Result<std::process::ExitCode>
     } else {
         None
     };
+    let jobs_table = if args.job_rows > 0 {
+        Some(jobs_table(&pool, &args).await?)
+    } else {
+        None
+    };
     drop_tables(&pool).await?;
     let report = PruneBenchReport {
         database: redact(&args.database_url),
@@ -168,6 +202,7 @@ pub async fn run(args: BenchPruneArgs) -> anyhow::Result<std::process::ExitCode>
         pause_ms: args.pause.as_secs_f64() * 1000.0,
         prune,
         table_size,
+        jobs_table,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -287,6 +322,118 @@ async fn table_size(pool: &PgPool, args: &BenchPruneArgs) -> anyhow::Result<Tabl
         full_jobs_per_s: full,
         ratio: full / empty,
     })
+}
+
+async fn jobs_table(pool: &PgPool, args: &BenchPruneArgs) -> anyhow::Result<JobsTable> {
+    let queue = reset(pool).await?;
+    progress(args, &format!("inserting {} completed jobs", args.job_rows));
+    let started = Instant::now();
+    execute(
+        pool,
+        &format!(
+            "insert into {JOBS} (kind, job_key, queue, payload, state, attempt, max_attempts,
+                                 finished_at)
+             select '{KIND}', 'bench-credit:' || h, 'default',
+                    jsonb_build_object('n', n, 'key', h), 'completed', 1, 10,
+                    now() - interval '2 days' + n * interval '1 millisecond'
+             from generate_series(1, {}) n, md5('done-' || n) h",
+            args.job_rows
+        ),
+    )
+    .await?;
+    let fill_seconds = started.elapsed().as_secs_f64();
+    enqueue(pool, "jobs", args.backlog).await?;
+    settle(pool).await?;
+
+    let counts_ms = median_ms(async || {
+        queue.counts().await?;
+        Ok(())
+    })
+    .await?;
+    let group_by = format!("select state, count(*) from {JOBS} group by state");
+    let group_by_ms = median_ms(async || {
+        pool.execute(sqlx::AssertSqlSafe(group_by.clone())).await?;
+        Ok(())
+    })
+    .await?;
+    progress(
+        args,
+        &format!("counts: {counts_ms:.2} ms; group by state: {group_by_ms:.0} ms"),
+    );
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = worker(&queue, args.concurrency, false)?;
+    let running = tokio::spawn(worker.run(async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = rate(args.window).await;
+    progress(
+        args,
+        &format!("{before:.0} jobs/s before; pruning the completed jobs"),
+    );
+    let retention = RetentionConfig {
+        keep_completed: Duration::from_secs(24 * 3600),
+        ..RetentionConfig::default()
+    }
+    .validate(&RetryPolicy::default(), Duration::from_secs(30))?;
+    let guard = queue.guard(GuardConfig::default().table(TableName::new(GUARD)?))?;
+    let pruner = Pruner::new(&guard, retention)
+        .jobs(&queue)
+        .batch(args.batch)
+        .pause(args.pause);
+    let started = Instant::now();
+    let pruning = tokio::spawn(async move { pruner.run().await });
+    // The worker's rate over the first window of the prune; then the prune runs alone, so that
+    // the backlog need not outlast it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = rate(args.window).await;
+    let pruned_while_measured = !pruning.is_finished();
+    let _ = stop.send(());
+    let stats = running.await??;
+    if stats.failed + stats.dead > 0 {
+        bail!("the benchmark's jobs failed: {stats:?}");
+    }
+    let report = pruning
+        .await??
+        .context("another pruner holds the benchmark's guard table")?;
+    let prune_seconds = started.elapsed().as_secs_f64();
+    if !pruned_while_measured {
+        bail!("the prune ended before the measurement did: raise --job-rows or shorten --window");
+    }
+    progress(
+        args,
+        &format!(
+            "{during:.0} jobs/s during; {} completed jobs pruned in {prune_seconds:.1} s",
+            report.completed_jobs
+        ),
+    );
+    Ok(JobsTable {
+        rows: args.job_rows,
+        fill_seconds,
+        counts_ms,
+        group_by_ms,
+        // The worker's own jobs completed meanwhile are younger than a day: not pruned.
+        pruned: report.completed_jobs,
+        batches: report.batches,
+        prune_seconds,
+        rows_per_s: report.completed_jobs as f64 / prune_seconds,
+        before_jobs_per_s: before,
+        during_jobs_per_s: during,
+        ratio: during / before,
+    })
+}
+
+/// The median time of ten runs of `run`, in milliseconds.
+async fn median_ms(mut run: impl AsyncFnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        run().await?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 /// The worker's effects per second over `window`.
@@ -418,6 +565,26 @@ pub fn render(report: &PruneBenchReport) -> String {
              \x20 empty guard table       {:>10.0} jobs/s\n\
              \x20 {:>10} guard rows   {:>10.0} jobs/s   ratio full/empty: {:.3} (filled in {:.0} s)\n",
             t.jobs, t.empty_jobs_per_s, t.rows, t.full_jobs_per_s, t.ratio, t.fill_seconds,
+        );
+    }
+    if let Some(j) = &report.jobs_table {
+        out += &format!(
+            "jobs table: {} completed jobs (filled in {:.0} s)\n\
+             \x20 one counts sample       {:>10.2} ms   (group by state: {:.0} ms)\n\
+             \x20 pruned {} completed jobs in {:.1} s ({:.0} rows/s, {} batches)\n\
+             \x20 worker before the prune {:>10.0} jobs/s\n\
+             \x20 worker during the prune {:>10.0} jobs/s   ratio during/before: {:.3}\n",
+            j.rows,
+            j.fill_seconds,
+            j.counts_ms,
+            j.group_by_ms,
+            j.pruned,
+            j.prune_seconds,
+            j.rows_per_s,
+            j.batches,
+            j.before_jobs_per_s,
+            j.during_jobs_per_s,
+            j.ratio,
         );
     }
     out

@@ -18,6 +18,10 @@ pub struct ProviderArgs {
     /// answered 409.
     #[arg(long, default_value = "0ms", value_parser = parse_duration)]
     latency: Duration,
+    /// How long an idempotency key is remembered after its charge (Stripe: 24h); a request
+    /// with a forgotten key charges again. Keys are remembered forever when absent.
+    #[arg(long, value_parser = parse_duration)]
+    key_ttl: Option<Duration>,
 }
 
 /// Serves the provider; the first line printed is its URL.
@@ -33,6 +37,7 @@ pub async fn provider(args: ProviderArgs) -> anyhow::Result<ExitCode> {
     );
     let provider = Provider::new(ProviderConfig {
         latency: args.latency,
+        key_ttl: args.key_ttl,
         ..ProviderConfig::default()
     });
     provider

@@ -9,8 +9,9 @@ use serde_json::{Value, json};
 use sqlx::Executor;
 
 /// The horizon of `jobguard worker` with its defaults: retries 10m 13.2s (1 + 2 + ... + 256 s,
-/// each up to 20% longer), ten 30-second leases, a 7-day replay window, a 24-hour provider key.
-const DEFAULT_HORIZON_SECONDS: f64 = 613.2 + 300.0 + 7.0 * 86_400.0 + 86_400.0;
+/// each up to 20% longer), ten 30-second leases, a 12-hour replay window, and the replayed
+/// job's retries and leases again; it stays below the default 24-hour provider key lifetime.
+const DEFAULT_HORIZON_SECONDS: f64 = 2.0 * (613.2 + 300.0) + 12.0 * 3600.0;
 
 /// A database of the test's own.
 struct Db {
@@ -248,7 +249,9 @@ fn retention_prints_the_horizon_and_checks_keep() {
         (horizon - DEFAULT_HORIZON_SECONDS).abs() < 1e-6,
         "{horizon}"
     );
-    assert_eq!(run.json["horizon"], "8d 15m 13s");
+    assert_eq!(run.json["horizon"], "12h 30m 26s");
+    assert_eq!(run.json["provider_key_lifetime_seconds"], 86_400.0);
+    assert_eq!(run.json["provider_key_lifetime_covers"], true);
     let names: Vec<&str> = run.json["terms"]
         .as_array()
         .unwrap()
@@ -257,12 +260,7 @@ fn retention_prints_the_horizon_and_checks_keep() {
         .collect();
     assert_eq!(
         names,
-        [
-            "retries",
-            "leases",
-            "replay window",
-            "provider key lifetime"
-        ]
+        ["retries", "leases", "replay window", "replayed attempts"]
     );
     assert_eq!(run.json["covered"], Value::Null, "no --keep, no verdict");
 
@@ -270,13 +268,13 @@ fn retention_prints_the_horizon_and_checks_keep() {
     assert!(covered.ok);
     assert_eq!(covered.json["covered"], true);
 
-    let short = retention(&["--keep", "3d"]);
+    let short = retention(&["--keep", "6h"]);
     assert!(!short.ok, "a retention below the horizon exits non-zero");
     for needle in [
         "refused",
-        "guard retention 3d",
-        "8d 15m 13s",
-        "replay window 7d",
+        "guard retention 6h",
+        "12h 30m 26s",
+        "replay window 12h",
     ] {
         assert!(
             short.stdout.contains(needle),
@@ -301,10 +299,71 @@ fn retention_prints_the_horizon_and_checks_keep() {
     ]);
     assert!(declared.ok, "{}", declared.stdout);
     assert_eq!(declared.json["covered"], true);
-    // (10 + 20 + ... + 2560 s) x 1.2, ten leases of a minute, two days.
-    let expected = 5110.0 * 1.2 + 600.0 + 2.0 * 86_400.0;
+    // (10 + 20 + ... + 2560 s) x 1.2 and ten leases of a minute, before and after the replay;
+    // two days.
+    let expected = 2.0 * (5110.0 * 1.2 + 600.0) + 2.0 * 86_400.0;
     let horizon = declared.json["horizon_seconds"].as_f64().unwrap();
     assert!((horizon - expected).abs() < 1e-6, "{horizon}");
+}
+
+/// A keyed charge dead-lettered and replayed after the provider forgot its idempotency key is
+/// charged twice: a replay window of a week behind a provider that keeps keys a day is refused,
+/// with both terms and both numbers; a window that fits, or no provider, is accepted.
+#[test]
+fn retention_refuses_a_horizon_past_the_provider_key_lifetime() {
+    let refused = retention(&["--replay-window", "7d", "--provider-key-lifetime", "1d"]);
+    assert!(!refused.ok, "exit 1: {}", refused.stdout);
+    for needle in [
+        "refused",
+        "provider key lifetime 1d",
+        "replay window 7d",
+        "7d 30m 26s",
+        "to at most 23h 29m 32s",
+    ] {
+        assert!(
+            refused.stdout.contains(needle),
+            "{needle:?}: {}",
+            refused.stdout
+        );
+    }
+    let json = retention(&[
+        "--replay-window",
+        "7d",
+        "--provider-key-lifetime",
+        "1d",
+        "--json",
+    ]);
+    assert!(!json.ok);
+    assert_eq!(json.json["provider_key_lifetime_covers"], false);
+    assert!(
+        json.json["provider_error"]
+            .as_str()
+            .is_some_and(|error| error.contains("provider key lifetime 1d")),
+        "{}",
+        json.json
+    );
+    // Even a guard retention that covers the horizon does not help: the provider forgets.
+    assert!(
+        !retention(&[
+            "--keep",
+            "14d",
+            "--replay-window",
+            "7d",
+            "--provider-key-lifetime",
+            "1d"
+        ])
+        .ok
+    );
+
+    // The defaults are consistent; so is a week of replay with no keyed external API.
+    assert!(retention(&[]).ok);
+    let no_provider = retention(&["--replay-window", "7d", "--provider-key-lifetime", "0s"]);
+    assert!(no_provider.ok, "{}", no_provider.stdout);
+    assert!(
+        no_provider
+            .stdout
+            .contains("no provider key lifetime declared")
+    );
 }
 
 /// Three credits applied; two of them 20 days ago. A dry run counts two and deletes nothing;
@@ -337,8 +396,17 @@ fn prune_deletes_what_is_past_the_retention(db: &Db) {
 
     let pruned = db.json(&["prune", "--keep", "14d", "--batch", "1", "--pause", "0s"]);
     assert_eq!(pruned["guard_rows"], 2, "{pruned}");
-    // Two batches of one, one that found nothing; one for the step ledger.
-    assert_eq!(pruned["batches"], 4, "{pruned}");
+    // Two batches of one, one that found nothing; one for the step ledger; one each for
+    // completed and dead jobs, none of them a day old.
+    assert_eq!(pruned["batches"], 6, "{pruned}");
+    assert_eq!(
+        (
+            pruned["completed_jobs"].as_u64(),
+            pruned["dead_jobs"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{pruned}"
+    );
     assert_eq!(pruned["overridden"], false);
     assert!(pruned["oldest_age_seconds"].as_f64().unwrap() < 86_400.0);
     assert_eq!(db.guard_rows(), 1);
@@ -346,6 +414,49 @@ fn prune_deletes_what_is_past_the_retention(db: &Db) {
     // Nothing left to prune.
     assert_eq!(db.json(&["prune"])["guard_rows"], 0);
     assert_eq!(db.ledger_rows(), 3);
+
+    // Completed jobs can go at once: the guard row is the durable record.
+    assert_eq!(db.json(&["jobs"])["counts"]["completed"], 3);
+    let dry = db.json(&["prune", "--keep-completed", "0s", "--dry-run"]);
+    assert_eq!(dry["completed_jobs"], 3, "{dry}");
+    assert_eq!(
+        db.json(&["jobs"])["counts"]["completed"],
+        3,
+        "a dry run deletes nothing"
+    );
+    let jobs = db.json(&["prune", "--keep-completed", "0s"]);
+    assert_eq!(
+        (jobs["completed_jobs"].as_u64(), jobs["guard_rows"].as_u64()),
+        (Some(3), Some(0))
+    );
+    let listed = db.json(&["jobs"]);
+    assert_eq!(listed["counts"]["completed"], 0, "{listed}");
+    assert_eq!(listed["jobs"], json!([]), "{listed}");
+    let text = db.run(&["prune", "--keep-completed", "0s"]);
+    assert!(
+        text.stdout
+            .contains("deleted 0 completed jobs older than 0s and 0 dead jobs older than 7d"),
+        "{}",
+        text.stdout
+    );
+    // The third credit again: its job row is gone, its guard row stops it.
+    db.enqueue_credit(3);
+    let report = db.json(&["worker", "--until-idle"]);
+    assert_eq!(
+        (report["applied"].as_u64(), report["duplicates"].as_u64()),
+        (Some(0), Some(1)),
+        "{report}"
+    );
+    assert_eq!(db.ledger_rows(), 3);
+
+    // Dead jobs are kept at least through the replay window.
+    let error = db.fails(&["prune", "--keep-dead", "1h"]);
+    assert!(
+        error.contains("dead-job retention 1h is shorter than the replay window 12h"),
+        "{error}"
+    );
+    let error = db.fails(&["worker", "--until-idle", "--keep-dead", "1h"]);
+    assert!(error.contains("dead-job retention 1h"), "{error}");
 }
 
 /// A --keep shorter than the horizon is refused by prune and worker alike, with the numbers;
@@ -355,34 +466,52 @@ fn short_retentions_are_refused_unless_overridden(db: &Db) {
     db.json(&["worker", "--until-idle"]);
     db.age_credits(&[1], 2);
 
-    let error = db.fails(&["prune", "--keep", "1d"]);
+    let error = db.fails(&["prune", "--keep", "6h"]);
     for needle in [
-        "guard retention 1d is shorter than the horizon",
-        "8d 15m 13s",
-        "replay window 7d + provider key lifetime 1d",
-        "at least 8d 15m 13s",
+        "guard retention 6h is shorter than the horizon",
+        "12h 30m 26s",
+        "replay window 12h + replayed attempts 15m 13s",
+        "at least 12h 30m 26s",
     ] {
         assert!(error.contains(needle), "{needle:?} missing from: {error}");
     }
     assert_eq!(db.guard_rows(), 1, "nothing was pruned");
 
     db.enqueue_credit(2);
-    let error = db.fails(&["worker", "--until-idle", "--keep", "1d"]);
-    assert!(error.contains("guard retention 1d is shorter"), "{error}");
+    let error = db.fails(&["worker", "--until-idle", "--keep", "6h"]);
+    assert!(error.contains("guard retention 6h is shorter"), "{error}");
     assert_eq!(db.ledger_rows(), 1, "the worker did not start");
 
-    let overridden = db.json(&["prune", "--keep", "1d", "--override-horizon"]);
+    // A replay window past the provider's key lifetime is refused by prune and worker alike,
+    // whatever the guard keeps and even with --override-horizon.
+    let stripe = ["--replay-window", "7d", "--provider-key-lifetime", "1d"];
+    let error = db.fails(&[&["prune", "--keep", "14d"][..], &stripe].concat());
+    for needle in ["provider key lifetime 1d", "replay window 7d"] {
+        assert!(error.contains(needle), "{needle:?} missing from: {error}");
+    }
+    assert_eq!(db.guard_rows(), 1, "nothing was pruned");
+    let error = db.fails(
+        &[
+            &["worker", "--until-idle", "--override-horizon"][..],
+            &stripe,
+        ]
+        .concat(),
+    );
+    assert!(error.contains("provider key lifetime 1d"), "{error}");
+    assert_eq!(db.ledger_rows(), 1, "the worker did not start");
+
+    let overridden = db.json(&["prune", "--keep", "6h", "--override-horizon"]);
     assert_eq!(overridden["overridden"], true);
     assert_eq!(overridden["guard_rows"], 1, "{overridden}");
 
-    // With a 12-hour replay window and no external API, a day covers the horizon.
+    // With a 2-hour replay window and no external API, six hours cover the horizon.
     let report = db.json(&[
         "worker",
         "--until-idle",
         "--keep",
-        "1d",
+        "6h",
         "--replay-window",
-        "12h",
+        "2h",
         "--provider-key-lifetime",
         "0s",
     ]);

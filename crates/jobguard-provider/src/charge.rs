@@ -77,7 +77,8 @@ pub(crate) async fn create(
         return Ok(Json(charge).into_response());
     };
 
-    let claim = provider.ledger().claim(&key, &params);
+    let ttl = provider.config().key_ttl;
+    let claim = provider.ledger().claim(&key, &params, ttl);
     match claim {
         Claim::Claimed => {}
         Claim::Replay(charge) => {

@@ -4,7 +4,7 @@
 //! waiting between calls, never while holding the lock.
 
 use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::charge::{Charge, ChargeParams};
 use crate::webhook::WebhookDelivery;
@@ -36,10 +36,12 @@ impl Default for Ledger {
 enum KeyState {
     /// A request with this key is being processed.
     InFlight,
-    /// A request with this key created `charge` from `params`; its response is replayed.
+    /// A request with this key created `charge` from `params` at `at`; its response is
+    /// replayed until the key expires.
     Done {
         params: ChargeParams,
         charge: Charge,
+        at: Instant,
     },
 }
 
@@ -78,12 +80,24 @@ impl Ledger {
     }
 
     /// Claims `key` for a request with `params`, as Stripe does: a stored response wins, then a
-    /// request in flight, and only an unknown key is claimed.
-    pub(crate) fn claim(&mut self, key: &str, params: &ChargeParams) -> Claim {
+    /// request in flight, and only an unknown key is claimed. A key answered `ttl` or longer ago
+    /// is forgotten first, as Stripe forgets keys after 24 hours: the request charges again.
+    pub(crate) fn claim(
+        &mut self,
+        key: &str,
+        params: &ChargeParams,
+        ttl: Option<Duration>,
+    ) -> Claim {
+        if let (Some(ttl), Some(KeyState::Done { at, .. })) = (ttl, self.keys.get(key))
+            && at.elapsed() >= ttl
+        {
+            self.keys.remove(key);
+        }
         match self.keys.get(key) {
             Some(KeyState::Done {
                 params: stored,
                 charge,
+                ..
             }) if stored == params => Claim::Replay(charge.clone()),
             Some(KeyState::Done { .. }) => Claim::Reused,
             Some(KeyState::InFlight) => Claim::InFlight,
@@ -116,6 +130,7 @@ impl Ledger {
             let done = KeyState::Done {
                 params,
                 charge: charge.clone(),
+                at: Instant::now(),
             };
             self.keys.insert(key, done);
         }
@@ -159,29 +174,63 @@ mod tests {
     #[test]
     fn a_claimed_key_is_in_flight_until_the_charge_is_created() {
         let mut ledger = Ledger::default();
-        assert!(matches!(ledger.claim("k", &params("o", 1)), Claim::Claimed));
         assert!(matches!(
-            ledger.claim("k", &params("o", 1)),
+            ledger.claim("k", &params("o", 1), None),
+            Claim::Claimed
+        ));
+        assert!(matches!(
+            ledger.claim("k", &params("o", 1), None),
             Claim::InFlight
         ));
         let charge = ledger.create_charge(params("o", 1), Some("k".to_owned()));
-        assert!(matches!(ledger.claim("k", &params("o", 1)), Claim::Replay(c) if c == charge));
-        assert!(matches!(ledger.claim("k", &params("o", 2)), Claim::Reused));
+        assert!(
+            matches!(ledger.claim("k", &params("o", 1), None), Claim::Replay(c) if c == charge)
+        );
+        assert!(matches!(
+            ledger.claim("k", &params("o", 2), None),
+            Claim::Reused
+        ));
         assert_eq!(ledger.charges().len(), 1);
     }
 
     #[test]
     fn release_frees_an_in_flight_key_but_not_a_done_one() {
         let mut ledger = Ledger::default();
-        assert!(matches!(ledger.claim("k", &params("o", 1)), Claim::Claimed));
+        assert!(matches!(
+            ledger.claim("k", &params("o", 1), None),
+            Claim::Claimed
+        ));
         ledger.release("k");
-        assert!(matches!(ledger.claim("k", &params("o", 1)), Claim::Claimed));
+        assert!(matches!(
+            ledger.claim("k", &params("o", 1), None),
+            Claim::Claimed
+        ));
         ledger.create_charge(params("o", 1), Some("k".to_owned()));
         ledger.release("k");
         assert!(matches!(
-            ledger.claim("k", &params("o", 1)),
+            ledger.claim("k", &params("o", 1), None),
             Claim::Replay(_)
         ));
+    }
+
+    #[test]
+    fn a_key_past_its_time_to_live_is_forgotten_and_charges_again() {
+        let mut ledger = Ledger::default();
+        let hour = Some(Duration::from_secs(3600));
+        assert!(matches!(
+            ledger.claim("k", &params("o", 1), hour),
+            Claim::Claimed
+        ));
+        let first = ledger.create_charge(params("o", 1), Some("k".to_owned()));
+        assert!(matches!(ledger.claim("k", &params("o", 1), hour), Claim::Replay(c) if c == first));
+        // With a time to live already over, the same request is a first request again.
+        assert!(matches!(
+            ledger.claim("k", &params("o", 1), Some(Duration::ZERO)),
+            Claim::Claimed
+        ));
+        let second = ledger.create_charge(params("o", 1), Some("k".to_owned()));
+        assert_ne!(first.id, second.id);
+        assert_eq!(ledger.charges().len(), 2);
     }
 
     #[test]

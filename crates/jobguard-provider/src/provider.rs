@@ -29,6 +29,10 @@ pub struct ProviderConfig {
     pub latency: Duration,
     /// How long a webhook takes to be recorded.
     pub webhook_latency: Duration,
+    /// How long an idempotency key is remembered after its charge was made; `None` (the
+    /// default) remembers keys forever. Stripe forgets keys after 24 hours: a request with a
+    /// forgotten key creates a new charge, as a first request would.
+    pub key_ttl: Option<Duration>,
 }
 
 /// A payment provider: the state behind the HTTP endpoints.

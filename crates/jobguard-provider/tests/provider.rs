@@ -492,3 +492,36 @@ async fn a_provider_serves_on_a_listener_of_its_own() {
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
+
+/// Stripe forgets idempotency keys after 24 hours; with a key time to live the provider does
+/// too: within it a repeat gets the original charge, after it the same request charges again.
+#[tokio::test]
+async fn a_key_past_its_time_to_live_charges_again() {
+    let ttl = Duration::from_secs(3);
+    let (running, client) = start_with(ProviderConfig {
+        key_ttl: Some(ttl),
+        ..ProviderConfig::default()
+    })
+    .await;
+    let first = client
+        .create_charge("order-1", 500, Some("charge:order-1"))
+        .await
+        .unwrap();
+    let again = client
+        .create_charge("order-1", 500, Some("charge:order-1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        first.id, again.id,
+        "within the time to live: the original charge"
+    );
+
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    let late = client
+        .create_charge("order-1", 500, Some("charge:order-1"))
+        .await
+        .unwrap();
+    assert_ne!(late.id, first.id, "the key was forgotten: a second charge");
+    assert_eq!(running.provider().charges().len(), 2);
+    running.stop().await;
+}

@@ -260,6 +260,53 @@ pub enum Error {
         breakdown: String,
     },
 
+    /// A job that calls an external API with an idempotency key can still be repeated (retried,
+    /// or replayed within the replay window and retried again) after the provider has forgotten
+    /// the key, and would then take effect twice (a second charge). Nothing was pruned and the
+    /// worker did not start.
+    #[error(
+        "provider key lifetime {} is not longer than the horizon of a keyed external job, \
+         {breakdown}: a job repeated after {} finds its idempotency key forgotten by the provider \
+         and takes effect again; shorten the replay window {} (to at most {} with these retries \
+         and leases) or the retry policy and lease, or declare the provider key lifetime 0s if \
+         no job calls a keyed external API",
+        crate::retention::format_duration(*.provider_key_lifetime),
+        crate::retention::format_duration(*.provider_key_lifetime),
+        crate::retention::format_duration(*.replay_window),
+        crate::retention::format_duration(*.replay_window_fits)
+    )]
+    ProviderKeyLifetimeTooShort {
+        /// How long the provider keeps an idempotency key, as declared.
+        provider_key_lifetime: std::time::Duration,
+        /// The longest time after its first attempt that a keyed job can still be repeated.
+        horizon: std::time::Duration,
+        /// The horizon term by term.
+        breakdown: String,
+        /// The declared replay window.
+        replay_window: std::time::Duration,
+        /// The longest replay window that would fit under the provider key lifetime, with the
+        /// same retries and leases (zero when even those do not fit).
+        replay_window_fits: std::time::Duration,
+    },
+
+    /// Dead jobs would be deleted before the replay window ends, so a dead job could no longer
+    /// be replayed within the window the retention was computed for. Nothing was pruned and
+    /// the worker did not start.
+    #[error(
+        "dead-job retention {} is shorter than the replay window {}: a dead job deleted before \
+         the window ends can no longer be replayed; keep dead jobs at least {}, or shorten the \
+         replay window",
+        crate::retention::format_duration(*.keep_dead),
+        crate::retention::format_duration(*.replay_window),
+        crate::retention::format_duration(*.replay_window)
+    )]
+    DeadRetentionTooShort {
+        /// How long dead jobs would be kept.
+        keep_dead: std::time::Duration,
+        /// How long a dead job may be replayed, as declared.
+        replay_window: std::time::Duration,
+    },
+
     /// Any other database error. Nothing was applied.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

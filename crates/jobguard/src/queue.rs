@@ -278,7 +278,16 @@ pub enum Replay {
     All,
 }
 
+/// Finished jobs of one state (completed, dead) that [`Queue::counts`] counts one by one;
+/// above this many it estimates, so that a dashboard sample stays cheap on a huge table.
+pub const TERMINAL_COUNT_CAP: i64 = 100_000;
+
 /// Job counts by state, from [`Queue::counts`].
+///
+/// Live jobs (available, running) are counted exactly. Finished ones are counted exactly up to
+/// [`TERMINAL_COUNT_CAP`] per state; above it the count is estimated (on PostgreSQL from the
+/// planner's row count of the table, on SQLite from the span of job ids), never less than the
+/// cap, and [`is_estimated`](Self::is_estimated) says so.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counts {
     /// Waiting to run.
@@ -289,6 +298,13 @@ pub struct Counts {
     pub completed: i64,
     /// Dead-lettered.
     pub dead: i64,
+}
+
+impl Counts {
+    /// Whether `completed` or `dead` is an estimate: [`TERMINAL_COUNT_CAP`] rows or more.
+    pub fn is_estimated(&self) -> bool {
+        self.completed >= TERMINAL_COUNT_CAP || self.dead >= TERMINAL_COUNT_CAP
+    }
 }
 
 /// The jobs of one queue that are ready to run and waiting for a worker, from
@@ -328,6 +344,12 @@ pub struct QueueSql {
     pub(crate) list: Arc<str>,
     pub(crate) replay: Arc<str>,
     pub(crate) notify: Option<Arc<str>>,
+    /// Deletes a batch of finished jobs of one state: `$1` state, `$2` cutoff, `$3` limit,
+    /// `$4` the earliest finish time to look at; returns the finish times deleted (SQLite) or
+    /// their count and the latest (PostgreSQL).
+    pub(crate) prune_jobs: Arc<str>,
+    /// Counts the finished jobs of one state before a cutoff: `$1` state, `$2` cutoff.
+    pub(crate) count_prunable_jobs: Arc<str>,
 }
 
 /// How a settled lease ends.
@@ -628,10 +650,17 @@ impl<DB: Backend> Queue<DB> {
         DB::forget_aside(&self.inner.pool, &self.inner.sql, lease);
     }
 
-    /// Job counts by state.
+    /// Job counts by state: exact for live jobs, and for finished ones up to
+    /// [`TERMINAL_COUNT_CAP`] per state, estimated above (see [`Counts`]). Each state is read
+    /// from its own index, never by scanning the whole table.
     pub async fn counts(&self) -> Result<Counts> {
         let mut counts = Counts::default();
+        let mut total = -1;
         for (state, n) in DB::counts(&self.inner.pool, &self.inner.sql).await? {
+            if state == "estimated total" {
+                total = n;
+                continue;
+            }
             match state.parse()? {
                 JobState::Available => counts.available = n,
                 JobState::Running => counts.running = n,
@@ -639,7 +668,58 @@ impl<DB: Backend> Queue<DB> {
                 JobState::Dead => counts.dead = n,
             }
         }
+        // What the estimated total leaves once the states counted exactly are taken out.
+        let rest = |exact: i64| (total - counts.available - counts.running - exact).max(0);
+        let (completed, dead) = (counts.completed, counts.dead);
+        if completed >= TERMINAL_COUNT_CAP {
+            counts.completed =
+                rest(if dead < TERMINAL_COUNT_CAP { dead } else { 0 }).max(TERMINAL_COUNT_CAP);
+        }
+        if dead >= TERMINAL_COUNT_CAP {
+            counts.dead = rest(if completed < TERMINAL_COUNT_CAP {
+                completed
+            } else {
+                0
+            })
+            .max(TERMINAL_COUNT_CAP);
+        }
         Ok(counts)
+    }
+
+    /// The statement behind [`counts`](Self::counts), for tests that check its plan.
+    #[doc(hidden)]
+    pub fn counts_statement(&self) -> &str {
+        &self.inner.sql.counts
+    }
+
+    /// Deletes up to `limit` of the oldest jobs in `state` (completed or dead) that finished
+    /// before `cutoff` and not before `after` (microseconds since the Unix epoch, by the
+    /// database clock), taking the writer's turn on SQLite; returns how many, and the latest
+    /// finish time among them. For the [`Pruner`](crate::retention::Pruner).
+    pub(crate) async fn prune_finished(
+        &self,
+        state: JobState,
+        cutoff: i64,
+        after: i64,
+        limit: u32,
+    ) -> Result<(u64, Option<i64>)> {
+        let _writer = self.inner.writer.acquire().await;
+        Ok(DB::prune_jobs(
+            &self.inner.pool,
+            &self.inner.sql,
+            state.as_str(),
+            (cutoff, after),
+            limit,
+        )
+        .await?)
+    }
+
+    /// How many jobs in `state` finished before `cutoff`: what a prune would delete.
+    pub(crate) async fn prunable(&self, state: JobState, cutoff: i64) -> Result<u64> {
+        Ok(
+            DB::count_prunable_jobs(&self.inner.pool, &self.inner.sql, state.as_str(), cutoff)
+                .await?,
+        )
     }
 
     /// The jobs ready to run and waiting for a worker, per queue that has any, with how long

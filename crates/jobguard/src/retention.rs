@@ -11,16 +11,30 @@
 //!   lease runs out, and only then is the job handed out again;
 //! - **replay window**: how long after a job is dead-lettered an operator may still replay it
 //!   (declared: jobguard cannot know your runbook);
-//! - **provider key lifetime**: how long the external API keeps an idempotency key (declared;
-//!   Stripe keeps them 24 hours). A repeat that finds no guard row calls the API again with
-//!   the same key; the guard keeps its rows that much longer again, so that its own record,
-//!   not the provider's shorter memory, is what stops a late repeat. This term is a margin:
-//!   the other three bound when duplicates can arrive.
+//! - **replayed attempts**: a replay restarts the attempts, so a job replayed at the end of
+//!   the window can be retried and leased all over again (zero without a replay window).
 //!
 //! The terms add up because each can follow the one before: a job retried to its last
 //! attempt, each attempt stalling to the end of its lease, dead-lettered, replayed at the end
-//! of the window. Measured from the first attempt, the horizon also covers a key applied by a
-//! later attempt, whose row is younger.
+//! of the window, and retried again. Measured from the first attempt, the horizon also covers
+//! a key applied by a later attempt, whose row is younger.
+//!
+//! **Provider key lifetime.** A job that calls an external API with an idempotency key (a
+//! charge) relies on the provider as well as on the guard: a charge whose own record failed is
+//! retried, or dead-lettered and replayed, and only the provider's memory of the key stops the
+//! second charge. The provider forgets keys after a while (Stripe: 24 hours), so every repeat
+//! of a keyed job must reach the provider before then: the horizon must stay below the
+//! declared provider key lifetime, or [`RetentionConfig::validate`] fails with
+//! [`Error::ProviderKeyLifetimeTooShort`]. A zero lifetime declares that no job calls a keyed
+//! external API, and skips the check.
+//!
+//! **Jobs.** The jobs table keeps a row per job, with its payload. A [`Pruner`] given the
+//! queue with [`Pruner::jobs`] also deletes completed jobs after
+//! [`keep_completed`](RetentionConfig::keep_completed) (the guard row, not the job row, is the
+//! durable record of what was applied, so zero is allowed) and dead jobs after
+//! [`keep_dead`](RetentionConfig::keep_dead), which may not be shorter than the replay window:
+//! a dead job deleted inside the window could no longer be replayed
+//! ([`Error::DeadRetentionTooShort`]).
 //!
 //! A [`Retention`] is a retention checked against its horizon: building one shorter than the
 //! horizon fails with [`Error::RetentionTooShort`] naming both numbers, unless the check is
@@ -38,7 +52,9 @@
 //! const DAY: Duration = Duration::from_secs(24 * 3600);
 //! let config = RetentionConfig {
 //!     keep: 14 * DAY,
-//!     replay_window: 7 * DAY,
+//!     // Charges call a provider that forgets idempotency keys after a day: a dead charge may
+//!     // be replayed for 12 hours, so that its repeats still find the provider's key.
+//!     replay_window: 12 * 3600 * Duration::from_secs(1),
 //!     provider_key_lifetime: DAY,
 //!     ..RetentionConfig::default()
 //! };
@@ -51,12 +67,14 @@
 //! # Ok(()) }
 //! ```
 
+mod jobs;
 mod prune;
 mod schedule;
 
 use std::fmt;
 use std::time::Duration;
 
+pub use jobs::JobPruneStore;
 pub(crate) use prune::micros_duration;
 pub use prune::{PrunePlan, PruneReport, PruneStore, Pruner};
 pub use schedule::PruneSchedule;
@@ -74,9 +92,16 @@ pub struct RetentionConfig {
     pub keep: Duration,
     /// How long after a job is dead-lettered it may still be replayed (default 7 days).
     pub replay_window: Duration,
-    /// How long the external API a job calls keeps an idempotency key (default zero: no
-    /// external API; Stripe keeps keys 24 hours).
+    /// How long the external API a job calls keeps an idempotency key (Stripe keeps keys 24
+    /// hours); the horizon must stay below it. Zero (the default) declares that no job calls a
+    /// keyed external API.
     pub provider_key_lifetime: Duration,
+    /// How long a completed job's row is kept after it finished (default 1 day; zero allowed:
+    /// the guard row is the durable record of what was applied).
+    pub keep_completed: Duration,
+    /// How long a dead job's row is kept after it died (default 7 days); at least the replay
+    /// window, since a deleted dead job can no longer be replayed.
+    pub keep_dead: Duration,
     /// Accept a retention shorter than the horizon, with a warning. Duplicates that arrive after
     /// `keep` then apply again.
     pub override_horizon: bool,
@@ -88,6 +113,8 @@ impl Default for RetentionConfig {
             keep: RetentionConfig::DEFAULT_KEEP,
             replay_window: RetentionConfig::DEFAULT_REPLAY_WINDOW,
             provider_key_lifetime: Duration::ZERO,
+            keep_completed: RetentionConfig::DEFAULT_KEEP_COMPLETED,
+            keep_dead: RetentionConfig::DEFAULT_KEEP_DEAD,
             override_horizon: false,
         }
     }
@@ -98,15 +125,21 @@ impl RetentionConfig {
     pub const DEFAULT_KEEP: Duration = Duration::from_secs(14 * 24 * 3600);
     /// The replay window unless declared: 7 days.
     pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+    /// How long completed jobs are kept unless configured: 1 day.
+    pub const DEFAULT_KEEP_COMPLETED: Duration = Duration::from_secs(24 * 3600);
+    /// How long dead jobs are kept unless configured: 7 days, the default replay window.
+    pub const DEFAULT_KEEP_DEAD: Duration = Duration::from_secs(7 * 24 * 3600);
 
     /// The horizon of a worker that retries with `retry` and leases jobs for `lease`, with this
     /// configuration's declared windows.
     pub fn horizon(&self, retry: &RetryPolicy, lease: Duration) -> Horizon {
-        Horizon::new(retry, lease, self.replay_window, self.provider_key_lifetime)
+        Horizon::new(retry, lease, self.replay_window)
     }
 
     /// Checks `keep` against the horizon of a worker that retries with `retry` and leases jobs
-    /// for `lease`; see [`Retention::new`].
+    /// for `lease` (see [`Retention::new`]), the horizon against the provider key lifetime
+    /// ([`Error::ProviderKeyLifetimeTooShort`]) and `keep_dead` against the replay window
+    /// ([`Error::DeadRetentionTooShort`]).
     ///
     /// ```
     /// use std::time::Duration;
@@ -121,9 +154,53 @@ impl RetentionConfig {
     /// let one_day = RetentionConfig { keep: Duration::from_secs(86_400), ..two_weeks };
     /// let refused = one_day.validate(&RetryPolicy::default(), lease).unwrap_err();
     /// assert!(matches!(refused, Error::RetentionTooShort { .. }));
+    ///
+    /// // A provider that forgets keys after a day cannot back a 7-day replay window.
+    /// let stripe = RetentionConfig { provider_key_lifetime: Duration::from_secs(86_400), ..two_weeks };
+    /// let refused = stripe.validate(&RetryPolicy::default(), lease).unwrap_err();
+    /// assert!(matches!(refused, Error::ProviderKeyLifetimeTooShort { .. }));
     /// ```
     pub fn validate(&self, retry: &RetryPolicy, lease: Duration) -> Result<Retention> {
-        Retention::new(self.keep, self.horizon(retry, lease), self.override_horizon)
+        let horizon = self.horizon(retry, lease);
+        self.check_provider_key_lifetime(retry, lease)?;
+        if self.keep_dead < self.replay_window {
+            return Err(Error::DeadRetentionTooShort {
+                keep_dead: self.keep_dead,
+                replay_window: self.replay_window,
+            });
+        }
+        let mut retention = Retention::new(self.keep, horizon, self.override_horizon)?;
+        retention.keep_completed = self.keep_completed;
+        retention.keep_dead = self.keep_dead;
+        retention.provider_key_lifetime = self.provider_key_lifetime;
+        Ok(retention)
+    }
+
+    /// Every repeat of a keyed external job (its retries and leases, its replay within the
+    /// window, and the replay's own retries and leases) must reach the provider while it still
+    /// remembers the key: the horizon must be shorter than the provider key lifetime. Checked
+    /// only when a lifetime is declared, and not subject to `override_horizon`: past it the
+    /// provider charges again, whatever the guard keeps.
+    pub fn check_provider_key_lifetime(&self, retry: &RetryPolicy, lease: Duration) -> Result<()> {
+        let horizon = self.horizon(retry, lease);
+        let lifetime = self.provider_key_lifetime;
+        if lifetime.is_zero() || horizon.total() < lifetime {
+            return Ok(());
+        }
+        Err(Error::ProviderKeyLifetimeTooShort {
+            provider_key_lifetime: lifetime,
+            horizon: horizon.total(),
+            breakdown: horizon.to_string(),
+            replay_window: self.replay_window,
+            replay_window_fits: lifetime
+                .saturating_sub(
+                    horizon
+                        .retries
+                        .saturating_add(horizon.leases)
+                        .saturating_mul(2),
+                )
+                .saturating_sub(Duration::from_secs(1)),
+        })
     }
 }
 
@@ -137,14 +214,15 @@ pub struct Horizon {
     pub leases: Duration,
     /// How long a dead-lettered job may still be replayed.
     pub replay_window: Duration,
-    /// How long the external API keeps an idempotency key.
-    pub provider_key_lifetime: Duration,
+    /// The retries and leases of a replayed job, whose attempts start again; zero without a
+    /// replay window.
+    pub replayed_attempts: Duration,
 }
 
 /// One term of a [`Horizon`], for printing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HorizonTerm {
-    /// The term's name: `retries`, `leases`, `replay window`, `provider key lifetime`.
+    /// The term's name: `retries`, `leases`, `replay window`, `replayed attempts`.
     pub name: &'static str,
     /// Its length.
     pub duration: Duration,
@@ -167,23 +245,30 @@ impl Horizon {
     ///     max_delay: Duration::from_secs(3600),
     ///     jitter: 0.5,
     /// };
-    /// let horizon = Horizon::new(&retry, Duration::from_secs(30), Duration::ZERO, Duration::ZERO);
+    /// let horizon = Horizon::new(&retry, Duration::from_secs(30), Duration::ZERO);
     /// // Delays of 10, 20 and 40 s, each up to 1.5 times longer; four leases of 30 s.
     /// assert_eq!(horizon.retries, Duration::from_secs(105));
     /// assert_eq!(horizon.leases, Duration::from_secs(120));
     /// assert_eq!(horizon.total(), Duration::from_secs(225));
+    ///
+    /// // With a replay window, a replayed job's attempts count again.
+    /// let replayable = Horizon::new(&retry, Duration::from_secs(30), Duration::from_secs(3600));
+    /// assert_eq!(replayable.replayed_attempts, Duration::from_secs(225));
+    /// assert_eq!(replayable.total(), Duration::from_secs(3600 + 2 * 225));
     /// ```
-    pub fn new(
-        retry: &RetryPolicy,
-        lease: Duration,
-        replay_window: Duration,
-        provider_key_lifetime: Duration,
-    ) -> Self {
+    pub fn new(retry: &RetryPolicy, lease: Duration, replay_window: Duration) -> Self {
+        let retries = retries_horizon(retry);
+        let leases = lease.saturating_mul(retry.max_attempts.max(1));
+        let replayed_attempts = if replay_window.is_zero() {
+            Duration::ZERO
+        } else {
+            retries.saturating_add(leases)
+        };
         Horizon {
-            retries: retries_horizon(retry),
-            leases: lease.saturating_mul(retry.max_attempts.max(1)),
+            retries,
+            leases,
             replay_window,
-            provider_key_lifetime,
+            replayed_attempts,
         }
     }
 
@@ -213,16 +298,16 @@ impl Horizon {
                 source: "declared: how long a dead-lettered job may still be replayed",
             },
             HorizonTerm {
-                name: "provider key lifetime",
-                duration: self.provider_key_lifetime,
-                source: "declared: how long the external API keeps an idempotency key",
+                name: "replayed attempts",
+                duration: self.replayed_attempts,
+                source: "a replay restarts the attempts: its retries and leases again",
             },
         ]
     }
 }
 
 impl fmt::Display for Horizon {
-    /// `7d 15m 13s (retries 10m 13s + leases 5m + replay window 7d + provider key lifetime 0s)`
+    /// `7d 30m 26s (retries 10m 13s + leases 5m + replay window 7d + replayed attempts 15m 13s)`
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} (", format_duration(self.total()))?;
         for (n, term) in self.terms().iter().enumerate() {
@@ -240,6 +325,9 @@ pub struct Retention {
     keep: Duration,
     horizon: Horizon,
     overridden: bool,
+    provider_key_lifetime: Duration,
+    keep_completed: Duration,
+    keep_dead: Duration,
 }
 
 impl Retention {
@@ -247,7 +335,9 @@ impl Retention {
     ///
     /// Fails with [`Error::RetentionTooShort`] when `keep` is shorter than the horizon, unless
     /// `override_horizon` is set: then it logs a warning and duplicates that arrive after `keep`
-    /// apply again. A zero `keep` is refused either way.
+    /// apply again. A zero `keep` is refused either way. Jobs are kept for the defaults of
+    /// [`RetentionConfig`] (dead ones at least as long as the horizon's replay window); use
+    /// [`RetentionConfig::validate`] to choose them and to check the provider key lifetime.
     pub fn new(keep: Duration, horizon: Horizon, override_horizon: bool) -> Result<Self> {
         if keep.is_zero() {
             return Err(Error::InvalidConfig {
@@ -277,6 +367,9 @@ impl Retention {
             keep,
             horizon,
             overridden: keep < total,
+            provider_key_lifetime: Duration::ZERO,
+            keep_completed: RetentionConfig::DEFAULT_KEEP_COMPLETED,
+            keep_dead: RetentionConfig::DEFAULT_KEEP_DEAD.max(horizon.replay_window),
         })
     }
 
@@ -293,6 +386,21 @@ impl Retention {
     /// Whether the retention is shorter than the horizon, accepted by an override.
     pub fn is_overridden(&self) -> bool {
         self.overridden
+    }
+
+    /// The declared provider key lifetime the horizon stays below; zero when none is declared.
+    pub fn provider_key_lifetime(&self) -> Duration {
+        self.provider_key_lifetime
+    }
+
+    /// How long completed jobs are kept after they finished.
+    pub fn keep_completed(&self) -> Duration {
+        self.keep_completed
+    }
+
+    /// How long dead jobs are kept after they died.
+    pub fn keep_dead(&self) -> Duration {
+        self.keep_dead
     }
 }
 
@@ -430,7 +538,7 @@ mod tests {
         };
         // 2^31 s doubled by the widest jitter, about four billion times.
         assert!(retries_horizon(&policy) > Duration::from_secs(u64::MAX / 2));
-        let horizon = Horizon::new(&policy, Duration::MAX, Duration::MAX, Duration::MAX);
+        let horizon = Horizon::new(&policy, Duration::MAX, Duration::MAX);
         assert_eq!(horizon.total(), Duration::MAX);
     }
 
@@ -446,8 +554,8 @@ mod tests {
         assert_eq!(retention.horizon().leases, Duration::from_secs(300));
         assert_eq!(
             retention.horizon().to_string(),
-            "7d 15m 13s (retries 10m 13s + leases 5m + replay window 7d + provider key \
-             lifetime 0s)"
+            "7d 30m 26s (retries 10m 13s + leases 5m + replay window 7d + replayed attempts \
+             15m 13s)"
         );
     }
 
@@ -455,7 +563,6 @@ mod tests {
     fn a_short_retention_is_refused_with_its_numbers_unless_overridden() {
         let config = RetentionConfig {
             keep: DAY,
-            provider_key_lifetime: DAY,
             ..RetentionConfig::default()
         };
         let error = config
@@ -468,13 +575,13 @@ mod tests {
             panic!("{error:?}");
         };
         assert_eq!(*retention, DAY);
-        assert_eq!(*horizon, DAY * 8 + Duration::from_millis(913_200));
+        assert_eq!(*horizon, DAY * 7 + Duration::from_millis(1_826_400));
         let message = error.to_string();
         for needle in [
             "1d",
-            "8d 15m 13s",
+            "7d 30m 26s",
             "replay window 7d",
-            "at least 8d 15m 13s",
+            "at least 7d 30m 26s",
         ] {
             assert!(
                 message.contains(needle),
@@ -491,6 +598,94 @@ mod tests {
             .unwrap();
         assert!(retention.is_overridden());
         assert_eq!(retention.keep(), DAY);
+    }
+
+    #[test]
+    fn keyed_jobs_must_reach_the_provider_before_it_forgets_the_key() {
+        let lease = Duration::from_secs(30);
+        // The CLI's old defaults: a 7-day replay window behind a provider that forgets keys
+        // after a day. A charge replayed on day 2 would charge again.
+        let stripe = RetentionConfig {
+            provider_key_lifetime: DAY,
+            ..RetentionConfig::default()
+        };
+        let error = stripe.validate(&RetryPolicy::default(), lease).unwrap_err();
+        let Error::ProviderKeyLifetimeTooShort {
+            provider_key_lifetime,
+            horizon,
+            ..
+        } = &error
+        else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*provider_key_lifetime, DAY);
+        assert_eq!(*horizon, DAY * 7 + Duration::from_millis(1_826_400));
+        let message = error.to_string();
+        for needle in ["provider key lifetime 1d", "replay window 7d", "7d 30m 26s"] {
+            assert!(
+                message.contains(needle),
+                "{needle:?} missing from: {message}"
+            );
+        }
+        // Overriding the guard's horizon does not silence it: the provider charges again.
+        let overridden = RetentionConfig {
+            override_horizon: true,
+            ..stripe.clone()
+        };
+        assert!(overridden.validate(&RetryPolicy::default(), lease).is_err());
+
+        // Half a day of replay, plus the attempts before and after, fits under a day.
+        let fits = RetentionConfig {
+            replay_window: DAY / 2,
+            ..stripe.clone()
+        };
+        let retention = fits.validate(&RetryPolicy::default(), lease).unwrap();
+        assert_eq!(retention.provider_key_lifetime(), DAY);
+
+        // The replay's fresh attempts count: a window that fits alone but not with them.
+        let window = DAY - Duration::from_secs(20 * 60);
+        let tight = RetentionConfig {
+            replay_window: window,
+            ..stripe
+        };
+        let horizon = tight.horizon(&RetryPolicy::default(), lease);
+        assert!(horizon.retries + horizon.leases + window < DAY);
+        assert!(tight.validate(&RetryPolicy::default(), lease).is_err());
+
+        // No provider declared: no keyed external jobs, no check.
+        assert!(
+            RetentionConfig::default()
+                .validate(&RetryPolicy::default(), lease)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn dead_jobs_are_kept_through_the_replay_window() {
+        let lease = Duration::from_secs(30);
+        let short = RetentionConfig {
+            keep_dead: DAY,
+            ..RetentionConfig::default()
+        };
+        let error = short.validate(&RetryPolicy::default(), lease).unwrap_err();
+        assert!(
+            matches!(error, Error::DeadRetentionTooShort { .. }),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("1d") && message.contains("7d"),
+            "{message}"
+        );
+
+        let config = RetentionConfig {
+            keep_completed: Duration::ZERO,
+            keep_dead: DAY * 7,
+            ..RetentionConfig::default()
+        };
+        let retention = config.validate(&RetryPolicy::default(), lease).unwrap();
+        assert_eq!(retention.keep_completed(), Duration::ZERO);
+        assert_eq!(retention.keep_dead(), DAY * 7);
     }
 
     #[test]

@@ -492,7 +492,8 @@ impl<DB: Backend> Worker<DB> {
         let config = &self.config.prune;
         let mut pruner = Pruner::new(&self.guard, retention)
             .batch(config.batch)
-            .pause(config.pause);
+            .pause(config.pause)
+            .jobs(&self.queue);
         if let Some(steps) = &config.steps {
             pruner = pruner.steps(Steps::with_config(self.queue.pool().clone(), steps.clone()));
         }

@@ -34,6 +34,25 @@ trait Aging: TestDb {
 
     /// Makes every step of the `jobguard_steps` ledger `by` older.
     fn age_steps(pool: &Pool<Self>, by: Duration) -> impl Future<Output = ()> + Send;
+
+    /// Makes every finished job `by` older (when it finished; when it runs stays).
+    fn age_jobs(pool: &Pool<Self>, by: Duration) -> impl Future<Output = ()> + Send;
+
+    /// Inserts `rows` jobs finished now in `state`.
+    fn insert_finished_jobs(
+        pool: &Pool<Self>,
+        state: &'static str,
+        rows: i64,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// Refreshes the planner's statistics.
+    fn analyze(pool: &Pool<Self>) -> impl Future<Output = ()> + Send;
+
+    /// The plan of `sql`, as text.
+    fn explain(pool: &Pool<Self>, sql: &str) -> impl Future<Output = String> + Send;
+
+    /// Whether `plan` reads the whole jobs table.
+    fn full_scan(plan: &str) -> bool;
 }
 
 fn micros(duration: Duration) -> i64 {
@@ -76,6 +95,48 @@ impl Aging for Postgres {
         .await
         .unwrap();
     }
+    async fn age_jobs(pool: &Pool<Self>, by: Duration) {
+        sqlx::query(
+            "update jobguard_jobs set finished_at = finished_at - $1 * interval '1 microsecond'",
+        )
+        .bind(micros(by))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
+    async fn insert_finished_jobs(pool: &Pool<Self>, state: &'static str, rows: i64) {
+        sqlx::query(
+            "insert into jobguard_jobs
+                 (kind, job_key, queue, payload, state, attempt, max_attempts, finished_at)
+             select 'bulk', 'bulk:' || $1 || ':' || n, 'default', '{}'::jsonb, $1, 1, 1, now()
+             from generate_series(1, $2) n",
+        )
+        .bind(state)
+        .bind(rows)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
+    async fn analyze(pool: &Pool<Self>) {
+        sqlx::query("analyze jobguard_jobs")
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+
+    async fn explain(pool: &Pool<Self>, sql: &str) -> String {
+        let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("explain {sql}")))
+            .fetch_all(pool)
+            .await
+            .unwrap();
+        lines.join("\n")
+    }
+
+    fn full_scan(plan: &str) -> bool {
+        plan.contains("Seq Scan on jobguard_jobs")
+    }
 }
 
 impl Aging for Sqlite {
@@ -112,6 +173,63 @@ impl Aging for Sqlite {
         .execute(pool)
         .await
         .unwrap();
+    }
+    async fn age_jobs(pool: &Pool<Self>, by: Duration) {
+        sqlx::query("update jobguard_jobs set finished_at = finished_at - $1")
+            .bind(micros(by))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+
+    async fn insert_finished_jobs(pool: &Pool<Self>, state: &'static str, rows: i64) {
+        sqlx::query(
+            "with recursive n(i) as (select 1 union all select i + 1 from n where i < $2)
+             insert into jobguard_jobs (kind, job_key, queue, payload, state, attempt,
+                                        max_attempts, run_at, created_at, finished_at)
+             select 'bulk', 'bulk:' || $1 || ':' || i, 'default', '{}', $1, 1, 1, 0, 0,
+                    cast((julianday('now') - 2440587.5) * 86400000000.0 as integer)
+             from n",
+        )
+        .bind(state)
+        .bind(rows)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
+    async fn analyze(pool: &Pool<Self>) {
+        sqlx::query("analyze").execute(pool).await.unwrap();
+    }
+
+    /// Each node of the plan on a line, after its ancestors: `CO-ROUTINE c > SCAN ...`.
+    async fn explain(pool: &Pool<Self>, sql: &str) -> String {
+        let rows: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("explain query plan {sql}")))
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        let mut paths = std::collections::HashMap::new();
+        let mut lines = Vec::new();
+        for (id, parent, _, detail) in rows {
+            let path = match paths.get(&parent) {
+                Some(above) => format!("{above} > {detail}"),
+                None => detail,
+            };
+            lines.push(path.clone());
+            paths.insert(id, path);
+        }
+        lines.join("\n")
+    }
+
+    /// A scan of the table, or of an index over every row (not one of the partial indexes
+    /// of live or dead jobs), outside the `limit`ed subqueries (SQLite's co-routines).
+    fn full_scan(plan: &str) -> bool {
+        plan.lines().any(|line| {
+            let node = line.rsplit(" > ").next().unwrap_or(line);
+            let whole = !node.contains("INDEX") || node.contains("jobguard_jobs_finished");
+            node.starts_with("SCAN jobguard_jobs") && whole && !line.contains("CO-ROUTINE")
+        })
     }
 }
 

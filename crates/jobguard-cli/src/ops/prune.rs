@@ -1,5 +1,7 @@
-//! `jobguard prune`: deletes guard rows older than the retention, in batches, and the step
-//! ledger's `done` steps of the same age; refuses a retention shorter than the horizon.
+//! `jobguard prune`: deletes guard rows older than the retention, in batches, the step
+//! ledger's `done` steps of the same age, and the queue's completed and dead jobs older than
+//! --keep-completed and --keep-dead; refuses a retention shorter than the horizon, a horizon
+//! that reaches the provider key lifetime, and a --keep-dead shorter than the replay window.
 
 use std::io::IsTerminal;
 use std::ops::ControlFlow;
@@ -11,11 +13,11 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use jobguard::retention::{PrunePlan, PruneReport, format_duration};
 use jobguard::steps::{StepConfig, Steps};
-use jobguard::{Backend, Guard, Pruner, Retention, TableName};
+use jobguard::{Backend, Guard, Pruner, Queue, Retention, TableName};
 use serde::Serialize;
 use sqlx::{Pool, Postgres, Sqlite};
 
-use super::retention::{DeclaredWindows, WorkerTiming, retention_config};
+use super::retention::{DeclaredWindows, JobKeeping, WorkerTiming, retention_config};
 use super::{Target, is_missing_table, parse_duration};
 use crate::database::{Database, redact};
 
@@ -47,6 +49,11 @@ pub struct PruneArgs {
     #[command(flatten)]
     windows: DeclaredWindows,
     #[command(flatten)]
+    jobs: JobKeeping,
+    /// The jobs table whose completed and dead jobs are pruned too, when it exists.
+    #[arg(long, default_value = "jobguard_jobs")]
+    jobs_table: String,
+    #[command(flatten)]
     target: Target,
 }
 
@@ -58,6 +65,14 @@ struct PruneOutput {
     table: String,
     /// The step ledger pruned with it, when it exists.
     steps_table: Option<String>,
+    /// The jobs table whose finished jobs are pruned with it, when it exists.
+    jobs_table: Option<String>,
+    keep_completed_seconds: f64,
+    keep_dead_seconds: f64,
+    /// Completed jobs deleted, or that would be with --dry-run.
+    completed_jobs: u64,
+    /// Dead jobs deleted, or that would be with --dry-run.
+    dead_jobs: u64,
     keep_seconds: f64,
     horizon_seconds: f64,
     /// Whether --keep is shorter than the horizon, accepted with --override-horizon.
@@ -76,20 +91,22 @@ struct PruneOutput {
 
 /// Runs `jobguard prune`.
 pub async fn prune(args: PruneArgs) -> anyhow::Result<ExitCode> {
-    let config = retention_config(args.keep, &args.windows, args.override_horizon);
+    let config = retention_config(args.keep, &args.windows, &args.jobs, args.override_horizon);
     // Refused before touching the database.
     let retention = config.validate(&args.timing.retry(), args.timing.lease)?;
     let steps_table = TableName::new(&args.steps_table).context("invalid --steps-table")?;
+    let jobs_table = TableName::new(&args.jobs_table).context("invalid --jobs-table")?;
+    let tables = (steps_table, jobs_table);
     match super::connect(&args.target.database_url, 4).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, retention, steps_table, args).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, retention, steps_table, args).await,
+        Database::Postgres(pool) => run::<Postgres>(pool, retention, tables, args).await,
+        Database::Sqlite(pool) => run::<Sqlite>(pool, retention, tables, args).await,
     }
 }
 
 async fn run<DB: Backend>(
     pool: Pool<DB>,
     retention: Retention,
-    steps_table: TableName,
+    (steps_table, jobs_table): (TableName, TableName),
     args: PruneArgs,
 ) -> anyhow::Result<ExitCode> {
     let database = redact(&args.target.database_url);
@@ -111,6 +128,17 @@ async fn run<DB: Backend>(
     if has_steps {
         pruner = pruner.steps(steps);
     }
+    let queue = Queue::with_table(pool.clone(), jobs_table.clone())?;
+    let has_jobs = match queue.counts().await {
+        Ok(_) => true,
+        Err(error) if is_missing_table(&error) => false,
+        Err(error) => {
+            return Err(error).context(format!("cannot read the jobs table in {database}"));
+        }
+    };
+    if has_jobs {
+        pruner = pruner.jobs(&queue);
+    }
     let plan = pruner.plan().await.map_err(|error| {
         if is_missing_table(&error) {
             anyhow::anyhow!(
@@ -127,6 +155,11 @@ async fn run<DB: Backend>(
         database,
         table: guard.table().to_string(),
         steps_table: has_steps.then(|| steps_table.to_string()),
+        jobs_table: has_jobs.then(|| jobs_table.to_string()),
+        keep_completed_seconds: retention.keep_completed().as_secs_f64(),
+        keep_dead_seconds: retention.keep_dead().as_secs_f64(),
+        completed_jobs: plan.completed_jobs,
+        dead_jobs: plan.dead_jobs,
         keep_seconds: retention.keep().as_secs_f64(),
         horizon_seconds: retention.horizon().total().as_secs_f64(),
         overridden: retention.is_overridden(),
@@ -141,6 +174,8 @@ async fn run<DB: Backend>(
         let report = run_with_progress(&pruner, &plan, !args.target.json).await?;
         output.guard_rows = report.guard_rows;
         output.step_rows = report.step_rows;
+        output.completed_jobs = report.completed_jobs;
+        output.dead_jobs = report.dead_jobs;
         output.batches = report.batches;
         output.seconds = report.elapsed.as_secs_f64();
         output.oldest_age_seconds = report.oldest_age.map(|age| age.as_secs_f64());
@@ -158,7 +193,7 @@ async fn run_with_progress<DB: Backend>(
     plan: &PrunePlan,
     show: bool,
 ) -> anyhow::Result<PruneReport> {
-    let total = plan.guard_rows + plan.step_rows;
+    let total = plan.guard_rows + plan.step_rows + plan.completed_jobs + plan.dead_jobs;
     let bar = if show && std::io::stderr().is_terminal() && total > 0 {
         let bar = ProgressBar::new(total);
         bar.set_style(
@@ -174,7 +209,9 @@ async fn run_with_progress<DB: Backend>(
     };
     let report = pruner
         .run_with(|report| {
-            bar.set_position(report.guard_rows + report.step_rows);
+            bar.set_position(
+                report.guard_rows + report.step_rows + report.completed_jobs + report.dead_jobs,
+            );
             ControlFlow::Continue(())
         })
         .await?;
@@ -215,6 +252,20 @@ fn render(output: &PruneOutput, retention: &Retention) -> String {
         out += &format!(
             "deleted {} guard rows from `{}`{steps}, older than {keep}, in {:.2} s ({} batches)\n",
             output.guard_rows, output.table, output.seconds, output.batches
+        );
+    }
+    if let Some(table) = &output.jobs_table {
+        let verb = if output.dry_run {
+            "would delete"
+        } else {
+            "deleted"
+        };
+        out += &format!(
+            "{verb} {} completed jobs older than {} and {} dead jobs older than {} from `{table}`\n",
+            output.completed_jobs,
+            format_duration(retention.keep_completed()),
+            output.dead_jobs,
+            format_duration(retention.keep_dead()),
         );
     }
     let oldest = match output.oldest_age_seconds {

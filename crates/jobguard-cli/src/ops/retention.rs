@@ -1,7 +1,8 @@
 //! `jobguard retention`: the longest time a duplicate can still arrive after its key was
 //! applied (the horizon), term by term, computed from the worker's settings and the declared
-//! windows, and whether `--keep` covers it. What it needs is shared with `jobguard worker` and
-//! `jobguard prune`, which refuse a retention shorter than the horizon.
+//! windows, whether `--keep` covers it, and whether it stays below the provider key lifetime.
+//! What it needs is shared with `jobguard worker` and `jobguard prune`, which refuse a retention
+//! shorter than the horizon and a horizon that reaches the provider key lifetime.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,12 +20,28 @@ use super::{parse_duration, table};
 #[derive(Args, Clone, Debug)]
 pub struct DeclaredWindows {
     /// How long after a job is dead-lettered it may still be replayed (`jobguard dead replay`).
-    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    /// With a provider key lifetime, the whole horizon (this window included) must stay below
+    /// it: 12h fits under Stripe's 24h.
+    #[arg(long, default_value = "12h", value_parser = parse_duration)]
     pub replay_window: Duration,
-    /// How long the payment provider keeps an idempotency key (Stripe: 24h); 0s when no job
-    /// calls an external API.
+    /// How long the payment provider keeps an idempotency key (Stripe: 24h); a keyed job
+    /// repeated later is charged again, so the horizon must stay below it. 0s when no job calls
+    /// a keyed external API.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub provider_key_lifetime: Duration,
+}
+
+/// How long finished jobs are kept in the jobs table: shared by `jobguard worker` and `prune`.
+#[derive(Args, Clone, Debug)]
+pub struct JobKeeping {
+    /// How long a completed job is kept after it finished; 0s deletes every completed job
+    /// (the guard row is the durable record of what was applied).
+    #[arg(long, default_value = "1d", value_parser = parse_duration)]
+    pub keep_completed: Duration,
+    /// How long a dead job is kept after it died; at least --replay-window, since a deleted
+    /// dead job cannot be replayed.
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    pub keep_dead: Duration,
 }
 
 /// The worker settings the horizon depends on, as `jobguard worker` takes them.
@@ -54,16 +71,19 @@ pub fn retry_policy(backoff: Duration) -> RetryPolicy {
     }
 }
 
-/// The retention configuration of `--keep` and the declared windows.
+/// The retention configuration of `--keep`, the declared windows and how long jobs are kept.
 pub fn retention_config(
     keep: Duration,
     windows: &DeclaredWindows,
+    jobs: &JobKeeping,
     override_horizon: bool,
 ) -> RetentionConfig {
     RetentionConfig {
         keep,
         replay_window: windows.replay_window,
         provider_key_lifetime: windows.provider_key_lifetime,
+        keep_completed: jobs.keep_completed,
+        keep_dead: jobs.keep_dead,
         override_horizon,
     }
 }
@@ -106,13 +126,27 @@ struct RetentionReport {
     /// The refusal `jobguard worker` and `prune` would give, when `--keep` is too short.
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// The declared provider key lifetime; 0 when no job calls a keyed external API.
+    provider_key_lifetime_seconds: f64,
+    /// Whether the horizon stays below the provider key lifetime (true when none is declared).
+    provider_key_lifetime_covers: bool,
+    /// The refusal `jobguard worker` and `prune` would give, when it does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider_error: Option<String>,
 }
 
 /// Runs `jobguard retention`.
 pub async fn retention(args: RetentionArgs) -> anyhow::Result<ExitCode> {
     let retry = args.timing.retry();
-    let config = retention_config(args.keep.unwrap_or_default(), &args.windows, false);
+    let config = RetentionConfig {
+        replay_window: args.windows.replay_window,
+        provider_key_lifetime: args.windows.provider_key_lifetime,
+        ..RetentionConfig::default()
+    };
     let horizon = config.horizon(&retry, args.timing.lease);
+    let provider = config
+        .check_provider_key_lifetime(&retry, args.timing.lease)
+        .map_err(|error| error.to_string());
     let checked = args
         .keep
         .map(|keep| Retention::new(keep, horizon, false).map_err(|error| error.to_string()));
@@ -123,17 +157,22 @@ pub async fn retention(args: RetentionArgs) -> anyhow::Result<ExitCode> {
         keep_seconds: args.keep.map(|keep| keep.as_secs_f64()),
         covered: checked.as_ref().map(Result::is_ok),
         error: checked.and_then(Result::err),
+        provider_key_lifetime_seconds: args.windows.provider_key_lifetime.as_secs_f64(),
+        provider_key_lifetime_covers: provider.is_ok(),
+        provider_error: provider.err(),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", render(&report, args.keep));
     }
-    Ok(if report.covered == Some(false) {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(
+        if report.covered == Some(false) || !report.provider_key_lifetime_covers {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
 }
 
 fn terms(horizon: &Horizon, retry: &RetryPolicy, args: &RetentionArgs) -> Vec<Term> {
@@ -151,7 +190,7 @@ fn terms(horizon: &Horizon, retry: &RetryPolicy, args: &RetentionArgs) -> Vec<Te
             format_duration(args.timing.lease)
         ),
         "--replay-window".to_owned(),
-        "--provider-key-lifetime".to_owned(),
+        "a replay restarts the attempts: retries + leases again".to_owned(),
     ];
     horizon
         .terms()
@@ -193,5 +232,19 @@ fn render(report: &RetentionReport, keep: Option<Duration>) -> String {
         ),
         (Some(_), Some(error)) => format!("refused: {error}\n"),
     };
-    format!("{table}\n{verdict}")
+    let provider = match &report.provider_error {
+        Some(error) => format!("refused: {error}\n"),
+        None if report.provider_key_lifetime_seconds == 0.0 => "no provider key lifetime \
+             declared (--provider-key-lifetime 0s): no job calls a keyed external API\n"
+            .to_owned(),
+        None => format!(
+            "the horizon {} stays below the provider key lifetime {}: every repeat of a keyed \
+             job reaches the provider while it remembers the key\n",
+            report.horizon,
+            format_duration(Duration::from_secs_f64(
+                report.provider_key_lifetime_seconds
+            ))
+        ),
+    };
+    format!("{table}\n{verdict}{provider}")
 }

@@ -70,6 +70,10 @@ pub struct QueueFigures {
     pub running: i64,
     pub completed: i64,
     pub dead: i64,
+    /// Whether `completed` or `dead` is an estimate: above 100,000 finished jobs of a state the
+    /// counts are estimated, so that a sample stays cheap on a huge table.
+    #[serde(default)]
+    pub estimated: bool,
     /// Per queue with jobs ready to run.
     pub backlog: Vec<QueueBacklog>,
 }
@@ -243,18 +247,21 @@ impl<DB: Backend> Tables<DB> {
     }
 
     async fn queue_figures(&self) -> jobguard::Result<QueueFigures> {
+        let counts = self.queue.counts().await?;
+        let estimated = counts.is_estimated();
         let Counts {
             available,
             running,
             completed,
             dead,
-        } = self.queue.counts().await?;
+        } = counts;
         let backlog = self.queue.backlog().await?;
         Ok(QueueFigures {
             available,
             running,
             completed,
             dead,
+            estimated,
             backlog: backlog
                 .into_iter()
                 .map(|b| QueueBacklog {
@@ -386,8 +393,16 @@ pub fn render(figures: &Figures) -> String {
     match &figures.queue {
         Some(queue) => {
             out += &format!(
-                "jobs: {} available, {} running, {} completed, {} dead\n",
-                queue.available, queue.running, queue.completed, queue.dead
+                "jobs: {} available, {} running, {} completed, {} dead{}\n",
+                queue.available,
+                queue.running,
+                queue.completed,
+                queue.dead,
+                if queue.estimated {
+                    " (finished jobs estimated: over 100,000 of a state)"
+                } else {
+                    ""
+                }
             );
             if queue.backlog.is_empty() {
                 out += "no job is waiting for a worker\n";

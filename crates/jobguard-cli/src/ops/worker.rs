@@ -16,7 +16,7 @@ use jobguard::{Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
 use serde::Serialize;
 use sqlx::{Pool, Postgres, Sqlite};
 
-use super::retention::{DeclaredWindows, retention_config, retry_policy};
+use super::retention::{DeclaredWindows, JobKeeping, retention_config, retry_policy};
 use super::{Target, parse_duration, table};
 use crate::charges::PaymentTables;
 use crate::database::{Database, redact};
@@ -56,7 +56,10 @@ pub struct WorkerArgs {
     keep: Duration,
     #[command(flatten)]
     windows: DeclaredWindows,
-    /// When to prune guard rows older than --keep: a cron expression in UTC (five fields, or
+    #[command(flatten)]
+    jobs: JobKeeping,
+    /// When to prune guard rows older than --keep (and completed and dead jobs past
+    /// --keep-completed and --keep-dead): a cron expression in UTC (five fields, or
     /// six with seconds), or `off`. One worker prunes at a time.
     #[arg(long, default_value = PruneSchedule::DAILY, value_parser = parse_schedule)]
     prune_schedule: Schedule,
@@ -133,7 +136,7 @@ async fn run<DB: ExampleDb>(
         retry: retry_policy(args.backoff),
         shutdown_timeout: args.shutdown_timeout,
         stop_when_idle: args.until_idle,
-        retention: retention_config(args.keep, &args.windows, args.override_horizon),
+        retention: retention_config(args.keep, &args.windows, &args.jobs, args.override_horizon),
         prune: PruneConfig {
             schedule: args.prune_schedule.0.clone(),
             // The built-in charge jobs' step ledger.

@@ -47,6 +47,24 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "create index if not exists {} on {t} (leased_until) where state = 'running'",
             table.derived("leases")
         ),
+        // Pruning finished jobs takes the oldest of one state in batches, and counts stop after
+        // a bounded number of them: both walk this index, never the whole table. Not partial:
+        // the prune names its state as a parameter, which a partial index's predicate cannot
+        // match in a generic plan (and SQLite matches only a predicate the query repeats).
+        format!(
+            "create index if not exists {} on {t} (state, finished_at)",
+            table.derived("finished")
+        ),
+        // Replay finds a key's newest dead job, and the dead jobs of a kind, without a scan per
+        // dead row.
+        format!(
+            "create index if not exists {} on {t} (job_key, id) where state = 'dead'",
+            table.derived("dead_key")
+        ),
+        format!(
+            "create index if not exists {} on {t} (kind, id) where state = 'dead'",
+            table.derived("dead_kind")
+        ),
     ]);
     QueueSql {
         table: table.clone(),
@@ -117,7 +135,24 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                           for update skip locked)"
         )
         .into(),
-        counts: format!("select state, count(*) from {t} group by state").into(),
+        // Live states are counted exactly through their partial indexes (the fetch and lease
+        // indexes), finished ones up to TERMINAL_COUNT_CAP rows through the `finished` index, so
+        // a sample costs the same with 10M finished rows as with none. `estimated total` is
+        // what finished states above the cap are estimated from: the planner's row count.
+        counts: format!(
+            "select 'available', count(*) from {t} where state = 'available'
+             union all select 'running', count(*) from {t} where state = 'running'
+             union all select 'completed', count(*) from
+                 (select 1 from {t} where state = 'completed'
+                  order by state, finished_at limit {cap}) c
+             union all select 'dead', count(*) from
+                 (select 1 from {t} where state = 'dead'
+                  order by state, finished_at limit {cap}) d
+             union all select 'estimated total', coalesce(
+                 (select reltuples::int8 from pg_class where oid = to_regclass('{t}')), -1)",
+            cap = crate::queue::TERMINAL_COUNT_CAP
+        )
+        .into(),
         // Served by the fetch index (queue, run_at, id) where state = 'available'.
         backlog: format!(
             "select queue, count(*),
@@ -146,6 +181,33 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                            where d.job_key = j.job_key and d.state = 'dead')
                and not exists (select 1 from {t} l where l.job_key = j.job_key and l.{live})
              returning j.id"
+        )
+        .into(),
+        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2` and at or
+        // after `$4` (where the last batch ended, past the index entries it left for vacuum), times
+        // in microseconds since the Unix epoch; returns how many, and the latest finish. A job
+        // replayed between the pick and the delete is no longer in state `$1`: the delete re-checks
+        // the state on the row it locks, so a replayed job is never deleted.
+        prune_jobs: format!(
+            "with deleted as (
+                 delete from {t} where id = any(array(
+                     select id from {t}
+                     where state = $1
+                       and finished_at < timestamptz 'epoch' + $2 * interval '1 microsecond'
+                       and finished_at >= timestamptz 'epoch' + $4 * interval '1 microsecond'
+                     order by finished_at limit $3))
+                   and state = $1
+                 returning finished_at
+             )
+             select count(*)::int8, (extract(epoch from max(finished_at)) * 1000000)::int8
+             from deleted"
+        )
+        .into(),
+        // How many jobs in state `$1` finished before `$2`.
+        count_prunable_jobs: format!(
+            "select count(*)::int8 from {} where state = $1
+               and finished_at < timestamptz 'epoch' + $2 * interval '1 microsecond'",
+            t
         )
         .into(),
         notify: Some("select pg_notify($1, $2)".into()),

@@ -1,4 +1,5 @@
-//! Pruning the guard table, and the step ledger's `done` steps, in batches.
+//! Pruning the guard table, the step ledger's `done` steps and the queue's finished jobs, in
+//! batches.
 
 use std::future::Future;
 use std::ops::ControlFlow;
@@ -11,6 +12,7 @@ use crate::backend::Backend;
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::metrics::{record_oldest_age, record_pruned};
+use crate::queue::{JobState, Queue};
 use crate::steps::Steps;
 use crate::table::TableName;
 
@@ -31,7 +33,10 @@ const REST_PER_BATCH: u32 = 4;
 /// took, so that it deletes at most a fifth of the time. The cutoff (now minus the retention, by
 /// the database clock) is fixed when a run starts. A step ledger given with
 /// [`steps`](Self::steps) loses its `done` steps of the same age too; `started` steps and steps
-/// that need attention are never deleted.
+/// that need attention are never deleted. A queue given with [`jobs`](Self::jobs) loses its
+/// completed jobs older than [`Retention::keep_completed`] and its dead jobs older than
+/// [`Retention::keep_dead`] (by when they finished), in batches of the same size; jobs that wait
+/// or run are never deleted.
 ///
 /// Only one pruner runs on a table at a time: on PostgreSQL it holds an advisory lock for the
 /// table while it runs, on SQLite an in-process lock (SQLite's single writer already serialises
@@ -60,6 +65,7 @@ pub struct Pruner<DB: Backend> {
     batch: u32,
     pause: Duration,
     steps: Option<Steps<DB>>,
+    jobs: Option<Queue<DB>>,
 }
 
 impl<DB: Backend> Clone for Pruner<DB> {
@@ -70,6 +76,7 @@ impl<DB: Backend> Clone for Pruner<DB> {
             batch: self.batch,
             pause: self.pause,
             steps: self.steps.clone(),
+            jobs: self.jobs.clone(),
         }
     }
 }
@@ -82,6 +89,7 @@ impl<DB: Backend> std::fmt::Debug for Pruner<DB> {
             .field("batch", &self.batch)
             .field("pause", &self.pause)
             .field("steps", &self.steps)
+            .field("jobs", &self.jobs)
             .finish()
     }
 }
@@ -93,6 +101,10 @@ pub struct PruneReport {
     pub guard_rows: u64,
     /// `done` steps deleted from the step ledger.
     pub step_rows: u64,
+    /// Completed jobs deleted from the queue.
+    pub completed_jobs: u64,
+    /// Dead jobs deleted from the queue.
+    pub dead_jobs: u64,
     /// Delete statements run.
     pub batches: u64,
     /// Time since the run started.
@@ -109,6 +121,10 @@ pub struct PrunePlan {
     pub guard_rows: u64,
     /// `done` steps older than the retention.
     pub step_rows: u64,
+    /// Completed jobs older than [`Retention::keep_completed`].
+    pub completed_jobs: u64,
+    /// Dead jobs older than [`Retention::keep_dead`].
+    pub dead_jobs: u64,
     /// The age of the oldest guard row; `None` when the table is empty.
     pub oldest_age: Option<Duration>,
 }
@@ -123,6 +139,7 @@ impl<DB: Backend> Pruner<DB> {
             batch: super::PruneConfig::DEFAULT_BATCH,
             pause: super::PruneConfig::DEFAULT_PAUSE,
             steps: None,
+            jobs: None,
         }
     }
 
@@ -147,6 +164,13 @@ impl<DB: Backend> Pruner<DB> {
         self
     }
 
+    /// Also prunes this queue's completed and dead jobs, after [`Retention::keep_completed`]
+    /// and [`Retention::keep_dead`].
+    pub fn jobs(mut self, queue: &Queue<DB>) -> Self {
+        self.jobs = Some(queue.clone());
+        self
+    }
+
     /// The retention the pruner keeps.
     pub fn retention(&self) -> &Retention {
         &self.retention
@@ -161,11 +185,28 @@ impl<DB: Backend> Pruner<DB> {
             Some(steps) => steps.prunable(cutoff).await?,
             None => 0,
         };
+        let (mut completed_jobs, mut dead_jobs) = (0, 0);
+        if let Some(queue) = &self.jobs {
+            let (completed, dead) = self.job_cutoffs().await?;
+            completed_jobs = queue.prunable(JobState::Completed, completed).await?;
+            dead_jobs = queue.prunable(JobState::Dead, dead).await?;
+        }
         Ok(PrunePlan {
             guard_rows: DB::count_guard(pool, table, cutoff).await?,
             step_rows,
+            completed_jobs,
+            dead_jobs,
             oldest_age: self.oldest_age().await?,
         })
+    }
+
+    /// The cutoffs of completed and dead jobs, by the database clock.
+    async fn job_cutoffs(&self) -> Result<(i64, i64)> {
+        let pool = self.guard.pool();
+        Ok((
+            DB::prune_cutoff(pool, self.retention.keep_completed()).await?,
+            DB::prune_cutoff(pool, self.retention.keep_dead()).await?,
+        ))
     }
 
     /// The age of the oldest guard row, by the database clock: how far back the guard
@@ -203,6 +244,8 @@ impl<DB: Backend> Pruner<DB> {
             table = %table,
             guard_rows = report.guard_rows,
             step_rows = report.step_rows,
+            completed_jobs = report.completed_jobs,
+            dead_jobs = report.dead_jobs,
             batches = report.batches,
             seconds = report.elapsed.as_secs_f64(),
             "pruned"
@@ -244,26 +287,61 @@ impl<DB: Backend> Pruner<DB> {
             }
             self.rest(took).await;
         }
-        let Some(steps) = &self.steps else {
+        if let Some(steps) = &self.steps {
+            let steps_label = steps.table().to_string();
+            loop {
+                let batch_started = Instant::now();
+                let deleted = {
+                    let _writer = self.guard.write_turn().await;
+                    steps.prune_batch(cutoff, self.batch).await?
+                };
+                let took = batch_started.elapsed();
+                record_pruned(&steps_label, deleted);
+                report.step_rows += deleted;
+                report.batches += 1;
+                report.elapsed = started.elapsed();
+                if progress(&report).is_break() {
+                    return Ok(report);
+                }
+                if deleted < batch {
+                    break;
+                }
+                self.rest(took).await;
+            }
+        }
+        let Some(queue) = &self.jobs else {
             return Ok(report);
         };
-        let steps_label = steps.table().to_string();
-        loop {
-            let batch_started = Instant::now();
-            let deleted = {
-                let _writer = self.guard.write_turn().await;
-                steps.prune_batch(cutoff, self.batch).await?
-            };
-            let took = batch_started.elapsed();
-            record_pruned(&steps_label, deleted);
-            report.step_rows += deleted;
-            report.batches += 1;
-            report.elapsed = started.elapsed();
-            if progress(&report).is_break() || deleted < batch {
-                return Ok(report);
+        let jobs_label = queue.sql().table.to_string();
+        let (completed, dead) = self.job_cutoffs().await?;
+        for (state, cutoff) in [(JobState::Completed, completed), (JobState::Dead, dead)] {
+            // As with guard rows: each batch starts where the last one ended.
+            let mut after = FAR_PAST_MICROS;
+            loop {
+                let batch_started = Instant::now();
+                // The queue takes the writer's turn itself.
+                let (deleted, last) = queue
+                    .prune_finished(state, cutoff, after, self.batch)
+                    .await?;
+                let took = batch_started.elapsed();
+                after = last.unwrap_or(after);
+                record_pruned(&jobs_label, deleted);
+                match state {
+                    JobState::Dead => report.dead_jobs += deleted,
+                    _ => report.completed_jobs += deleted,
+                }
+                report.batches += 1;
+                report.elapsed = started.elapsed();
+                if progress(&report).is_break() {
+                    return Ok(report);
+                }
+                if deleted < batch {
+                    break;
+                }
+                self.rest(took).await;
             }
-            self.rest(took).await;
         }
+        Ok(report)
     }
 
     /// The pause after a batch that took `took`.
@@ -274,7 +352,7 @@ impl<DB: Backend> Pruner<DB> {
 
 /// The pruning statements each backend implements.
 #[doc(hidden)]
-pub trait PruneStore: sqlx::Database {
+pub trait PruneStore: sqlx::Database + super::JobPruneStore {
     /// Proof that this process holds a table's turn to prune; released by
     /// [`end_prune_turn`](Self::end_prune_turn) or, if lost, when dropped.
     #[doc(hidden)]

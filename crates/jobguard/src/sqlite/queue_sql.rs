@@ -43,6 +43,24 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "create index if not exists {} on {t} (leased_until) where state = 'running'",
             table.derived("leases")
         ),
+        // Pruning finished jobs takes the oldest of one state in batches, and counts stop after
+        // a bounded number of them: both walk this index, never the whole table. Not partial:
+        // the prune names its state as a parameter, which a partial index's predicate cannot
+        // match in a generic plan (and SQLite matches only a predicate the query repeats).
+        format!(
+            "create index if not exists {} on {t} (state, finished_at)",
+            table.derived("finished")
+        ),
+        // Replay finds a key's newest dead job, and the dead jobs of a kind, without a scan per
+        // dead row.
+        format!(
+            "create index if not exists {} on {t} (job_key, id) where state = 'dead'",
+            table.derived("dead_key")
+        ),
+        format!(
+            "create index if not exists {} on {t} (kind, id) where state = 'dead'",
+            table.derived("dead_kind")
+        ),
     ];
     QueueSql {
         table: table.clone(),
@@ -107,7 +125,26 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                and (id || ':' || lease_token) not in (select value from json_each($2))"
         )
         .into(),
-        counts: format!("select state, count(*) from {t} group by state").into(),
+        // Live states are counted exactly through their partial indexes (the fetch and lease
+        // indexes), finished ones up to TERMINAL_COUNT_CAP rows through the `finished` index, so
+        // a sample costs the same with 10M finished rows as with none. `estimated total` is
+        // what finished states above the cap are estimated from: the span of ids (two
+        // lookups of the rowid's ends: SQLite reads `min` and `max` from the b-tree only one at a
+        // time).
+        counts: format!(
+            "select 'available', count(*) from {t} where state = 'available'
+             union all select 'running', count(*) from {t} where state = 'running'
+             union all select 'completed', count(*) from
+                 (select 1 from {t} where state = 'completed'
+                  order by state, finished_at limit {cap}) c
+             union all select 'dead', count(*) from
+                 (select 1 from {t} where state = 'dead'
+                  order by state, finished_at limit {cap}) d
+             union all select 'estimated total',
+                 coalesce((select max(id) from {t}) - (select min(id) from {t}) + 1, 0)",
+            cap = crate::queue::TERMINAL_COUNT_CAP
+        )
+        .into(),
         // Served by the fetch index (queue, run_at, id) where state = 'available'.
         backlog: format!(
             "select queue, count(*), {NOW} - min(run_at)
@@ -134,6 +171,23 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                            where d.job_key = j.job_key and d.state = 'dead')
                and not exists (select 1 from {t} l where l.job_key = j.job_key and l.{live})
              returning id"
+        )
+        .into(),
+        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2`, from `$4`
+        // on (where the last batch ended); returns the finish times of the jobs deleted. One
+        // statement under SQLite's single writer: no replay can come between the pick and the
+        // delete.
+        prune_jobs: format!(
+            "delete from {t} where id in (
+                 select id from {t} where state = $1 and finished_at < $2 and finished_at >= $4
+                 order by finished_at limit $3)
+             returning finished_at"
+        )
+        .into(),
+        // How many jobs in state `$1` finished before `$2`.
+        count_prunable_jobs: format!(
+            "select count(*) from {} where state = $1 and finished_at < $2",
+            t
         )
         .into(),
         notify: None,

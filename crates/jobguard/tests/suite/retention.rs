@@ -101,7 +101,7 @@ async fn a_dead_letter_replayed_within_the_retention_is_a_duplicate() {
 }
 
 /// The seed's pitfall, "pruning too early", on purpose. The operator declared a 12-hour replay
-/// window, so a one-day retention covers the horizon (about 12 h 5 m) and passes the check.
+/// window, so a one-day retention covers the horizon (about 12 h 10 m) and passes the check.
 /// Then they replay a dead letter three days later, outside the window they declared: the
 /// guard no longer holds the key, because the prune deleted it as the retention said it could,
 /// and the job applies a second time. The horizon is only as good as what is declared; a replay
@@ -136,8 +136,9 @@ async fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden() {
     let short = RetentionConfig { keep: Duration::from_secs(3600), ..RetentionConfig::default() };
     let config = WorkerConfig { retention: short.clone(), ..draining() };
     let expected = short.horizon(&config.retry, config.lease);
-    // No retries to speak of (a zero backoff), ten 30-second leases, the 7-day replay window.
-    assert_eq!(expected.total(), 7 * DAY + Duration::from_secs(300));
+    // No retries to speak of (a zero backoff), ten 30-second leases, the 7-day replay window,
+    // and the replayed job's ten leases again.
+    assert_eq!(expected.total(), 7 * DAY + Duration::from_secs(600));
 
     let worker = Worker::with_config(queue.clone(), config.clone()).unwrap().register::<Credit>();
     let error = worker.run(std::future::pending()).await.unwrap_err();
@@ -147,7 +148,7 @@ async fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden() {
     assert_eq!((*retention, *horizon), (Duration::from_secs(3600), expected.total()));
     assert_eq!(breakdown, &expected.to_string());
     let message = error.to_string();
-    for needle in ["guard retention 1h is shorter", "replay window 7d", "at least 7d 5m", "override"] {
+    for needle in ["guard retention 1h is shorter", "replay window 7d", "at least 7d 10m", "override"] {
         assert!(message.contains(needle), "{needle:?} missing from: {message}");
     }
     assert_eq!(queue.counts().await.unwrap().available, 1, "the worker did not start");
@@ -375,4 +376,270 @@ async fn two_workers_prune_on_schedule_one_at_a_time() {
     assert!(skipped >= 1, "no round found the table taken: both pruned at once? {stats:?}");
     assert_eq!(applied, 1, "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 1);
+}
+
+/// Completed jobs go after `keep_completed` and dead ones after `keep_dead`, by when they
+/// finished, in batches; jobs that wait or run stay whatever their age, and so do finished
+/// jobs younger than their retention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay() {
+    let Some((pool, queue)) = setup("retention_jobs").await else { return };
+    for order in 1..=4 {
+        queue.enqueue_job(&Credit { order, amount: 100 }).await.unwrap();
+    }
+    assert_eq!(drain(&queue).await.applied, 4);
+    // A dead job, and a job that waits (scheduled for tomorrow).
+    let dead = queue.enqueue_job(&Credit { order: 5, amount: 100 }).await.unwrap();
+    let leased = queue.fetch("default", 1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(leased[0].lease.job_id, dead.id);
+    queue.dead_letter(leased[0].lease, "dead-lettered by hand").await.unwrap();
+    let waiting = jobguard::queue::NewJob::new(
+        JobKey::new("credit", ["order-6"]).unwrap(),
+        &Credit { order: 6, amount: 100 },
+    )
+    .unwrap()
+    .kind("credit")
+    .unwrap()
+    .delay(DAY);
+    queue.enqueue(&waiting).await.unwrap();
+    // Every job two days older: finished two days ago, or created two days ago.
+    DB::age_jobs(&pool, 2 * DAY).await;
+    // One fresh completed job.
+    queue.enqueue_job(&Credit { order: 7, amount: 100 }).await.unwrap();
+    assert_eq!(drain(&queue).await.applied, 1);
+
+    let config = RetentionConfig {
+        keep_completed: DAY,
+        keep_dead: 3 * DAY,
+        ..RetentionConfig::default()
+    };
+    // A dead-job retention shorter than the replay window is refused.
+    let short = RetentionConfig { keep_dead: DAY, ..config.clone() };
+    let worker = draining();
+    let error = short.validate(&worker.retry, worker.lease).unwrap_err();
+    assert!(matches!(error, Error::DeadRetentionTooShort { .. }), "{error:?}");
+    let config = RetentionConfig { replay_window: DAY, ..config };
+
+    let guard = queue.guard(Default::default()).unwrap();
+    let pruner = Pruner::new(&guard, retention(config.clone())).jobs(&queue).batch(3).pause(Duration::ZERO);
+    let plan = pruner.plan().await.unwrap();
+    assert_eq!((plan.completed_jobs, plan.dead_jobs), (4, 0), "{plan:?}");
+    let report = pruner.run().await.unwrap().unwrap();
+    assert_eq!((report.completed_jobs, report.dead_jobs), (4, 0), "{report:?}");
+    // Batches of three: guard 1, then completed 3 + 1, then dead 1.
+    assert_eq!(report.batches, 4, "{report:?}");
+    let counts = queue.counts().await.unwrap();
+    assert_eq!((counts.available, counts.completed, counts.dead), (1, 1, 1), "{counts:?}");
+
+    // Two days more: the dead job is past three days; the fresh completed job is past one.
+    DB::age_jobs(&pool, 2 * DAY).await;
+    let report = pruner.run().await.unwrap().unwrap();
+    assert_eq!((report.completed_jobs, report.dead_jobs), (1, 1), "{report:?}");
+    let counts = queue.counts().await.unwrap();
+    assert_eq!((counts.available, counts.completed, counts.dead), (1, 0, 0), "{counts:?}");
+    assert_eq!(ledger_rows(&pool).await, 5, "pruning jobs touches no effect");
+
+    // Zero keeps no completed job at all; the guard still remembers every key.
+    queue.enqueue_job(&Credit { order: 8, amount: 100 }).await.unwrap();
+    assert_eq!(drain(&queue).await.applied, 1);
+    let now = RetentionConfig { keep_completed: Duration::ZERO, ..config };
+    let report = Pruner::new(&guard, retention(now)).jobs(&queue).run().await.unwrap().unwrap();
+    assert_eq!(report.completed_jobs, 1, "{report:?}");
+    assert_eq!(queue.counts().await.unwrap().completed, 0);
+    assert_eq!(guard_rows(&pool).await, 6);
+    queue.enqueue_job(&Credit { order: 8, amount: 100 }).await.unwrap();
+    let stats = drain(&queue).await;
+    assert_eq!((stats.applied, stats.duplicates), (0, 1), "the guard row stops it: {stats:?}");
+}
+
+/// The worker's scheduled prune deletes finished jobs too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduled_prune_deletes_finished_jobs() {
+    let Some((pool, queue)) = setup("retention_scheduled_jobs").await else { return };
+    for order in 1..=3 {
+        queue.enqueue_job(&Credit { order, amount: 100 }).await.unwrap();
+    }
+    let config = WorkerConfig {
+        concurrency: 2,
+        poll_interval: Duration::from_millis(50),
+        retention: RetentionConfig { keep_completed: Duration::ZERO, ..RetentionConfig::default() },
+        prune: PruneConfig {
+            schedule: Some(PruneSchedule::new("* * * * * *").unwrap()),
+            ..PruneConfig::default()
+        },
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::with_config(queue.clone(), config).unwrap().register::<Credit>();
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(worker.run(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let counts = queue.counts().await.unwrap();
+        let applied = ledger_rows(&pool).await;
+        if applied == 3 && counts.completed == 0 && counts.available == 0 && counts.running == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never pruned: {counts:?}, {applied} applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send(true).unwrap();
+    let stats = running.await.unwrap().unwrap();
+    assert_eq!(stats.applied, 3, "{stats:?}");
+    assert_eq!(DB::count(&pool, "select count(*) from jobguard_jobs").await, 0);
+}
+
+/// Finished jobs above the cap are estimated, live ones counted exactly, and the finished
+/// states are read from their own index (the plan never reads the whole table).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_stay_bounded_on_a_large_table() {
+    let Some((pool, queue)) = setup("retention_counts").await else { return };
+    let cap = jobguard::queue::TERMINAL_COUNT_CAP;
+    DB::insert_finished_jobs(&pool, "completed", cap + 5_000).await;
+    DB::insert_finished_jobs(&pool, "dead", 3).await;
+    queue.enqueue_job(&Credit { order: 1, amount: 100 }).await.unwrap();
+    DB::analyze(&pool).await;
+    let counts = queue.counts().await.unwrap();
+    assert_eq!((counts.available, counts.running, counts.dead), (1, 0, 3), "{counts:?}");
+    assert!(counts.is_estimated(), "{counts:?}");
+    assert!(counts.completed >= cap, "{counts:?}");
+    assert!(counts.completed < 2 * cap, "{counts:?}");
+
+    let plan = DB::explain(&pool, queue.counts_statement()).await;
+    assert!(!DB::full_scan(&plan), "a state is counted by scanning the table:\n{plan}");
+}
+
+/// A charge at a provider with idempotency keys, whose record fails (fatally) while `broken`
+/// is set: the provider charged, the database recorded nothing, and the job is dead.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RecordedCharge {
+    order: String,
+    amount: i64,
+}
+
+struct ChargeContext {
+    client: jobguard_provider::ProviderClient,
+    broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl jobguard::external::ExternalJob<DB> for RecordedCharge {
+    const KIND: &'static str = "charge";
+    const STEP: &'static str = "create-charge";
+    type Context = ChargeContext;
+    type Output = jobguard_provider::Charge;
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new("charge", [&self.order])
+    }
+
+    async fn call(
+        &self,
+        context: &ChargeContext,
+        api_key: &jobguard::external::ApiKey,
+    ) -> Result<Self::Output, JobError> {
+        context
+            .client
+            .create_charge(&self.order, self.amount, Some(api_key.as_str()))
+            .await
+            .map_err(JobError::from)
+    }
+
+    async fn record(
+        &self,
+        context: &ChargeContext,
+        conn: &mut Conn,
+        charge: &Self::Output,
+    ) -> Result<(), JobError> {
+        if context.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(JobError::fatal("the charge could not be recorded"));
+        }
+        DB::insert_ledger(conn, 7, charge.amount).await?;
+        Ok(())
+    }
+}
+
+/// The double charge, end to end: a provider that forgets idempotency keys after a
+/// few seconds (Stripe: 24 hours), a worker whose charge was made but not recorded, the dead
+/// job replayed. Replayed while the provider still remembers the key, the charge comes back
+/// and is recorded: one charge. Replayed after the provider forgot it, the same key charges
+/// again: two charges for one order. The retention check refuses the configuration that
+/// allows that (a replay window past the provider key lifetime), and the worker does not
+/// start with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_after_the_provider_forgot_the_key_charges_twice_and_is_refused() {
+    use jobguard_provider::{Provider, ProviderClient, ProviderConfig};
+    let Some((pool, queue)) = setup("retention_provider_ttl").await else { return };
+    let key_ttl = Duration::from_secs(3);
+    let provider = Provider::start(ProviderConfig { key_ttl: Some(key_ttl), ..ProviderConfig::default() })
+        .await
+        .unwrap();
+    let broken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let context = || ChargeContext {
+        client: ProviderClient::new(provider.url()),
+        broken: broken.clone(),
+    };
+    let charges_of = |order: &str| {
+        provider.provider().charges().into_iter().filter(|charge| charge.order == order).count()
+    };
+
+    // The operator's declaration: a provider keeping keys `key_ttl`, an hour of replay.
+    let declared = RetentionConfig {
+        replay_window: Duration::from_secs(3600),
+        provider_key_lifetime: key_ttl,
+        ..RetentionConfig::default()
+    };
+    let refused = WorkerConfig { retention: declared.clone(), ..draining() };
+    let worker = Worker::with_config(queue.clone(), refused)
+        .unwrap()
+        .register_external::<RecordedCharge>(context());
+    let error = worker.run(std::future::pending()).await.unwrap_err();
+    let Error::ProviderKeyLifetimeTooShort { provider_key_lifetime, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(*provider_key_lifetime, key_ttl);
+    let message = error.to_string();
+    for needle in ["provider key lifetime 3s", "replay window 1h"] {
+        assert!(message.contains(needle), "{needle:?} missing from: {message}");
+    }
+
+    // What happens without the check (no provider declared): two charges die unrecorded.
+    let worker = || {
+        Worker::with_config(queue.clone(), draining())
+            .unwrap()
+            .register_external::<RecordedCharge>(context())
+    };
+    for order in ["order-early", "order-late"] {
+        queue.enqueue_external(&RecordedCharge { order: order.into(), amount: 500 }).await.unwrap();
+    }
+    let stats = worker().run(std::future::pending()).await.unwrap();
+    assert_eq!((stats.applied, stats.dead), (0, 2), "{stats:?}");
+    assert_eq!((charges_of("order-early"), charges_of("order-late")), (1, 1));
+    let dead = queue.list(Some(JobState::Dead), None, 10).await.unwrap();
+    let id_of = |order: &str| {
+        dead.iter().find(|job| job.payload["order"] == order).map(|job| job.id).unwrap()
+    };
+    broken.store(false, std::sync::atomic::Ordering::SeqCst);
+
+    // Replayed at once, within the key's lifetime: the provider answers with the first charge.
+    assert_eq!(queue.replay(&Replay::Job(id_of("order-early"))).await.unwrap().len(), 1);
+    let stats = worker().run(std::future::pending()).await.unwrap();
+    assert_eq!(stats.applied, 1, "{stats:?}");
+    assert_eq!(charges_of("order-early"), 1, "the key was remembered: one charge");
+
+    // Replayed after the provider forgot the key: the same key charges a second time.
+    tokio::time::sleep(key_ttl + Duration::from_millis(500)).await;
+    assert_eq!(queue.replay(&Replay::Job(id_of("order-late"))).await.unwrap().len(), 1);
+    let stats = worker().run(std::future::pending()).await.unwrap();
+    assert_eq!(stats.applied, 1, "{stats:?}");
+    assert_eq!(charges_of("order-late"), 2, "the customer paid twice");
+    assert_eq!(ledger_rows(&pool).await, 2, "each order recorded once, one of them charged twice");
+
+    // A replay window that keeps every repeat inside the key's lifetime passes the check.
+    let fits = RetentionConfig { replay_window: Duration::from_secs(1), ..declared };
+    let mut tight = draining();
+    tight.lease = Duration::from_millis(100);
+    tight.retry.max_attempts = 1;
+    assert!(fits.validate(&tight.retry, tight.lease).is_ok());
+    provider.stop().await;
 }
