@@ -629,7 +629,7 @@ async fn rabbitmq_counts_every_requeue_of_a_failing_message() {
     let Some(url) = Rabbit::url() else {
         return;
     };
-    let name = "counted-requeues";
+    let name = &format!("counted-requeues-{}", std::process::id());
     Rabbit::reset(&url, name).await;
     let body = br#"{"kind": "credit", "key": "credit:order-1", "payload": {}}"#.to_vec();
     Rabbit::publish(&url, name, vec![body.clone()]).await;

@@ -91,7 +91,9 @@ impl Fixture {
     async fn new(test: &str) -> Option<Fixture> {
         let url = Broker::url()?;
         let pool = DB::open(&format!("b_{}_{test}", Broker::NAME), 16).await?;
-        let name = format!("{}-{test}", DB::BACKEND);
+        // The process id keeps two test runs on one broker (two checkouts, two CI jobs) off
+        // each other's queues and streams.
+        let name = format!("{}-{test}-{}", DB::BACKEND, std::process::id());
         Broker::reset(&url, &name).await;
         Some(Fixture { url, name, pool })
     }
