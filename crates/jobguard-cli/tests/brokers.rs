@@ -79,7 +79,17 @@ impl Broker {
                 "CI=true but nothing answers at {address} ({var}): run the tests with scripts/test"
             );
         }
-        eprintln!("skipping: nothing answers at {address}; set {var} or start the broker");
+        // Straight to the process's stderr: `eprintln!` is captured by the test harness and
+        // shown only for failing tests, so a skip would pass unseen.
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!(
+                "SKIPPED {}: nothing answers at {address}, so this broker test did not run (start \
+                 the broker or set {var}; with CI=true it fails instead)\n",
+                std::thread::current().name().unwrap_or("a test")
+            )
+            .as_bytes(),
+        );
         None
     }
 }

@@ -538,7 +538,18 @@ fn postgres_url() -> Option<String> {
             )
         }
         _ => {
-            eprintln!("skipping: JOBGUARD_TEST_DATABASE_URL is unset (scripts/test sets it)");
+            // Straight to the process's stderr: `eprintln!` is captured by the test harness and
+            // shown only for failing tests, so a skip would pass unseen.
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!(
+                    "SKIPPED {}: JOBGUARD_TEST_DATABASE_URL is unset, so this PostgreSQL test did \
+                     not run (set it, e.g. to postgres://postgres@127.0.0.1:5432/test, or run \
+                     scripts/test; with CI=true it fails instead)\n",
+                    std::thread::current().name().unwrap_or("a test")
+                )
+                .as_bytes(),
+            );
             None
         }
     }

@@ -125,6 +125,41 @@ impl Db {
         self.with_pool(Park(order.to_owned()))
     }
 
+    /// Inserts a guard row for `key` applied `ago`, as a job applied that long before would
+    /// have left.
+    fn backdate_guard_row(&self, key: &str, ago: Duration) {
+        struct Backdate(String, Duration);
+        impl AsyncPool<()> for Backdate {
+            async fn postgres(self, pool: Pool<sqlx::Postgres>) {
+                sqlx::query(
+                    "insert into processed_jobs (job_key, kind, claim_token, applied_at)
+                     values ($1, 'backdated', '\\x00', now() - make_interval(secs => $2))",
+                )
+                .bind(&self.0)
+                .bind(self.1.as_secs_f64())
+                .execute(&pool)
+                .await
+                .expect("insert a backdated guard row");
+            }
+            async fn sqlite(self, pool: Pool<sqlx::Sqlite>) {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap();
+                let applied_at = (now - self.1).as_micros() as i64;
+                sqlx::query(
+                    "insert into processed_jobs (job_key, kind, claim_token, applied_at)
+                     values (?, 'backdated', x'00', ?)",
+                )
+                .bind(&self.0)
+                .bind(applied_at)
+                .execute(&pool)
+                .await
+                .expect("insert a backdated guard row");
+            }
+        }
+        self.with_pool(Backdate(key.to_owned(), ago))
+    }
+
     /// The state of job `id`.
     fn state(&self, id: i64) -> String {
         let jobs = self.json(&["jobs", "--limit", "1000"]);
@@ -376,6 +411,9 @@ fn labels(values: &[&str]) -> Vec<String> {
     values.iter().map(|v| (*v).to_owned()).collect()
 }
 
+/// How long before the test [`known_duplicates_are_counted_exactly`] dates a guard row.
+const BACKDATED: Duration = Duration::from_secs(3 * 3600);
+
 fn credit(order: &str) -> Value {
     json!({"order": order, "account": 7, "amount": 100})
 }
@@ -396,6 +434,7 @@ fn known_duplicates_are_counted_exactly(db: &Db) {
     let worked = db.json(&["worker", "--until-idle"]);
     assert_eq!(worked["applied"], 1, "{worked}");
     let parked = db.park_dead_credit("order-7");
+    db.backdate_guard_row("backdated:1", BACKDATED);
     for n in 1..=5 {
         db.enqueue("credit", credit(&format!("order-{n}")));
     }
@@ -473,8 +512,15 @@ fn known_duplicates_are_counted_exactly(db: &Db) {
         metric(&series, "jobguard_steps_attention")[&labels(&[])],
         0.0
     );
+    // The oldest guard row is the backdated one: the gauge is its age, a little more than how
+    // far back it was dated by the time of the sample (the margin is for a slow machine only).
     let horizon = metric(&series, "jobguard_guard_oldest_age_seconds");
-    assert!(horizon[&labels(&["processed_jobs"])] >= 0.0, "{horizon:?}");
+    let age = horizon[&labels(&["processed_jobs"])];
+    let dated = BACKDATED.as_secs_f64();
+    assert!(
+        age >= dated && age < dated + 600.0,
+        "the oldest guard row was applied {dated}s before the test: {horizon:?}"
+    );
 
     // `jobguard stats` prints the same figures: from the database, and from the server.
     let from_db = db.json(&["stats"]);
@@ -1058,7 +1104,18 @@ fn postgres_url() -> Option<String> {
             )
         }
         _ => {
-            eprintln!("skipping: JOBGUARD_TEST_DATABASE_URL is unset (scripts/test sets it)");
+            // Straight to the process's stderr: `eprintln!` is captured by the test harness and
+            // shown only for failing tests, so a skip would pass unseen.
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!(
+                    "SKIPPED {}: JOBGUARD_TEST_DATABASE_URL is unset, so this PostgreSQL test did \
+                     not run (set it, e.g. to postgres://postgres@127.0.0.1:5432/test, or run \
+                     scripts/test; with CI=true it fails instead)\n",
+                    std::thread::current().name().unwrap_or("a test")
+                )
+                .as_bytes(),
+            );
             None
         }
     }

@@ -238,6 +238,23 @@ pub enum Error {
         source: Box<dyn StdError + Send + Sync + 'static>,
     },
 
+    /// A broker message's envelope carries a key other than the one its job derives from its
+    /// payload. Nothing was applied and the message was dead-lettered: a producer that builds
+    /// envelopes by hand with a fresh key per publish would otherwise apply each copy once.
+    #[error(
+        "the envelope of a `{kind}` job carries the key `{envelope}`, but the job derives \
+         `{derived}` from its payload: nothing was applied; build envelopes with \
+         `Envelope::for_job` so that every copy of a message carries the key its job derives"
+    )]
+    EnvelopeKeyMismatch {
+        /// The job kind.
+        kind: String,
+        /// The key the envelope carried.
+        envelope: String,
+        /// The key the job derives from the envelope's payload.
+        derived: String,
+    },
+
     /// The guard's retention is shorter than the time within which a duplicate can still
     /// arrive: a duplicate delivered after the retention would find its key pruned and apply
     /// again. Nothing was pruned and the worker did not start.

@@ -10,6 +10,9 @@ use crate::error::{Error, Result};
 /// The longest identifier PostgreSQL keeps without truncating it.
 const MAX_IDENT_LEN: usize = 63;
 
+/// Hex digits of the hash that tells apart the derived names of long tables.
+const DERIVED_HASH_LEN: usize = 10;
+
 /// A table name, optionally qualified by a PostgreSQL schema.
 ///
 /// ```
@@ -69,10 +72,23 @@ impl TableName {
 
     /// A quoted name for an object that belongs to this table, such as an index, kept within
     /// PostgreSQL's identifier length.
+    ///
+    /// `<table>_<suffix>` when it fits in 63 bytes. A longer one keeps a readable prefix of the
+    /// table name and adds a hash of the full name: cutting alone would give two tables that
+    /// share their first 50-odd characters the same index and claim function names, and the
+    /// second table's `create ... if not exists` or `create or replace` would then skip its own
+    /// object or replace the first table's.
     pub(crate) fn derived(&self, suffix: &str) -> String {
-        let room = MAX_IDENT_LEN - suffix.len() - 1;
+        let full = format!("{}_{suffix}", self.name);
+        if full.len() <= MAX_IDENT_LEN {
+            return format!("\"{full}\"");
+        }
+        let hash = blake3::hash(full.as_bytes()).to_hex();
+        let hash = &hash.as_str()[..DERIVED_HASH_LEN];
+        let room = MAX_IDENT_LEN.saturating_sub(suffix.len() + DERIVED_HASH_LEN + 2);
+        // Table names are ASCII (see `validate`), so any byte index is a char boundary.
         let stem = &self.name[..self.name.len().min(room)];
-        format!("\"{stem}_{suffix}\"")
+        format!("\"{stem}_{hash}_{suffix}\"")
     }
 
     /// [`derived`](Self::derived), qualified by the table's schema, for objects such as
@@ -159,5 +175,33 @@ mod tests {
         let index = table.derived("applied_at_idx");
         assert_eq!(index.len(), 63 + 2);
         assert!(index.ends_with("_applied_at_idx\""));
+        assert_eq!(
+            TableName::new("jobs").unwrap().derived("fetch"),
+            "\"jobs_fetch\""
+        );
+        let fits = "f".repeat(63 - "_claim".len());
+        assert_eq!(
+            TableName::new(&fits).unwrap().derived("claim"),
+            format!("\"{fits}_claim\"")
+        );
+    }
+
+    #[test]
+    fn long_tables_that_share_a_prefix_derive_different_names() {
+        // Cut at 63 characters, both used to derive `"processed_jobs_of_..._ledger_regi_claim"`.
+        let prefix = "processed_jobs_of_the_billing_service_for_the_ledger_region";
+        let a = TableName::new(&format!("{prefix}_eu")).unwrap();
+        let b = TableName::new(&format!("{prefix}_us")).unwrap();
+        for suffix in ["claim", "applied_at_idx", "live_key", "fetch", "relay"] {
+            let (da, db) = (a.derived(suffix), b.derived(suffix));
+            assert_ne!(da, db, "{suffix}");
+            for derived in [&da, &db] {
+                assert!(derived.len() <= 63 + 2, "{derived}");
+                assert!(derived.starts_with("\"processed_jobs_of_"), "{derived}");
+                assert!(derived.ends_with(&format!("_{suffix}\"")), "{derived}");
+            }
+            // Stable: the same table derives the same name every time, in every process.
+            assert_eq!(da, a.clone().derived(suffix));
+        }
     }
 }

@@ -4,8 +4,9 @@
 //! A broker hands the loop [`Delivery`] values through a [`Source`], its adapter. For each one:
 //!
 //! 1. the body is read as an [`Envelope`] and its kind looked up among the registered [`Job`]s;
-//!    a body that is not an envelope, an unknown kind or a payload that does not deserialize
-//!    can never run, and is dead-lettered at once;
+//!    a body that is not an envelope, an unknown kind, a payload that does not deserialize or
+//!    an envelope whose key is not the one the job derives from its payload
+//!    ([`Error::EnvelopeKeyMismatch`]) can never run, and is dead-lettered at once;
 //! 2. [`Guard::run_with_payload`] claims the key and runs the job in one transaction, while the
 //!    delivery is kept alive with [`Delivery::progress`] (JetStream progress acks, Redis
 //!    `XCLAIM`);
@@ -38,7 +39,7 @@ use super::Envelope;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Outcome};
-use crate::key::JobKey;
+use crate::key::{JobKey, KeyError};
 use crate::metrics::{DuplicateSource, record_duplicate_source, record_outcome};
 use crate::worker::Job;
 
@@ -508,11 +509,32 @@ impl<DB: Backend> Consumer<DB> {
             );
             return Err((Some(envelope.kind), reason));
         };
-        match handler.decode(&envelope.payload) {
-            Ok(runnable) => Ok((envelope, Arc::from(runnable))),
+        let runnable = match handler.decode(&envelope.payload) {
+            Ok(runnable) => runnable,
             Err(error) => {
                 let reason = format!(
                     "the payload does not deserialize into a `{}` job: {error}",
+                    envelope.kind
+                );
+                return Err((Some(envelope.kind), reason));
+            }
+        };
+        // The guard claims the envelope's key, so it must be the one the job derives: a key
+        // made afresh for each publish of the same work would let every copy apply.
+        match runnable.key() {
+            Ok(derived) if derived == envelope.key => Ok((envelope, Arc::from(runnable))),
+            Ok(derived) => {
+                let reason = Error::EnvelopeKeyMismatch {
+                    kind: envelope.kind.clone(),
+                    envelope: envelope.key.to_string(),
+                    derived: derived.to_string(),
+                }
+                .to_string();
+                Err((Some(envelope.kind), reason))
+            }
+            Err(error) => {
+                let reason = format!(
+                    "the `{}` job derives no valid key from its payload: {error}",
                     envelope.kind
                 );
                 Err((Some(envelope.kind), reason))
@@ -598,6 +620,9 @@ impl<DB: Backend, J: Job<DB>> Handler<DB> for TypedHandler<J> {
 
 /// A decoded job, its type erased.
 trait Runnable<DB: Backend>: Send + Sync {
+    /// The key the job derives from its fields.
+    fn key(&self) -> Result<JobKey, KeyError>;
+
     /// The job's guarded run. Built where the job's type is known: with every type concrete,
     /// rustc proves the future `Send` for the spawned task (rust-lang/rust#110338).
     fn guarded(
@@ -609,6 +634,10 @@ trait Runnable<DB: Backend>: Send + Sync {
 }
 
 impl<DB: Backend, J: Job<DB>> Runnable<DB> for J {
+    fn key(&self) -> Result<JobKey, KeyError> {
+        Job::key(self)
+    }
+
     fn guarded(
         self: Arc<Self>,
         guard: Guard<DB>,

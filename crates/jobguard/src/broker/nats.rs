@@ -12,8 +12,10 @@
 //!   retention: an acknowledged message is removed;
 //! - the stream `<stream>_DEAD` on the [dead-letter subject](NatsConfig::dead_letter_subject);
 //! - the durable pull consumer [`NatsConfig::consumer`], shared by every consumer process, with
-//!   explicit acks, [`ack_wait`](NatsConfig::ack_wait) and `MaxDeliver` set to
-//!   [`max_deliveries`](NatsConfig::max_deliveries).
+//!   explicit acks, [`ack_wait`](NatsConfig::ack_wait) and no `MaxDeliver` limit: the consumer,
+//!   not the server, counts deliveries against [`max_deliveries`](NatsConfig::max_deliveries)
+//!   (see below). An existing consumer whose `MaxDeliver` would stop the server first is
+//!   updated to no limit.
 //!
 //! # How messages are settled
 //!
@@ -24,11 +26,23 @@
 //! | failed, retryable, deliveries left | `-NAK` with the retry delay |
 //! | failed on the last delivery, fatal, or the message cannot run | copied to the dead-letter subject, then `+TERM` |
 //!
-//! A message whose last delivery never settled (the consumer died running it) is not delivered
-//! again: the server publishes a max-deliveries advisory instead. Every [`NatsSource`] listens
-//! for it in one queue group, so one of them copies the message to the dead-letter subject and
-//! deletes it from the work stream. Dead letters carry `Nats-Msg-Id: dead:<stream>:<sequence>`,
-//! so both paths at once still leave one copy in the dead-letter stream.
+//! A message whose last allowed delivery never settled (the consumer died running it) is
+//! delivered once more after AckWait, whenever a consumer next pulls, and that consumer reads
+//! the delivery count from the message's metadata (`delivered`): past
+//! [`max_deliveries`](NatsConfig::max_deliveries), it copies the message to the dead-letter
+//! subject and terminates it without running the job. The decision is never left to the
+//! server's max-deliveries advisory: that is a core NATS message, lost when no consumer
+//! listens at the moment it is sent, and the message would then stay in the work stream
+//! forever. Dead letters carry `Nats-Msg-Id: dead:<stream>:<sequence>`, so a consumer that dies
+//! between the copy and the `+TERM` leaves one copy in the dead-letter stream, not two.
+//!
+//! # Prefetch
+//!
+//! A [`NatsSource`] pulls only as many messages as the consumer has free slots for, each time
+//! it receives (a pull request that returns as soon as some are available): every message it
+//! holds is running, and sends progress acks. Messages pulled ahead of free slots would sit in
+//! the client while the running jobs outlast AckWait, be delivered again meanwhile, and count
+//! deliveries they never failed.
 //!
 //! # An ack after AckWait
 //!
@@ -48,8 +62,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::stream::{self, RetentionPolicy};
 use async_nats::jetstream::{self, AckKind, Context};
-use futures::{FutureExt as _, StreamExt as _};
-use serde::Deserialize;
+use futures::StreamExt as _;
 
 use super::consumer::{Delivery, Source};
 use super::envelope::Envelope;
@@ -80,7 +93,9 @@ pub struct NatsConfig {
     /// How long the server waits for an ack before delivering a message again (default 30 s).
     /// A running job sends a progress ack every third of it.
     pub ack_wait: Duration,
-    /// Deliveries a message gets (`MaxDeliver`, default 5).
+    /// Deliveries a message gets (default 5). Counted by the consumer from each message's
+    /// delivery count; the server's `MaxDeliver` is left unlimited (see the
+    /// [module documentation](self)).
     pub max_deliveries: u32,
     /// Messages pulled ahead, and the jobs run at once (default 10).
     pub prefetch: usize,
@@ -112,12 +127,43 @@ impl NatsConfig {
         format!("{}_DEAD", self.stream)
     }
 
-    fn advisory_subject(&self) -> String {
-        format!(
-            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
-            self.stream, self.consumer
-        )
+    fn consumer_config(&self) -> pull::Config {
+        pull::Config {
+            durable_name: Some(self.consumer.clone()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            // Unlimited: the consumer dead-letters a message delivered more than
+            // `max_deliveries` times itself. A server limit would end the deliveries of a
+            // message whose last one never settled with only an advisory, which is lost when
+            // nobody listens, and leave the message in the stream forever.
+            max_deliver: -1,
+            filter_subject: self.subject.clone(),
+            ..pull::Config::default()
+        }
     }
+
+    /// Fails when the server's `MaxDeliver` would stop delivering a message before the
+    /// consumer counted `max_deliveries` and dead-lettered it.
+    fn check_max_deliver(&self, max_deliver: i64) -> Result<()> {
+        if stops_first(max_deliver, self.max_deliveries) {
+            return Err(Error::InvalidConfig {
+                setting: "NATS consumer MaxDeliver",
+                reason: format!(
+                    "the consumer `{}` has MaxDeliver {max_deliver}, which is not more than \
+                     max_deliveries {}: a message whose last delivery never settles would stay \
+                     in the stream; set MaxDeliver to -1 (unlimited) or let jobguard declare the \
+                     consumer",
+                    self.consumer, self.max_deliveries
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Whether a server `MaxDeliver` ends deliveries before the consumer's own count does.
+fn stops_first(max_deliver: i64, max_deliveries: u32) -> bool {
+    max_deliver > 0 && max_deliver <= i64::from(max_deliveries.max(1))
 }
 
 /// Creates the streams and the durable consumer of `config` when missing; see the
@@ -145,19 +191,31 @@ pub async fn declare(context: &Context, config: &NatsConfig) -> Result<PullConsu
                 error,
             )
         })?;
-    work.get_or_create_consumer(
-        &config.consumer,
-        pull::Config {
-            durable_name: Some(config.consumer.clone()),
-            ack_policy: AckPolicy::Explicit,
-            ack_wait: config.ack_wait,
-            max_deliver: i64::from(config.max_deliveries.max(1)),
-            filter_subject: config.subject.clone(),
-            ..pull::Config::default()
-        },
-    )
-    .await
-    .map_err(|error| broker_error(format!("create the consumer `{}`", config.consumer), error))
+    let mut consumer: PullConsumer = work
+        .get_or_create_consumer(&config.consumer, config.consumer_config())
+        .await
+        .map_err(|error| {
+            broker_error(format!("create the consumer `{}`", config.consumer), error)
+        })?;
+    if stops_first(
+        consumer.cached_info().config.max_deliver,
+        config.max_deliveries,
+    ) {
+        // Declared with a server limit (as earlier versions did): lift it.
+        consumer = work
+            .create_consumer(config.consumer_config())
+            .await
+            .map_err(|error| {
+                broker_error(
+                    format!(
+                        "lift the MaxDeliver limit of the consumer `{}`",
+                        config.consumer
+                    ),
+                    error,
+                )
+            })?;
+    }
+    Ok(consumer)
 }
 
 /// Deletes the work stream of `config` and its dead-letter stream, with their messages and
@@ -179,12 +237,7 @@ pub async fn remove(url: &str, config: &NatsConfig) -> Result<()> {
 /// Consumes a JetStream durable pull consumer for a [`Consumer`](super::Consumer).
 pub struct NatsSource {
     consumer: PullConsumer,
-    /// Started on the first receive, so that a source made only to declare pulls nothing.
-    messages: Option<pull::Stream>,
     config: NatsConfig,
-    /// Moves messages out of deliveries to the dead-letter subject on the max-deliveries
-    /// advisory; stopped with the source.
-    advisories: tokio::task::JoinHandle<()>,
 }
 
 impl NatsSource {
@@ -213,53 +266,9 @@ impl NatsSource {
                     )
                 })?
         };
-        // Subscribed before the first pull, so no advisory of this source's deliveries is missed.
-        let advisories = context
-            .client()
-            .queue_subscribe(
-                config.advisory_subject(),
-                format!("jobguard-dead-{}-{}", config.stream, config.consumer),
-            )
-            .await
-            .map_err(|error| {
-                broker_error("subscribe to max-deliveries advisories".into(), error)
-            })?;
-        let advisories = tokio::spawn(dead_letter_on_advisories(
-            context.clone(),
-            config.clone(),
-            advisories,
-        ));
-        Ok(NatsSource {
-            consumer,
-            messages: None,
-            config,
-            advisories,
-        })
-    }
-
-    async fn messages(&mut self) -> Result<&mut pull::Stream> {
-        if self.messages.is_none() {
-            let messages = self
-                .consumer
-                .stream()
-                .max_messages_per_batch(self.config.prefetch.max(1))
-                .messages()
-                .await
-                .map_err(|error| {
-                    broker_error(
-                        format!("pull from the consumer `{}`", self.config.consumer),
-                        error,
-                    )
-                })?;
-            self.messages = Some(messages);
-        }
-        Ok(self.messages.as_mut().expect("just started"))
-    }
-}
-
-impl Drop for NatsSource {
-    fn drop(&mut self) {
-        self.advisories.abort();
+        let max_deliver = consumer.cached_info().config.max_deliver;
+        config.check_max_deliver(max_deliver)?;
+        Ok(NatsSource { consumer, config })
     }
 }
 
@@ -283,18 +292,33 @@ impl Source for NatsSource {
     }
 
     async fn receive(&mut self, max: usize) -> Result<Vec<NatsDelivery>> {
-        let config = self.config.clone();
-        let messages = self.messages().await?;
-        let first = match tokio::time::timeout(POLL, messages.next()).await {
-            Err(_elapsed) => return Ok(Vec::new()),
-            Ok(first) => first,
-        };
-        let mut deliveries = vec![delivered(first, &config)?];
-        while deliveries.len() < max {
-            match messages.next().now_or_never() {
-                Some(next) => deliveries.push(delivered(next, &config)?),
-                None => break,
+        let pull = || format!("pull from the consumer `{}`", self.config.consumer);
+        // One pull request for as many messages as there are free slots, which the server
+        // answers as soon as it has some, or after POLL with none. It is read to its end, so
+        // no message it brought is left behind unseen (to be delivered again, counted).
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(max.max(1))
+            .expires(POLL)
+            .messages()
+            .await
+            .map_err(|error| broker_error(pull(), error))?;
+        let mut deliveries = Vec::new();
+        let reading = async {
+            while let Some(next) = batch.next().await {
+                let message = next.map_err(|error| broker_error(pull(), error))?;
+                deliveries.push(NatsDelivery {
+                    message,
+                    config: self.config.clone(),
+                });
             }
+            Ok::<_, Error>(())
+        };
+        // The server ends the request after POLL; the margin covers a slow answer only.
+        match tokio::time::timeout(POLL * 5, reading).await {
+            Ok(read) => read?,
+            Err(_elapsed) => tracing::debug!("a pull request was not ended by the server in time"),
         }
         Ok(deliveries)
     }
@@ -302,27 +326,6 @@ impl Source for NatsSource {
     async fn close(self) {
         // Messages pulled and not acked are delivered again after AckWait.
         drop(self);
-    }
-}
-
-fn delivered(
-    next: Option<std::result::Result<jetstream::Message, pull::MessagesError>>,
-    config: &NatsConfig,
-) -> Result<NatsDelivery> {
-    match next {
-        Some(Ok(message)) => Ok(NatsDelivery {
-            message,
-            config: config.clone(),
-        }),
-        Some(Err(error)) => Err(broker_error(
-            format!("pull from the consumer `{}`", config.consumer),
-            error,
-        )),
-        None => Err(Error::Broker {
-            broker: BROKER,
-            action: format!("pull from the consumer `{}`", config.consumer),
-            source: "the message stream ended".into(),
-        }),
     }
 }
 
@@ -417,76 +420,6 @@ async fn publish_dead_letter(
         .map_err(|error| broker_error(action(), error))?
         .await
         .map_err(|error| broker_error(action(), error))?;
-    Ok(())
-}
-
-/// The max-deliveries advisory: `stream_seq` was delivered `deliveries` times and never settled.
-#[derive(Deserialize)]
-struct MaxDeliveries {
-    stream_seq: u64,
-    deliveries: u64,
-}
-
-/// Moves each message whose deliveries ran out to the dead-letter subject and deletes it from
-/// the work stream.
-async fn dead_letter_on_advisories(
-    context: Context,
-    config: NatsConfig,
-    mut advisories: async_nats::Subscriber,
-) {
-    while let Some(advisory) = advisories.next().await {
-        let Ok(advisory) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
-            tracing::warn!("unreadable max-deliveries advisory");
-            continue;
-        };
-        if let Err(error) = dead_letter_sequence(&context, &config, &advisory).await {
-            tracing::warn!(%error, sequence = advisory.stream_seq, "dead-lettering a message out of deliveries failed");
-        }
-    }
-}
-
-async fn dead_letter_sequence(
-    context: &Context,
-    config: &NatsConfig,
-    advisory: &MaxDeliveries,
-) -> Result<()> {
-    let stream = context
-        .get_stream(&config.stream)
-        .await
-        .map_err(|error| broker_error(format!("find the stream `{}`", config.stream), error))?;
-    let Ok(message) = stream.get_raw_message(advisory.stream_seq).await else {
-        // Settled or dead-lettered meanwhile.
-        return Ok(());
-    };
-    let reason = format!(
-        "delivered {} times without being acknowledged: the consumers running it died or \
-         stalled past AckWait each time",
-        advisory.deliveries
-    );
-    tracing::warn!(
-        error = reason,
-        sequence = advisory.stream_seq,
-        "message dead-lettered"
-    );
-    crate::metrics::record_outcome(
-        &Envelope::from_bytes(&message.payload)
-            .map(|envelope| envelope.kind)
-            .unwrap_or_else(|_| "unknown".to_owned()),
-        "dead",
-    );
-    publish_dead_letter(
-        context,
-        config,
-        advisory.stream_seq,
-        message.subject.as_str(),
-        message.payload.to_vec(),
-        &reason,
-    )
-    .await?;
-    stream
-        .delete_message(advisory.stream_seq)
-        .await
-        .map_err(|error| broker_error("delete a dead-lettered message".into(), error))?;
     Ok(())
 }
 

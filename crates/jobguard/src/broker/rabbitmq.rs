@@ -20,7 +20,7 @@
 //! | the job | the message |
 //! |---|---|
 //! | committed, or its key was already applied | `basic.ack` after the commit |
-//! | failed, retryable, deliveries left | `basic.nack` with requeue, after the retry delay |
+//! | failed, retryable, deliveries left | `basic.reject` with requeue, after the retry delay |
 //! | failed on the last delivery, fatal, or the message cannot run | `basic.reject` without requeue: dead-lettered by the broker |
 //!
 //! A consumer that dies holding messages (prefetched or running) loses its channel, and the
@@ -30,10 +30,9 @@ use std::time::Duration;
 
 use futures::{FutureExt as _, StreamExt as _};
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
-    BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{
@@ -360,12 +359,14 @@ impl Delivery for RabbitDelivery {
     async fn retry(self, delay: Duration) -> Result<()> {
         // RabbitMQ has no delayed requeue: the message is held for the delay, then requeued.
         tokio::time::sleep(delay).await;
+        // `basic.reject`, not `basic.nack`: RabbitMQ 4.x quorum queues stopped counting a
+        // `basic.nack` with requeue in the delivery count (a nack now means "not processed",
+        // a reject "processing failed"), so a message that kept failing would be requeued
+        // forever, never reaching `x-delivery-limit` nor the consumer's own `max_deliveries`
+        // check. A requeued `basic.reject` is counted on every version.
         self.delivery
             .acker
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..BasicNackOptions::default()
-            })
+            .reject(BasicRejectOptions { requeue: true })
             .await
             .map(drop)
             .map_err(|error| broker_error("requeue a message".into(), error))
