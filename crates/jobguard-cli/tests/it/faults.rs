@@ -11,43 +11,20 @@
 //! so a failing test fails instead of hanging.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use jobguard::queue::NewJob;
 use jobguard::{JobKey, Queue};
 use serde_json::{Value, json};
-use sqlx::Executor;
+
+use crate::common::{AnyPool, Db, Proc};
+use crate::{each_backend, on_pool};
 
 /// The longest any single command of the binary may take before the test fails.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(40);
 /// The longest a queue may take to drain once the faults are over.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(40);
-
-/// A database of the test's own: a SQLite file, or a PostgreSQL schema.
-struct Db {
-    url: String,
-    dir: PathBuf,
-    /// The PostgreSQL admin URL and schema to drop at the end.
-    schema: Option<(String, String)>,
-    /// The test's own connection, for reads that must be quick (a run of the binary connects
-    /// afresh, which takes a few hundred milliseconds with TLS to PostgreSQL), and to enqueue
-    /// in bulk.
-    direct: Option<Direct>,
-}
-
-/// A runtime and a one-connection pool of the test process.
-struct Direct {
-    rt: tokio::runtime::Runtime,
-    pool: Pool,
-}
-
-enum Pool {
-    Postgres(sqlx::PgPool),
-    Sqlite(sqlx::SqlitePool),
-}
 
 /// Job counts by state, as `jobguard jobs --json` prints them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,491 +45,168 @@ impl Counts {
     }
 }
 
-/// A child process of the binary, killed with SIGKILL when dropped unless it was waited for.
-struct Proc {
-    child: Option<Child>,
-    name: String,
-    stdout: PathBuf,
-    stderr: PathBuf,
+/// Starts a worker that prints its stats as JSON when it stops.
+fn worker(db: &Db, name: &str, extra: &[&str]) -> Proc {
+    let mut args = vec!["worker", "--json"];
+    args.extend_from_slice(extra);
+    db.spawn(name, &args)
 }
 
-/// How a process of the binary ended.
-struct Exit {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
+fn enqueue_credit(db: &Db, payload: &Value) -> Value {
+    let payload = payload.to_string();
+    db.json(&["enqueue", "credit", "--payload", &payload])
 }
 
-impl Exit {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or(Value::Null)
-    }
-}
-
-impl Proc {
-    fn pid(&self) -> String {
-        self.child
-            .as_ref()
-            .expect("the process is still ours")
-            .id()
-            .to_string()
-    }
-
-    /// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) with the `kill` binary.
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{signal}"), &self.pid()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{signal} {} failed", self.name);
-    }
-
-    /// SIGKILL, and reaps the process so it is gone when this returns.
-    fn sigkill(&mut self) -> Exit {
-        self.signal("KILL");
-        let exit = self.wait(Duration::from_secs(10)).unwrap_or_else(|| {
-            panic!("{} survived SIGKILL for 10 s", self.name);
-        });
-        assert!(!exit.status.success(), "{} exited on its own", self.name);
-        exit
-    }
-
-    /// Waits up to `timeout` for the process to exit; `None` if it is still running.
-    fn wait(&mut self, timeout: Duration) -> Option<Exit> {
-        let started = Instant::now();
-        let child = self.child.as_mut().expect("the process is still ours");
-        loop {
-            if let Some(status) = child.try_wait().expect("wait for a child") {
-                self.child = None;
-                return Some(Exit {
-                    status,
-                    stdout: std::fs::read_to_string(&self.stdout).unwrap_or_default(),
-                    stderr: std::fs::read_to_string(&self.stderr).unwrap_or_default(),
-                });
-            }
-            if started.elapsed() >= timeout {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+/// Enqueues many credits through the library, in the test process: 200 runs of the binary
+/// would take seconds.
+fn enqueue_credits_direct(db: &Db, ns: std::ops::RangeInclusive<i64>, hold_ms: u64) {
+    async fn enqueue_all<DB: jobguard::Backend>(
+        queue: Queue<DB>,
+        ns: std::ops::RangeInclusive<i64>,
+        hold_ms: u64,
+    ) {
+        queue.migrate().await.unwrap();
+        for n in ns {
+            let payload = credit(n, hold_ms);
+            let key = JobKey::new("credit", [format!("order-{n}")]).unwrap();
+            let job = NewJob::new(key, &payload).unwrap().kind("credit").unwrap();
+            assert!(queue.enqueue(&job).await.unwrap().inserted);
         }
     }
+    on_pool!(db, |pool| enqueue_all(Queue::new(pool.clone()), ns, hold_ms));
+}
 
-    /// Waits for the process to exit, or kills it and fails the test after `timeout`.
-    fn finish(&mut self, timeout: Duration) -> Exit {
-        match self.wait(timeout) {
-            Some(exit) => exit,
-            None => {
-                let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-                self.sigkill();
-                panic!(
-                    "{} did not finish within {timeout:?}; killed it. stderr:\n{stderr}",
-                    self.name
-                );
-            }
-        }
+/// The job counts, read by the test itself: quick enough to poll every few milliseconds.
+fn counts_now(db: &Db) -> Counts {
+    let counts =
+        on_pool!(db, |pool| Queue::new(pool.clone()).counts()).expect("read the job counts");
+    Counts {
+        available: counts.available,
+        running: counts.running,
+        completed: counts.completed,
+        dead: counts.dead,
     }
+}
 
-    /// Waits for a command that must succeed and print JSON.
-    fn finish_json(&mut self, timeout: Duration) -> Value {
-        let exit = self.finish(timeout);
+fn counts(db: &Db) -> Counts {
+    let counts = &db.json(&["jobs"])["counts"];
+    let get = |state: &str| {
+        counts[state]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no `{state}` count in {counts}"))
+    };
+    Counts {
+        available: get("available"),
+        running: get("running"),
+        completed: get("completed"),
+        dead: get("dead"),
+    }
+}
+
+/// Every job, as `jobguard jobs --json` lists them.
+fn list_jobs(db: &Db) -> Vec<Value> {
+    let listed = db.json(&["jobs", "--limit", "100000"]);
+    listed["jobs"].as_array().unwrap().clone()
+}
+
+/// Polls the counts until `done` holds, failing after `timeout`.
+fn wait_for(db: &Db, what: &str, timeout: Duration, done: impl Fn(&Counts) -> bool) -> Counts {
+    let started = Instant::now();
+    loop {
+        let counts = counts_now(db);
+        if done(&counts) {
+            return counts;
+        }
         assert!(
-            exit.status.success(),
-            "{} failed ({}): {}",
-            self.name,
-            exit.status,
-            exit.stderr
+            started.elapsed() < timeout,
+            "{}: {what} did not happen within {timeout:?}; counts {counts:?}",
+            db.backend()
         );
-        let json = exit.json();
-        assert_ne!(
-            json,
-            Value::Null,
-            "{} printed no JSON: {}",
-            self.name,
-            exit.stdout
-        );
-        json
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            // SIGKILL ends a stopped process too.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Db {
-    fn sqlite(test: &str) -> Db {
-        let dir = Db::scratch(test);
-        let url = format!("sqlite:{}", dir.join("faults.db").display());
-        Db::connect(url, dir, None)
-    }
-
-    /// A directory of the test's own, for the processes' output (and the SQLite file).
-    fn scratch(test: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("jobguard-faults-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    fn connect(url: String, dir: PathBuf, schema: Option<(String, String)>) -> Db {
-        let mut db = Db {
-            url,
-            dir,
-            schema,
-            direct: None,
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let pool = rt.block_on(async {
-            if db.schema.is_some() {
-                Pool::Postgres(
-                    sqlx::postgres::PgPoolOptions::new()
-                        .max_connections(1)
-                        .connect(&db.url)
-                        .await
-                        .expect("connect to the test's schema"),
-                )
-            } else {
-                Pool::Sqlite(
-                    jobguard::sqlite::connect(&db.url, 1)
-                        .await
-                        .expect("open the test's SQLite file"),
-                )
-            }
-        });
-        db.direct = Some(Direct { rt, pool });
-        db
-    }
-
-    fn direct(&self) -> &Direct {
-        self.direct.as_ref().expect("connected")
-    }
-
-    /// A fresh schema, reached through the URL's `search_path` option; `None` to skip.
-    fn postgres(test: &str) -> Option<Db> {
-        let admin = postgres_url()?;
-        let schema = format!("jg_cli_faults_{test}_{}", std::process::id());
-        block_on(async {
-            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
-                .await
-                .expect("connect to PostgreSQL");
-            conn.execute(sqlx::AssertSqlSafe(format!(
-                "drop schema if exists {schema} cascade; create schema {schema}"
-            )))
-            .await
-            .expect("create the test's schema");
-        });
-        let separator = if admin.contains('?') { '&' } else { '?' };
-        let url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
-        let dir = Db::scratch(&format!("pg-{test}"));
-        Some(Db::connect(url, dir, Some((admin, schema))))
-    }
-
-    fn backend(&self) -> &'static str {
-        if self.schema.is_some() {
-            "postgres"
-        } else {
-            "sqlite"
-        }
-    }
-
-    /// Starts `jobguard ARGS --database-url URL`, its output going to files of its own.
-    fn spawn(&self, name: &str, args: &[&str]) -> Proc {
-        static SEQ: AtomicUsize = AtomicUsize::new(0);
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let stdout = self.dir.join(format!("{n:04}-{name}.out"));
-        let stderr = self.dir.join(format!("{n:04}-{name}.err"));
-        let child = Command::new(env!("CARGO_BIN_EXE_jobguard"))
-            .args(args)
-            .args(["--database-url", &self.url])
-            .current_dir(&self.dir)
-            .env_remove("DATABASE_URL")
-            .env(
-                "JOBGUARD_LOG",
-                std::env::var("JOBGUARD_LOG").unwrap_or_else(|_| "info".into()),
+/// Runs `worker --until-idle` until no job is available or running: jobs leased by a
+/// killed worker stay running until their lease expires and a worker rescues them, and an
+/// idle worker stops as soon as it finds nothing to fetch. Returns the drains' reports.
+fn drain(db: &Db, lease: &str) -> Vec<Value> {
+    let started = Instant::now();
+    let mut reports = Vec::new();
+    loop {
+        let report = worker(db, "drain",
+                &["--until-idle", "--lease", lease, "--poll", "50ms"],
             )
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout).unwrap())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .expect("start jobguard");
-        Proc {
-            child: Some(child),
-            name: format!("`jobguard {}` ({name})", args.join(" ")),
-            stdout,
-            stderr,
+            .finish_json(COMMAND_TIMEOUT);
+        reports.push(report);
+        let counts = counts(db);
+        if counts.drained() {
+            return reports;
         }
+        assert!(
+            started.elapsed() < DRAIN_TIMEOUT,
+            "{}: the queue did not drain within {DRAIN_TIMEOUT:?}; counts {counts:?}, \
+             reports {reports:?}",
+            db.backend()
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
+}
 
-    /// Runs a command that must succeed, with `--json`, and returns what it printed.
-    fn json(&self, args: &[&str]) -> Value {
-        let mut args = args.to_vec();
-        args.push("--json");
-        self.spawn(args[0], &args).finish_json(COMMAND_TIMEOUT)
-    }
-
-    /// Starts a worker that prints its stats as JSON when it stops.
-    fn worker(&self, name: &str, extra: &[&str]) -> Proc {
-        let mut args = vec!["worker", "--json"];
-        args.extend_from_slice(extra);
-        self.spawn(name, &args)
-    }
-
-    fn enqueue_credit(&self, payload: &Value) -> Value {
-        let payload = payload.to_string();
-        self.json(&["enqueue", "credit", "--payload", &payload])
-    }
-
-    /// Enqueues many credits through the library, in the test process: 200 runs of the binary
-    /// would take seconds.
-    fn enqueue_credits_direct(&self, ns: std::ops::RangeInclusive<i64>, hold_ms: u64) {
-        async fn enqueue_all<DB: jobguard::Backend>(
-            queue: Queue<DB>,
-            ns: std::ops::RangeInclusive<i64>,
-            hold_ms: u64,
-        ) {
-            queue.migrate().await.unwrap();
-            for n in ns {
-                let payload = credit(n, hold_ms);
-                let key = JobKey::new("credit", [format!("order-{n}")]).unwrap();
-                let job = NewJob::new(key, &payload).unwrap().kind("credit").unwrap();
-                assert!(queue.enqueue(&job).await.unwrap().inserted);
-            }
-        }
-        let direct = self.direct();
-        match &direct.pool {
-            Pool::Postgres(pool) => {
-                direct
-                    .rt
-                    .block_on(enqueue_all(Queue::new(pool.clone()), ns, hold_ms))
-            }
-            Pool::Sqlite(pool) => {
-                direct
-                    .rt
-                    .block_on(enqueue_all(Queue::new(pool.clone()), ns, hold_ms))
-            }
-        }
-    }
-
-    /// The job counts, read by the test itself: quick enough to poll every few milliseconds.
-    fn counts_now(&self) -> Counts {
-        let direct = self.direct();
-        let counts = match &direct.pool {
-            Pool::Postgres(pool) => direct.rt.block_on(Queue::new(pool.clone()).counts()),
-            Pool::Sqlite(pool) => direct.rt.block_on(Queue::new(pool.clone()).counts()),
-        }
-        .expect("read the job counts");
-        Counts {
-            available: counts.available,
-            running: counts.running,
-            completed: counts.completed,
-            dead: counts.dead,
-        }
-    }
-
-    fn counts(&self) -> Counts {
-        let counts = &self.json(&["jobs"])["counts"];
-        let get = |state: &str| {
-            counts[state]
-                .as_i64()
-                .unwrap_or_else(|| panic!("no `{state}` count in {counts}"))
-        };
-        Counts {
-            available: get("available"),
-            running: get("running"),
-            completed: get("completed"),
-            dead: get("dead"),
-        }
-    }
-
-    /// Every job, as `jobguard jobs --json` lists them.
-    fn jobs(&self) -> Vec<Value> {
-        let listed = self.json(&["jobs", "--limit", "100000"]);
-        listed["jobs"].as_array().unwrap().clone()
-    }
-
-    /// Polls the counts until `done` holds, failing after `timeout`.
-    fn wait_for(&self, what: &str, timeout: Duration, done: impl Fn(&Counts) -> bool) -> Counts {
-        let started = Instant::now();
-        loop {
-            let counts = self.counts_now();
-            if done(&counts) {
-                return counts;
-            }
-            assert!(
-                started.elapsed() < timeout,
-                "{}: {what} did not happen within {timeout:?}; counts {counts:?}",
-                self.backend()
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
-    /// Runs `worker --until-idle` until no job is available or running: jobs leased by a
-    /// killed worker stay running until their lease expires and a worker rescues them, and an
-    /// idle worker stops as soon as it finds nothing to fetch. Returns the drains' reports.
-    fn drain(&self, lease: &str) -> Vec<Value> {
-        let started = Instant::now();
-        let mut reports = Vec::new();
-        loop {
-            let report = self
-                .worker(
-                    "drain",
-                    &["--until-idle", "--lease", lease, "--poll", "50ms"],
-                )
-                .finish_json(COMMAND_TIMEOUT);
-            reports.push(report);
-            let counts = self.counts();
-            if counts.drained() {
-                return reports;
-            }
-            assert!(
-                started.elapsed() < DRAIN_TIMEOUT,
-                "{}: the queue did not drain within {DRAIN_TIMEOUT:?}; counts {counts:?}, \
-                 reports {reports:?}",
-                self.backend()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Ledger rows, distinct keys among them, and the keys.
-    fn ledger(&self) -> (i64, i64, BTreeSet<String>) {
-        let counts = "select count(*), count(distinct job_key) from jobguard_ledger";
-        let keys = "select job_key from jobguard_ledger";
-        let direct = self.direct();
-        let ((rows, distinct), keys): ((i64, i64), Vec<String>) = match &direct.pool {
-            Pool::Postgres(pool) => direct.rt.block_on(async {
-                let counts = sqlx::query_as(counts).fetch_one(pool).await.unwrap();
-                (
-                    counts,
-                    sqlx::query_scalar(keys).fetch_all(pool).await.unwrap(),
-                )
-            }),
-            Pool::Sqlite(pool) => direct.rt.block_on(async {
-                let counts = sqlx::query_as(counts).fetch_one(pool).await.unwrap();
-                (
-                    counts,
-                    sqlx::query_scalar(keys).fetch_all(pool).await.unwrap(),
-                )
-            }),
-        };
-        (rows, distinct, keys.into_iter().collect())
-    }
-
-    /// What must hold after any scenario: `jobs` jobs, all completed, none running, the
-    /// counts adding up to the jobs listed; one ledger row for each of `keys` distinct keys,
-    /// and the ledger's keys are the jobs' keys.
-    fn assert_exactly_once(&self, jobs: i64, keys: i64) -> Vec<Value> {
-        let backend = self.backend();
-        let counts = self.counts();
-        assert_eq!(
+/// Ledger rows, distinct keys among them, and the keys.
+fn ledger(db: &Db) -> (i64, i64, BTreeSet<String>) {
+    let counts = "select count(*), count(distinct job_key) from jobguard_ledger";
+    let keys = "select job_key from jobguard_ledger";
+    let ((rows, distinct), keys): ((i64, i64), Vec<String>) = on_pool!(db, |pool| async {
+        let counts = sqlx::query_as(counts).fetch_one(pool).await.unwrap();
+        (
             counts,
-            Counts {
-                available: 0,
-                running: 0,
-                completed: jobs,
-                dead: 0
-            },
-            "{backend}"
-        );
-        let listed = self.jobs();
-        assert_eq!(
-            listed.len() as i64,
-            counts.total(),
-            "{backend}: jobs listed"
-        );
-        assert!(
-            listed.iter().all(|job| job["state"] == "completed"),
-            "{backend}: {listed:?}"
-        );
-        let job_keys: BTreeSet<String> = listed
-            .iter()
-            .map(|job| job["key"].as_str().unwrap().to_owned())
-            .collect();
-        let (rows, distinct, ledger_keys) = self.ledger();
-        assert_eq!(
-            (rows, distinct),
-            (keys, keys),
-            "{backend}: ledger rows and distinct keys"
-        );
-        assert_eq!(
-            ledger_keys, job_keys,
-            "{backend}: the ledger's keys are the jobs' keys"
-        );
-        listed
-    }
+            sqlx::query_scalar(keys).fetch_all(pool).await.unwrap(),
+        )
+    });
+    (rows, distinct, keys.into_iter().collect())
 }
 
-impl Drop for Db {
-    fn drop(&mut self) {
-        if let Some(direct) = self.direct.take() {
-            match direct.pool {
-                Pool::Postgres(pool) => direct.rt.block_on(pool.close()),
-                Pool::Sqlite(pool) => direct.rt.block_on(pool.close()),
-            }
-        }
-        if let Some((admin, schema)) = &self.schema
-            && !std::thread::panicking()
-        {
-            block_on(async {
-                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(admin).await
-                {
-                    let _ = conn
-                        .execute(sqlx::AssertSqlSafe(format!(
-                            "set lock_timeout = '10s'; drop schema if exists {schema} cascade"
-                        )))
-                        .await;
-                }
-            });
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-fn block_on<T>(future: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(future)
-}
-
-fn postgres_url() -> Option<String> {
-    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
-            panic!(
-                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
-            )
-        }
-        _ => {
-            // Straight to the process's stderr: `eprintln!` is captured by the test harness and
-            // shown only for failing tests, so a skip would pass unseen.
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                format!(
-                    "SKIPPED {}: JOBGUARD_TEST_DATABASE_URL is unset, so this PostgreSQL test did \
-                     not run (set it, e.g. to postgres://postgres@127.0.0.1:5432/test, or run \
-                     scripts/test; with CI=true it fails instead)\n",
-                    std::thread::current().name().unwrap_or("a test")
-                )
-                .as_bytes(),
-            );
-            None
-        }
-    }
+/// What must hold after any scenario: `jobs` jobs, all completed, none running, the
+/// counts adding up to the jobs listed; one ledger row for each of `keys` distinct keys,
+/// and the ledger's keys are the jobs' keys.
+fn assert_exactly_once(db: &Db, jobs: i64, keys: i64) -> Vec<Value> {
+    let backend = db.backend();
+    let counts = counts(db);
+    assert_eq!(
+        counts,
+        Counts {
+            available: 0,
+            running: 0,
+            completed: jobs,
+            dead: 0
+        },
+        "{backend}"
+    );
+    let listed = list_jobs(db);
+    assert_eq!(
+        listed.len() as i64,
+        counts.total(),
+        "{backend}: jobs listed"
+    );
+    assert!(
+        listed.iter().all(|job| job["state"] == "completed"),
+        "{backend}: {listed:?}"
+    );
+    let job_keys: BTreeSet<String> = listed
+        .iter()
+        .map(|job| job["key"].as_str().unwrap().to_owned())
+        .collect();
+    let (rows, distinct, ledger_keys) = ledger(db);
+    assert_eq!(
+        (rows, distinct),
+        (keys, keys),
+        "{backend}: ledger rows and distinct keys"
+    );
+    assert_eq!(
+        ledger_keys, job_keys,
+        "{backend}: the ledger's keys are the jobs' keys"
+    );
+    listed
 }
 
 /// The payload of credit `n`, as `jobguard enqueue` stores it (`hold_ms` only when non-zero).
@@ -594,17 +248,17 @@ fn log(path: &Path, what: &str) {
 fn sigkill_mid_job(db: &Db) {
     const JOBS: i64 = 30;
     for n in 1..=JOBS {
-        let enqueued = db.enqueue_credit(&credit(n, 200));
+        let enqueued = enqueue_credit(db, &credit(n, 200));
         assert_eq!(enqueued["inserted"], true, "{enqueued}");
     }
     let mut orphaned = Vec::new();
     for round in 1..=3 {
-        let before = db.counts().completed;
-        let mut worker = db.worker(
+        let before = counts(db).completed;
+        let mut worker = worker(db, 
             &format!("kill-{round}"),
             &["--concurrency", "4", "--lease", "2s", "--poll", "100ms"],
         );
-        db.wait_for(
+        wait_for(db, 
             "three more completions",
             Duration::from_secs(20),
             |counts| counts.completed >= before + 3,
@@ -612,7 +266,7 @@ fn sigkill_mid_job(db: &Db) {
         // Into the next jobs' 200 ms hold: their ledger rows are written, not committed.
         std::thread::sleep(Duration::from_millis(100));
         worker.sigkill();
-        let counts = db.counts();
+        let counts = counts(db);
         log(
             &db.dir,
             &format!("{}: killed worker {round}: {counts:?}", db.backend()),
@@ -628,8 +282,8 @@ fn sigkill_mid_job(db: &Db) {
         db.backend()
     );
 
-    let reports = db.drain("2s");
-    let listed = db.assert_exactly_once(JOBS, JOBS);
+    let reports = drain(db, "2s");
+    let listed = assert_exactly_once(db, JOBS, JOBS);
     let redelivered = listed
         .iter()
         .filter(|job| job["attempt"].as_i64().unwrap() > 1)
@@ -658,22 +312,22 @@ fn sigkill_mid_job(db: &Db) {
 /// commits only a few jobs in 45 ms there); then the queue is drained.
 fn sigkill_around_commits(db: &Db) {
     const JOBS: i64 = 200;
-    db.enqueue_credits_direct(1..=JOBS, 0);
+    enqueue_credits_direct(db, 1..=JOBS, 0);
     let started = Instant::now();
     let mut rounds = Vec::new();
-    let mut before = db.counts_now();
+    let mut before = counts_now(db);
     for round in 1..=10_u64 {
-        let mut worker = db.worker(
+        let mut worker = worker(db, 
             &format!("kill-{round}"),
             &["--concurrency", "8", "--lease", "1s", "--poll", "50ms"],
         );
-        db.wait_for("a commit", Duration::from_secs(20), |counts| {
+        wait_for(db, "a commit", Duration::from_secs(20), |counts| {
             counts.completed > before.completed
         });
         // A different moment each round, 0 to 45 ms into the run of commits.
         std::thread::sleep(Duration::from_millis(round * 15 % 50));
         worker.sigkill();
-        let after = db.counts_now();
+        let after = counts_now(db);
         assert_eq!(after.total(), JOBS);
         assert_eq!(after.dead, 0);
         rounds.push((after.completed - before.completed, after.running));
@@ -695,8 +349,8 @@ fn sigkill_around_commits(db: &Db) {
         "{}: one worker completed everything before its kill: {rounds:?}",
         db.backend()
     );
-    let reports = db.drain("1s");
-    let listed = db.assert_exactly_once(JOBS, JOBS);
+    let reports = drain(db, "1s");
+    let listed = assert_exactly_once(db, JOBS, JOBS);
     assert_eq!(sum(&reports, "duplicates"), 0, "{reports:?}");
     let redelivered = listed
         .iter()
@@ -724,29 +378,29 @@ fn sigkill_around_commits(db: &Db) {
 fn sigstop_past_the_lease(db: &Db) {
     const JOBS: i64 = 20;
     for n in 1..=JOBS {
-        db.enqueue_credit(&credit(n, 300));
+        enqueue_credit(db, &credit(n, 300));
     }
-    let mut a = db.worker(
+    let mut a = worker(db, 
         "a",
         &["--concurrency", "2", "--lease", "1s", "--poll", "100ms"],
     );
-    db.wait_for("worker A to take jobs", Duration::from_secs(20), |counts| {
+    wait_for(db, "worker A to take jobs", Duration::from_secs(20), |counts| {
         counts.running > 0 || counts.completed > 0
     });
     std::thread::sleep(Duration::from_millis(150));
     a.signal("STOP");
-    let at_stop = db.counts_now();
+    let at_stop = counts_now(db);
     // Past A's leases, so B's first rescue finds them expired.
     std::thread::sleep(Duration::from_millis(1300));
 
     let b_started = Instant::now();
-    let mut b = db.worker("b", &["--until-idle", "--lease", "1s", "--poll", "100ms"]);
+    let mut b = worker(db, "b", &["--until-idle", "--lease", "1s", "--poll", "100ms"]);
     // On PostgreSQL B must finish while A is stopped; on SQLite it waits for A's write lock
     // (unless A was stopped between two transactions), so A is resumed after a while.
-    let patience = if db.schema.is_some() { 20 } else { 2 };
+    let patience = if db.is_postgres() { 20 } else { 2 };
     let b_exit = b.wait(Duration::from_secs(patience));
     let b_while_stopped = b_exit.is_some();
-    if db.schema.is_some() {
+    if db.is_postgres() {
         // Nothing of A's blocks B on PostgreSQL: its locked rows are skipped.
         assert!(
             b_while_stopped,
@@ -754,7 +408,7 @@ fn sigstop_past_the_lease(db: &Db) {
             std::fs::read_to_string(&b.stderr).unwrap_or_default()
         );
     }
-    let at_resume = db.counts_now();
+    let at_resume = counts_now(db);
     a.signal("CONT");
     let b_exit = match b_exit {
         Some(exit) => exit,
@@ -762,14 +416,14 @@ fn sigstop_past_the_lease(db: &Db) {
     };
     let b_seconds = b_started.elapsed().as_secs_f64();
     assert!(b_exit.status.success(), "worker B: {}", b_exit.stderr);
-    let b_report = b_exit.json();
+    let b_report = b_exit.json;
 
     // A finishes its own transactions and more jobs; SIGTERM lets its running jobs finish.
     std::thread::sleep(Duration::from_secs(2));
     a.signal("TERM");
     let a_exit = a.finish(COMMAND_TIMEOUT);
     assert!(a_exit.status.success(), "worker A: {}", a_exit.stderr);
-    let a_report = a_exit.json();
+    let a_report = a_exit.json;
     assert_ne!(a_report, Value::Null, "worker A: {}", a_exit.stdout);
     log(
         &db.dir,
@@ -783,8 +437,8 @@ fn sigstop_past_the_lease(db: &Db) {
         ),
     );
 
-    let drains = db.drain("1s");
-    db.assert_exactly_once(JOBS, JOBS);
+    let drains = drain(db, "1s");
+    assert_exactly_once(db, JOBS, JOBS);
     // Every worker here stopped gracefully and reported: together they committed each effect
     // once, and nothing was delivered again after its commit.
     let mut reports = vec![a_report, b_report];
@@ -800,38 +454,36 @@ fn sigstop_past_the_lease(db: &Db) {
 /// another worker process; the guard completes it as a duplicate without a second ledger row.
 fn duplicate_across_processes(db: &Db) {
     let payload = json!({"order": "dup-1", "account": 7, "amount": 500});
-    let first = db.enqueue_credit(&payload);
+    let first = enqueue_credit(db, &payload);
     assert_eq!(first["inserted"], true, "{first}");
     // `hold_ms: 0` is the default and left out of the stored payload: the same job.
     let mut explicit = payload.clone();
     explicit["hold_ms"] = json!(0);
-    let same = db.enqueue_credit(&explicit);
+    let same = enqueue_credit(db, &explicit);
     assert_eq!(
         (&same["inserted"], &same["id"]),
         (&json!(false), &first["id"]),
         "{same}"
     );
 
-    let report = db
-        .worker("first", &["--until-idle"])
+    let report = worker(db, "first", &["--until-idle"])
         .finish_json(COMMAND_TIMEOUT);
     assert_eq!(
         (stat(&report, "applied"), stat(&report, "duplicates")),
         (1, 0),
         "{report}"
     );
-    let again = db.enqueue_credit(&payload);
+    let again = enqueue_credit(db, &payload);
     assert_eq!(again["inserted"], true, "the first job completed: {again}");
     assert_ne!(again["id"], first["id"]);
-    let report = db
-        .worker("second", &["--until-idle"])
+    let report = worker(db, "second", &["--until-idle"])
         .finish_json(COMMAND_TIMEOUT);
     assert_eq!(
         (stat(&report, "applied"), stat(&report, "duplicates")),
         (0, 1),
         "{report}"
     );
-    let listed = db.assert_exactly_once(2, 1);
+    let listed = assert_exactly_once(db, 2, 1);
     assert!(listed.iter().all(|job| job["key"] == "credit:dup-1"));
 }
 
@@ -846,19 +498,18 @@ fn stalled_claim_keeps_the_job(db: &Db) {
     use sqlx::Connection as _;
 
     let key = JobKey::new("credit", ["order-fenced"]).unwrap();
-    let direct = db.direct();
-    let Pool::Postgres(pool) = &direct.pool else {
+    let AnyPool::Postgres(pool) = db.pool() else {
         unreachable!("PostgreSQL only")
     };
     let guard = jobguard::PgGuard::new(pool.clone());
     let queue = Queue::new(pool.clone());
     // Both tables before any worker starts: the workers find them migrated and run no DDL.
-    direct.rt.block_on(async {
+    db.block_on(async {
         queue.migrate().await.unwrap();
         guard.migrate().await.unwrap();
     });
     let backend_state = |pid: i32| -> Option<String> {
-        direct.rt.block_on(async {
+        db.block_on(async {
             sqlx::query_scalar("select state from pg_stat_activity where pid = $1")
                 .bind(pid)
                 .fetch_optional(pool)
@@ -868,7 +519,7 @@ fn stalled_claim_keeps_the_job(db: &Db) {
     };
 
     // The test's transaction holds the key's guard row, uncommitted.
-    let (mut holder, holder_pid) = direct.rt.block_on(async {
+    let (mut holder, holder_pid) = db.block_on(async {
         let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
         let pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
             .fetch_one(&mut conn)
@@ -879,15 +530,15 @@ fn stalled_claim_keeps_the_job(db: &Db) {
         assert_eq!(claim, jobguard::Claim::Claimed);
         (conn, pid)
     });
-    let mut a = db.worker(
+    let mut a = worker(db, 
         "a",
         &["--concurrency", "1", "--lease", "1s", "--poll", "100ms"],
     );
-    db.enqueue_credit(&json!({"order": "order-fenced", "account": 1, "amount": 5}));
+    enqueue_credit(db, &json!({"order": "order-fenced", "account": 1, "amount": 5}));
     // A's job connection, waiting for the test's transaction.
     let started = Instant::now();
     let a_pid = loop {
-        let waiting: Vec<i32> = direct.rt.block_on(async {
+        let waiting: Vec<i32> = db.block_on(async {
             sqlx::query_scalar(
                 "select pid from pg_stat_activity where $1 = any(pg_blocking_pids(pid))",
             )
@@ -907,12 +558,12 @@ fn stalled_claim_keeps_the_job(db: &Db) {
     };
     a.signal("STOP");
     std::thread::sleep(Duration::from_millis(1300));
-    let rescued = direct.rt.block_on(queue.rescue()).unwrap();
+    let rescued = db.block_on(queue.rescue()).unwrap();
     assert_eq!(
         rescued, 0,
         "A's transaction holds the job's row, so its lease is not expired"
     );
-    direct.rt.block_on(async {
+    db.block_on(async {
         sqlx::query("rollback").execute(&mut holder).await.unwrap();
         holder.close().await.unwrap();
     });
@@ -928,11 +579,11 @@ fn stalled_claim_keeps_the_job(db: &Db) {
     a.signal("CONT");
 
     let started = Instant::now();
-    while db.counts_now().completed < 1 {
+    while counts_now(db).completed < 1 {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "worker A did not finish the job after it resumed: {:?}",
-            (db.counts_now(), backend_state(a_pid))
+            (counts_now(db), backend_state(a_pid))
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -951,64 +602,19 @@ fn stalled_claim_keeps_the_job(db: &Db) {
         (1, 0),
         "{a_report}"
     );
-    db.assert_exactly_once(1, 1);
+    assert_exactly_once(db, 1, 1);
 }
 
-#[test]
-fn sigkill_mid_job_on_sqlite() {
-    sigkill_mid_job(&Db::sqlite("midjob"));
-}
-
-#[test]
-fn sigkill_mid_job_on_postgres() {
-    let Some(db) = Db::postgres("midjob") else {
-        return;
-    };
-    sigkill_mid_job(&db);
-}
-
-#[test]
-fn sigkill_around_commits_on_sqlite() {
-    sigkill_around_commits(&Db::sqlite("commits"));
-}
-
-#[test]
-fn sigkill_around_commits_on_postgres() {
-    let Some(db) = Db::postgres("commits") else {
-        return;
-    };
-    sigkill_around_commits(&db);
-}
-
-#[test]
-fn sigstop_past_the_lease_on_sqlite() {
-    sigstop_past_the_lease(&Db::sqlite("sigstop"));
-}
-
-#[test]
-fn sigstop_past_the_lease_on_postgres() {
-    let Some(db) = Db::postgres("sigstop") else {
-        return;
-    };
-    sigstop_past_the_lease(&db);
-}
-
-#[test]
-fn duplicate_across_processes_on_sqlite() {
-    duplicate_across_processes(&Db::sqlite("dup"));
-}
-
-#[test]
-fn duplicate_across_processes_on_postgres() {
-    let Some(db) = Db::postgres("dup") else {
-        return;
-    };
-    duplicate_across_processes(&db);
-}
+each_backend!(
+    sigkill_mid_job,
+    sigkill_around_commits,
+    sigstop_past_the_lease,
+    duplicate_across_processes,
+);
 
 #[test]
 fn stalled_claim_keeps_the_job_on_postgres() {
-    let Some(db) = Db::postgres("stalled") else {
+    let Some(db) = Db::postgres("faults::stalled") else {
         return;
     };
     stalled_claim_keeps_the_job(&db);

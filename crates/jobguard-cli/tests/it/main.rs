@@ -5,6 +5,8 @@
 //! `cargo test -p jobguard-cli --test it faults` runs one area; `-- --ignored` the tests kept
 //! for bugs not yet fixed.
 
+mod common;
+
 mod brokers;
 mod chaos;
 mod demo;
