@@ -164,6 +164,15 @@ impl Db {
         db
     }
 
+    /// Another fresh database of `test`'s own on the same backend as this one (made by
+    /// [`Db::sqlite`] or [`Db::postgres`]).
+    pub fn another(&self, test: &str) -> Db {
+        match &self.schema {
+            Some((admin, _)) => Db::postgres_at(admin.clone(), test),
+            None => Db::sqlite(test),
+        }
+    }
+
     pub fn is_postgres(&self) -> bool {
         !self.url.starts_with("sqlite:")
     }

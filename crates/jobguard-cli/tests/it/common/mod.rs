@@ -10,7 +10,7 @@ mod services;
 pub use cluster::Cluster;
 pub use db::{AnyPool, COMMAND_TIMEOUT, Db};
 pub use process::{Exit, Proc, jobguard, spawn, tail};
-pub use services::{is_ci, postgres_url, service_url};
+pub use services::service_url;
 
 /// Runs `future` to its end on a runtime of its own.
 pub fn block_on<T>(future: impl Future<Output = T>) -> T {
