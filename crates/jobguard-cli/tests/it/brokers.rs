@@ -54,6 +54,31 @@ impl Broker {
     }
 }
 
+/// Stamps out one test per broker over one `async fn` taking the [`Broker`]:
+/// `each_broker!(demo_through)` makes `demo_through::rabbitmq`, `::nats` and `::redis`.
+macro_rules! each_broker {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            use super::Broker;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rabbitmq() {
+                super::$name(Broker::Rabbitmq).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn nats() {
+                super::$name(Broker::Nats).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name(Broker::Redis).await;
+            }
+        }
+    )+};
+}
+
 /// A queue of the test's own on a broker.
 struct Queue {
     broker: Broker,
@@ -339,36 +364,6 @@ async fn three_consumer_processes(broker: Broker) {
     queue.remove().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_consumer_killed_after_commit_before_ack() {
-    killed_after_commit_before_ack(Broker::Rabbitmq).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_consumer_killed_after_commit_before_ack() {
-    killed_after_commit_before_ack(Broker::Nats).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_consumer_killed_after_commit_before_ack() {
-    killed_after_commit_before_ack(Broker::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_three_consumer_processes() {
-    three_consumer_processes(Broker::Rabbitmq).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_three_consumer_processes() {
-    three_consumer_processes(Broker::Nats).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_three_consumer_processes() {
-    three_consumer_processes(Broker::Redis).await;
-}
-
 /// `jobguard demo --broker NAME --json`: the seed's result through each broker, with its
 /// consumer killed between commit and ack.
 async fn demo_through(broker: Broker) {
@@ -398,17 +393,8 @@ async fn demo_through(broker: Broker) {
     assert_eq!(report["exactly_once"], true);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_through_rabbitmq() {
-    demo_through(Broker::Rabbitmq).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_through_nats() {
-    demo_through(Broker::Nats).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_through_redis() {
-    demo_through(Broker::Redis).await;
-}
+each_broker!(
+    killed_after_commit_before_ack,
+    three_consumer_processes,
+    demo_through,
+);

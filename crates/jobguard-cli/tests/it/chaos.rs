@@ -403,7 +403,13 @@ fn chaos(db: &Db, cluster: Option<&Cluster>) {
             let (url, dir) = (db.url.clone(), db.dir.clone());
             let rng = Rng(seed ^ 0x5eed);
             let stop = &stop;
-            scope.spawn(move || enqueue_until(&Db::at(url, dir, false).acquire_timeout(Duration::from_secs(5)), rng, stop))
+            scope.spawn(move || {
+                enqueue_until(
+                    &Db::at(url, dir, false).acquire_timeout(Duration::from_secs(5)),
+                    rng,
+                    stop,
+                )
+            })
         };
         // Whatever happens here, the enqueuing thread stops, or the scope would wait for it.
         let _stop = StopOnDrop(&stop);

@@ -73,7 +73,11 @@ fn enqueue_credits_direct(db: &Db, ns: std::ops::RangeInclusive<i64>, hold_ms: u
             assert!(queue.enqueue(&job).await.unwrap().inserted);
         }
     }
-    on_pool!(db, |pool| enqueue_all(Queue::new(pool.clone()), ns, hold_ms));
+    on_pool!(db, |pool| enqueue_all(
+        Queue::new(pool.clone()),
+        ns,
+        hold_ms
+    ));
 }
 
 /// The job counts, read by the test itself: quick enough to poll every few milliseconds.
@@ -133,10 +137,12 @@ fn drain(db: &Db, lease: &str) -> Vec<Value> {
     let started = Instant::now();
     let mut reports = Vec::new();
     loop {
-        let report = worker(db, "drain",
-                &["--until-idle", "--lease", lease, "--poll", "50ms"],
-            )
-            .finish_json(COMMAND_TIMEOUT);
+        let report = worker(
+            db,
+            "drain",
+            &["--until-idle", "--lease", lease, "--poll", "50ms"],
+        )
+        .finish_json(COMMAND_TIMEOUT);
         reports.push(report);
         let counts = counts(db);
         if counts.drained() {
@@ -254,11 +260,13 @@ fn sigkill_mid_job(db: &Db) {
     let mut orphaned = Vec::new();
     for round in 1..=3 {
         let before = counts(db).completed;
-        let mut worker = worker(db, 
+        let mut worker = worker(
+            db,
             &format!("kill-{round}"),
             &["--concurrency", "4", "--lease", "2s", "--poll", "100ms"],
         );
-        wait_for(db, 
+        wait_for(
+            db,
             "three more completions",
             Duration::from_secs(20),
             |counts| counts.completed >= before + 3,
@@ -317,7 +325,8 @@ fn sigkill_around_commits(db: &Db) {
     let mut rounds = Vec::new();
     let mut before = counts_now(db);
     for round in 1..=10_u64 {
-        let mut worker = worker(db, 
+        let mut worker = worker(
+            db,
             &format!("kill-{round}"),
             &["--concurrency", "8", "--lease", "1s", "--poll", "50ms"],
         );
@@ -380,13 +389,17 @@ fn sigstop_past_the_lease(db: &Db) {
     for n in 1..=JOBS {
         enqueue_credit(db, &credit(n, 300));
     }
-    let mut a = worker(db, 
+    let mut a = worker(
+        db,
         "a",
         &["--concurrency", "2", "--lease", "1s", "--poll", "100ms"],
     );
-    wait_for(db, "worker A to take jobs", Duration::from_secs(20), |counts| {
-        counts.running > 0 || counts.completed > 0
-    });
+    wait_for(
+        db,
+        "worker A to take jobs",
+        Duration::from_secs(20),
+        |counts| counts.running > 0 || counts.completed > 0,
+    );
     std::thread::sleep(Duration::from_millis(150));
     a.signal("STOP");
     let at_stop = counts_now(db);
@@ -394,7 +407,11 @@ fn sigstop_past_the_lease(db: &Db) {
     std::thread::sleep(Duration::from_millis(1300));
 
     let b_started = Instant::now();
-    let mut b = worker(db, "b", &["--until-idle", "--lease", "1s", "--poll", "100ms"]);
+    let mut b = worker(
+        db,
+        "b",
+        &["--until-idle", "--lease", "1s", "--poll", "100ms"],
+    );
     // On PostgreSQL B must finish while A is stopped; on SQLite it waits for A's write lock
     // (unless A was stopped between two transactions), so A is resumed after a while.
     let patience = if db.is_postgres() { 20 } else { 2 };
@@ -466,8 +483,7 @@ fn duplicate_across_processes(db: &Db) {
         "{same}"
     );
 
-    let report = worker(db, "first", &["--until-idle"])
-        .finish_json(COMMAND_TIMEOUT);
+    let report = worker(db, "first", &["--until-idle"]).finish_json(COMMAND_TIMEOUT);
     assert_eq!(
         (stat(&report, "applied"), stat(&report, "duplicates")),
         (1, 0),
@@ -476,8 +492,7 @@ fn duplicate_across_processes(db: &Db) {
     let again = enqueue_credit(db, &payload);
     assert_eq!(again["inserted"], true, "the first job completed: {again}");
     assert_ne!(again["id"], first["id"]);
-    let report = worker(db, "second", &["--until-idle"])
-        .finish_json(COMMAND_TIMEOUT);
+    let report = worker(db, "second", &["--until-idle"]).finish_json(COMMAND_TIMEOUT);
     assert_eq!(
         (stat(&report, "applied"), stat(&report, "duplicates")),
         (0, 1),
@@ -530,11 +545,15 @@ fn stalled_claim_keeps_the_job(db: &Db) {
         assert_eq!(claim, jobguard::Claim::Claimed);
         (conn, pid)
     });
-    let mut a = worker(db, 
+    let mut a = worker(
+        db,
         "a",
         &["--concurrency", "1", "--lease", "1s", "--poll", "100ms"],
     );
-    enqueue_credit(db, &json!({"order": "order-fenced", "account": 1, "amount": 5}));
+    enqueue_credit(
+        db,
+        &json!({"order": "order-fenced", "account": 1, "amount": 5}),
+    );
     // A's job connection, waiting for the test's transaction.
     let started = Instant::now();
     let a_pid = loop {

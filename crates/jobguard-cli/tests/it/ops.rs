@@ -142,7 +142,12 @@ fn failures_are_dead_lettered_and_replayed(db: &Db) {
     assert_eq!(stats(&report), [0, 0, 0, 1, 0, 0], "{report}");
 
     // Retryable: two attempts, the second one dead-letters it.
-    let retried = enqueue(db, "fail", &json!({"id": "flaky"}), &["--max-attempts", "2"]);
+    let retried = enqueue(
+        db,
+        "fail",
+        &json!({"id": "flaky"}),
+        &["--max-attempts", "2"],
+    );
     let report = worker_until_idle(db, &["--backoff", "0s"]);
     assert_eq!(stats(&report), [0, 0, 1, 1, 0, 0], "{report}");
     let flaky = db.json(&["dead", "list", "--kind", "fail", "--limit", "1"]);
@@ -427,7 +432,9 @@ fn charges_apply_once(db: &Db) {
     let env = [("JOBGUARD_PROVIDER_URL", provider.url.as_str())];
     let work = |db: &Db| {
         for n in 0..3 {
-            enqueue(db, "charge",
+            enqueue(
+                db,
+                "charge",
                 &json!({"order": format!("order-{n}"), "amount": 500 + n}),
                 &[],
             );
@@ -458,7 +465,9 @@ fn charges_apply_once(db: &Db) {
     assert_eq!(provider.charges().len(), 5, "and called nothing");
 
     // Without a provider the job fails with a message that says what to set.
-    enqueue(db, "charge",
+    enqueue(
+        db,
+        "charge",
         &json!({"order": "order-9", "amount": 900}),
         &["--max-attempts", "1"],
     );

@@ -20,7 +20,6 @@ use serde_json::json;
 use crate::common::{COMMAND_TIMEOUT, Db};
 use crate::{each_backend, on_pool};
 
-
 /// Per topic, message ids in publish order or in order of first receipt.
 type ByTopic = BTreeMap<String, Vec<String>>;
 
@@ -95,10 +94,8 @@ impl<'db> Env<'db> {
     }
 
     fn counts(&self) -> OutboxCounts {
-        on_pool!(self.db, |pool| Outbox::new(pool.clone()).counts())
-        .expect("count the outbox")
+        on_pool!(self.db, |pool| Outbox::new(pool.clone()).counts()).expect("count the outbox")
     }
-
 }
 
 impl Drop for Env<'_> {

@@ -2,11 +2,13 @@
 //! ([`Db`]), processes of the binary ([`Proc`]), the services found from the environment, and
 //! [`each_backend!`](crate::each_backend), which runs one test on SQLite and on PostgreSQL.
 
+mod browser;
 mod cluster;
 mod db;
 mod process;
 mod services;
 
+pub use browser::Browser;
 pub use cluster::Cluster;
 pub use db::{AnyPool, COMMAND_TIMEOUT, Db};
 pub use process::{Exit, Proc, jobguard, spawn, tail};
