@@ -19,7 +19,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::process::Child;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -27,7 +26,7 @@ use jobguard::queue::NewJob;
 use jobguard::{JobKey, Queue};
 use serde_json::{Value, json};
 
-use crate::common::{COMMAND_TIMEOUT, Cluster, Db, Proc, tail};
+use crate::common::{COMMAND_TIMEOUT, Cluster, Db, Proc, alone, tail};
 use crate::on_pool;
 
 /// Worker processes running at once.
@@ -42,10 +41,6 @@ const CREDIT_ATTEMPTS: u32 = 25;
 const FAIL_ATTEMPTS: u32 = 3;
 /// The longest the queue may take to drain once the faults are over.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// One backend at a time: eight worker processes on a small machine would slow each other
-/// past their leases all the time, which is a different test.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// SplitMix64: small, seedable, and the same on every platform.
 struct Rng(u64);
@@ -710,14 +705,18 @@ fn check(
 
 #[test]
 fn chaos_on_sqlite() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Alone, one backend at a time: eight worker processes on a small machine would slow each
+    // other past their leases all the time, which is a different test.
+    let _alone = alone();
     let db = Db::sqlite("chaos::sqlite");
     chaos(&db, None);
 }
 
 #[test]
 fn chaos_on_postgres() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Alone, one backend at a time: eight worker processes on a small machine would slow each
+    // other past their leases all the time, which is a different test.
+    let _alone = alone();
     let dir = Db::scratch("chaos::postgres");
     // Dropped last: the workers and the test's connection go first.
     let Some(cluster) = Cluster::start(&dir) else {

@@ -1,8 +1,7 @@
 //! Process-level faults against the real binary: workers killed with SIGKILL in the middle of
 //! their jobs' transactions and right around their commits, a worker frozen with SIGSTOP past
-//! its leases while another one takes over, and a job delivered again across processes; and,
-//! ignored until the library bug it shows is fixed, a worker fenced off a job on PostgreSQL that
-//! must let go of it (`cargo test --test faults -- --ignored`).
+//! its leases while another one takes over, and a job delivered again across processes; and, on
+//! PostgreSQL, a worker whose claim waits on another transaction past its lease keeps the job.
 //!
 //! Whatever the fault, every credit must land in `jobguard_ledger` exactly once: as many ledger
 //! rows as distinct keys as jobs, every job completed, none left running. Each scenario runs on

@@ -2,8 +2,8 @@
 //! the payment provider: one test binary, a module per area, and the harness they share in
 //! `common/`.
 //!
-//! `cargo test -p jobguard-cli --test it faults` runs one area; `-- --ignored` the tests kept
-//! for bugs not yet fixed.
+//! `cargo test -p jobguard-cli --test it faults` runs one area. A test run on every backend is
+//! named after its function and the backend: `faults::sigkill_mid_job::postgres`.
 
 mod common;
 

@@ -15,7 +15,7 @@ use jobguard::queue::{JobState, NewJob};
 use jobguard::{JobKey, Queue};
 use serde_json::{Value, json};
 
-use crate::common::{AnyPool, Db, Proc};
+use crate::common::{AnyPool, Db, Proc, alone};
 
 /// Jobs per run.
 const JOBS: i64 = 60;
@@ -152,6 +152,8 @@ fn one_run(run: usize) {
 
 #[test]
 fn three_workers_waiting_for_the_write_lock_keep_their_leases() {
+    // Alone: the busy loops load every core, which the other tests did not ask for.
+    let _alone = alone();
     let runs = std::env::var("JOBGUARD_SQLITE_LEASE_RUNS")
         .ok()
         .and_then(|n| n.parse().ok())

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sqlx::Executor;
 
+use super::machine::{Share, share};
 use super::process::{Exit, Proc, jobguard, spawn};
 use super::services::postgres_url;
 
@@ -53,6 +54,9 @@ pub struct Db {
     owns_dir: bool,
     acquire_timeout: Duration,
     direct: OnceLock<Direct>,
+    /// This test's share of the machine, for a database made by [`Db::sqlite`] or
+    /// [`Db::postgres`]; dropped last.
+    machine: Option<Share>,
 }
 
 /// A name for the schema and the directory of `test` (a module path such as
@@ -115,6 +119,7 @@ impl Db {
             owns_dir,
             acquire_timeout: Duration::from_secs(30),
             direct: OnceLock::new(),
+            machine: None,
         }
     }
 
@@ -126,9 +131,12 @@ impl Db {
 
     /// A fresh SQLite file of `test`'s own.
     pub fn sqlite(test: &str) -> Db {
+        let machine = share();
         let dir = Db::scratch(test);
         let url = format!("sqlite:{}", dir.join("test.db").display());
-        Db::at(url, dir, true)
+        let mut db = Db::at(url, dir, true);
+        db.machine = machine;
+        db
     }
 
     /// A fresh schema of `test`'s own; `None` to skip when PostgreSQL is not configured.
@@ -146,6 +154,7 @@ impl Db {
     }
 
     fn postgres_at(admin: String, test: &str) -> Db {
+        let machine = share();
         let schema = format!("jg_cli_{}_{}", slug(test), std::process::id());
         off_runtime(async {
             let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
@@ -161,6 +170,7 @@ impl Db {
         let url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
         let mut db = Db::at(url, Db::scratch(&format!("{test}::pg")), true);
         db.schema = Some((admin, schema));
+        db.machine = machine;
         db
     }
 

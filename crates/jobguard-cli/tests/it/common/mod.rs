@@ -5,12 +5,14 @@
 mod browser;
 mod cluster;
 mod db;
+mod machine;
 mod process;
 mod services;
 
 pub use browser::Browser;
 pub use cluster::Cluster;
 pub use db::{AnyPool, COMMAND_TIMEOUT, Db};
+pub use machine::alone;
 pub use process::{Exit, Proc, jobguard, spawn, tail};
 pub use services::service_url;
 
