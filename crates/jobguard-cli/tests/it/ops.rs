@@ -2,200 +2,31 @@
 //! and `dead`, the real binary on a fresh SQLite file per test, and on a fresh PostgreSQL
 //! schema per test when `JOBGUARD_TEST_DATABASE_URL` is set.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sqlx::Executor;
 
-/// A database of the test's own.
-struct Db {
-    url: String,
-    dir: PathBuf,
-    /// The PostgreSQL admin URL and schema to drop at the end.
-    schema: Option<(String, String)>,
+use crate::common::{COMMAND_TIMEOUT, Db, block_on};
+use crate::{each_backend, on_pool};
+
+fn enqueue(db: &Db, kind: &str, payload: &Value, extra: &[&str]) -> Value {
+    let payload = payload.to_string();
+    let mut args = vec!["enqueue", kind, "--payload", &payload];
+    args.extend_from_slice(extra);
+    db.json(&args)
 }
 
-/// What one run of the binary did.
-struct Run {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-    json: Value,
+fn worker_until_idle(db: &Db, extra: &[&str]) -> Value {
+    let mut args = vec!["worker", "--until-idle"];
+    args.extend_from_slice(extra);
+    db.json(&args)
 }
 
-impl Db {
-    fn sqlite(test: &str) -> Db {
-        let dir = std::env::temp_dir().join(format!("jobguard-ops-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let url = format!("sqlite:{}", dir.join("ops.db").display());
-        Db {
-            url,
-            dir,
-            schema: None,
-        }
-    }
-
-    /// A fresh schema, reached through the URL's `search_path` option; `None` to skip.
-    fn postgres(test: &str) -> Option<Db> {
-        let admin = postgres_url()?;
-        let schema = format!("jg_cli_ops_{test}_{}", std::process::id());
-        block_on(async {
-            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
-                .await
-                .expect("connect to PostgreSQL");
-            conn.execute(sqlx::AssertSqlSafe(format!(
-                "drop schema if exists {schema} cascade; create schema {schema}"
-            )))
-            .await
-            .expect("create the test's schema");
-        });
-        let separator = if admin.contains('?') { '&' } else { '?' };
-        let url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
-        let mut db = Db::sqlite(&format!("pg-{test}"));
-        db.url = url;
-        db.schema = Some((admin, schema));
-        Some(db)
-    }
-
-    /// Runs `jobguard ARGS --database-url URL`.
-    fn run(&self, args: &[&str]) -> Run {
-        self.run_with(args, &[])
-    }
-
-    /// Runs `jobguard ARGS --database-url URL` with environment variables set.
-    fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
-        let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
-            .args(args)
-            .args(["--database-url", &self.url])
-            .current_dir(&self.dir)
-            .env_remove("DATABASE_URL")
-            .env_remove("JOBGUARD_LOG")
-            .env_remove("JOBGUARD_PROVIDER_URL")
-            .envs(env.iter().copied())
-            .output()
-            .expect("run jobguard");
-        Run::from(output)
-    }
-
-    /// Runs a command that must succeed, with `--json`, and returns what it printed.
-    fn json(&self, args: &[&str]) -> Value {
-        let mut args = args.to_vec();
-        args.push("--json");
-        let run = self.run(&args);
-        assert!(run.ok, "jobguard {args:?} failed: {}", run.stderr);
-        assert_ne!(run.json, Value::Null, "no JSON on stdout: {}", run.stdout);
-        run.json
-    }
-
-    /// Runs a command that must fail, and returns its error output.
-    fn fails(&self, args: &[&str]) -> String {
-        let run = self.run(args);
-        assert!(!run.ok, "jobguard {args:?} succeeded: {}", run.stdout);
-        assert!(
-            run.stderr.contains("error"),
-            "no error message: {}",
-            run.stderr
-        );
-        run.stderr
-    }
-
-    fn enqueue(&self, kind: &str, payload: &Value, extra: &[&str]) -> Value {
-        let payload = payload.to_string();
-        let mut args = vec!["enqueue", kind, "--payload", &payload];
-        args.extend_from_slice(extra);
-        self.json(&args)
-    }
-
-    fn worker_until_idle(&self, extra: &[&str]) -> Value {
-        let mut args = vec!["worker", "--until-idle"];
-        args.extend_from_slice(extra);
-        self.json(&args)
-    }
-
-    /// Rows and total amount of the credit job's ledger, read directly.
-    fn ledger(&self) -> (i64, i64) {
-        let sql = "select count(*), cast(coalesce(sum(amount), 0) as bigint) from jobguard_ledger";
-        block_on(async {
-            if self.schema.is_some() {
-                let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
-                let row = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
-                pool.close().await;
-                row
-            } else {
-                let pool = jobguard::sqlite::connect(&self.url, 1).await.unwrap();
-                let row = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
-                pool.close().await;
-                row
-            }
-        })
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        if let Some((admin, schema)) = &self.schema
-            && !std::thread::panicking()
-        {
-            block_on(async {
-                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(admin).await
-                {
-                    let _ = conn
-                        .execute(sqlx::AssertSqlSafe(format!(
-                            "drop schema if exists {schema} cascade"
-                        )))
-                        .await;
-                }
-            });
-        }
-    }
-}
-
-impl From<Output> for Run {
-    fn from(output: Output) -> Run {
-        Run {
-            ok: output.status.success(),
-            json: serde_json::from_slice(&output.stdout).unwrap_or(Value::Null),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
-    }
-}
-
-fn block_on<T>(future: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(future)
-}
-
-fn postgres_url() -> Option<String> {
-    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
-            panic!(
-                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
-            )
-        }
-        _ => {
-            // Straight to the process's stderr: `eprintln!` is captured by the test harness and
-            // shown only for failing tests, so a skip would pass unseen.
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                format!(
-                    "SKIPPED {}: JOBGUARD_TEST_DATABASE_URL is unset, so this PostgreSQL test did \
-                     not run (set it, e.g. to postgres://postgres@127.0.0.1:5432/test, or run \
-                     scripts/test; with CI=true it fails instead)\n",
-                    std::thread::current().name().unwrap_or("a test")
-                )
-                .as_bytes(),
-            );
-            None
-        }
-    }
+/// Rows and total amount of the credit job's ledger, read directly.
+fn ledger(db: &Db) -> (i64, i64) {
+    let sql = "select count(*), cast(coalesce(sum(amount), 0) as bigint) from jobguard_ledger";
+    on_pool!(db, |pool| sqlx::query_as(sql).fetch_one(pool)).unwrap()
 }
 
 fn credit(n: i64) -> Value {
@@ -223,13 +54,13 @@ fn stats(report: &Value) -> [u64; 6] {
 fn credits_apply_once(db: &Db) {
     let mut ids = Vec::new();
     for n in 1..=5 {
-        let enqueued = db.enqueue("credit", &credit(n), &[]);
+        let enqueued = enqueue(db, "credit", &credit(n), &[]);
         assert_eq!(enqueued["inserted"], true, "{enqueued}");
         assert_eq!(enqueued["key"], format!("credit:order-{n}"));
         ids.push(enqueued["id"].as_i64().unwrap());
     }
     for (n, id) in (1..=5).zip(&ids) {
-        let again = db.enqueue("credit", &credit(n), &[]);
+        let again = enqueue(db, "credit", &credit(n), &[]);
         assert_eq!(again["inserted"], false, "{again}");
         assert_eq!(again["id"], *id, "the waiting job is returned");
     }
@@ -238,10 +69,10 @@ fn credits_apply_once(db: &Db) {
         json!({"available": 5, "running": 0, "completed": 0, "dead": 0})
     );
 
-    let report = db.worker_until_idle(&[]);
+    let report = worker_until_idle(db, &[]);
     assert_eq!(stats(&report), [5, 0, 0, 0, 0, 0], "{report}");
     let expected_total = (1..=5).map(|n| 100 + 10 * n).sum::<i64>();
-    assert_eq!(db.ledger(), (5, expected_total));
+    assert_eq!(ledger(db), (5, expected_total));
 
     let listed = db.json(&["jobs", "--state", "completed", "--kind", "credit"]);
     assert_eq!(
@@ -264,19 +95,19 @@ fn credits_apply_once(db: &Db) {
 
     // The same credit once more: the completed job no longer holds the key, so it is a new
     // job, and the guard completes it without a second ledger row.
-    let replayed = db.enqueue("credit", &credit(3), &[]);
+    let replayed = enqueue(db, "credit", &credit(3), &[]);
     assert_eq!(replayed["inserted"], true);
-    let report = db.worker_until_idle(&[]);
+    let report = worker_until_idle(db, &[]);
     assert_eq!(stats(&report), [0, 1, 0, 0, 0, 0], "{report}");
-    assert_eq!(db.ledger(), (5, expected_total));
+    assert_eq!(ledger(db), (5, expected_total));
 }
 
 /// A fatal failure goes to the dead letters with its error, and comes back with replay; a
 /// retryable one runs until its attempts run out.
 fn failures_are_dead_lettered_and_replayed(db: &Db) {
-    let fatal = db.enqueue("fail", &json!({"id": "boom", "fatal": true}), &[]);
+    let fatal = enqueue(db, "fail", &json!({"id": "boom", "fatal": true}), &[]);
     let id = fatal["id"].as_i64().unwrap();
-    let report = db.worker_until_idle(&[]);
+    let report = worker_until_idle(db, &[]);
     assert_eq!(stats(&report), [0, 0, 0, 1, 0, 0], "{report}");
 
     let dead = db.json(&["dead", "list"]);
@@ -307,12 +138,17 @@ fn failures_are_dead_lettered_and_replayed(db: &Db) {
     );
 
     // It runs again and fails again.
-    let report = db.worker_until_idle(&[]);
+    let report = worker_until_idle(db, &[]);
     assert_eq!(stats(&report), [0, 0, 0, 1, 0, 0], "{report}");
 
     // Retryable: two attempts, the second one dead-letters it.
-    let retried = db.enqueue("fail", &json!({"id": "flaky"}), &["--max-attempts", "2"]);
-    let report = db.worker_until_idle(&["--backoff", "0s"]);
+    let retried = enqueue(
+        db,
+        "fail",
+        &json!({"id": "flaky"}),
+        &["--max-attempts", "2"],
+    );
+    let report = worker_until_idle(db, &["--backoff", "0s"]);
     assert_eq!(stats(&report), [0, 0, 1, 1, 0, 0], "{report}");
     let flaky = db.json(&["dead", "list", "--kind", "fail", "--limit", "1"]);
     assert_eq!(flaky[0]["id"], retried["id"]);
@@ -393,7 +229,7 @@ fn bad_input_is_refused(db: &Db) {
     assert!(stderr.contains("--id"), "{stderr}");
 
     // A key held by a waiting job, with another payload.
-    let first = db.enqueue("credit", &credit(1), &[]);
+    let first = enqueue(db, "credit", &credit(1), &[]);
     assert_eq!(first["inserted"], true);
     let mut other = credit(1);
     other["amount"] = json!(999);
@@ -420,48 +256,15 @@ fn bad_input_is_refused(db: &Db) {
     );
 }
 
-#[test]
-fn credits_apply_once_on_sqlite() {
-    credits_apply_once(&Db::sqlite("credits"));
-}
+each_backend!(credits_apply_once);
 
-#[test]
-fn credits_apply_once_on_postgres() {
-    let Some(db) = Db::postgres("credits") else {
-        return;
-    };
-    credits_apply_once(&db);
-}
+each_backend!(failures_are_dead_lettered_and_replayed);
 
-#[test]
-fn failures_on_sqlite() {
-    failures_are_dead_lettered_and_replayed(&Db::sqlite("failures"));
-}
-
-#[test]
-fn failures_on_postgres() {
-    let Some(db) = Db::postgres("failures") else {
-        return;
-    };
-    failures_are_dead_lettered_and_replayed(&db);
-}
-
-#[test]
-fn bad_input_on_sqlite() {
-    bad_input_is_refused(&Db::sqlite("bad"));
-}
-
-#[test]
-fn bad_input_on_postgres() {
-    let Some(db) = Db::postgres("bad") else {
-        return;
-    };
-    bad_input_is_refused(&db);
-}
+each_backend!(bad_input_is_refused);
 
 #[test]
 fn jobs_of_other_kinds_wait_for_their_own_worker() {
-    let db = Db::sqlite("custom");
+    let db = Db::sqlite("ops::custom");
     let run = db.run(&[
         "enqueue",
         "email",
@@ -483,7 +286,7 @@ fn jobs_of_other_kinds_wait_for_their_own_worker() {
     assert!(run.stderr.contains("worker of your own"), "{}", run.stderr);
 
     // Delayed an hour, on another queue: no worker takes it now.
-    let report = db.worker_until_idle(&["--queue", "mail"]);
+    let report = worker_until_idle(&db, &["--queue", "mail"]);
     assert_eq!(stats(&report), [0; 6], "{report}");
     let listed = db.json(&["jobs", "--kind", "email"]);
     let job = &listed["jobs"][0];
@@ -501,7 +304,7 @@ fn jobs_of_other_kinds_wait_for_their_own_worker() {
 
 #[test]
 fn human_output_is_readable() {
-    let db = Db::sqlite("human");
+    let db = Db::sqlite("ops::human");
     let run = db.run(&["enqueue", "credit", "--payload", &credit(1).to_string()]);
     assert!(run.ok, "{}", run.stderr);
     assert!(
@@ -564,37 +367,10 @@ fn human_output_is_readable() {
 #[cfg(unix)]
 #[test]
 fn worker_stops_on_sigterm() {
-    let db = Db::sqlite("signal");
-    /// Ends the worker if the test fails before it does.
-    struct KillOnDrop(Option<std::process::Child>);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            if let Some(child) = &mut self.0 {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-
-    let child = Command::new(env!("CARGO_BIN_EXE_jobguard"))
-        .args([
-            "worker",
-            "--json",
-            "--poll",
-            "50ms",
-            "--database-url",
-            &db.url,
-        ])
-        .current_dir(&db.dir)
-        .env_remove("DATABASE_URL")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(Some(child));
-    let pid = child.0.as_ref().unwrap().id();
+    let db = Db::sqlite("ops::signal");
+    let mut worker = db.spawn("worker", &["worker", "--json", "--poll", "50ms"]);
     for n in 1..=3 {
-        db.enqueue("credit", &credit(n), &[]);
+        enqueue(&db, "credit", &credit(n), &[]);
     }
     let started = Instant::now();
     while counts(&db)["completed"] != 3 {
@@ -604,16 +380,11 @@ fn worker_stops_on_sigterm() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let child = child.0.take().unwrap();
-    let run = Run::from(child.wait_with_output().unwrap());
+    worker.signal("TERM");
+    let run = worker.finish(COMMAND_TIMEOUT);
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(stats(&run.json), [3, 0, 0, 0, 0, 0], "{}", run.stdout);
-    assert_eq!(db.ledger(), (3, (1..=3).map(|n| 100 + 10 * n).sum()));
+    assert_eq!(ledger(&db), (3, (1..=3).map(|n| 100 + 10 * n).sum()));
 }
 
 /// `jobguard provider` as its own process, stopped when dropped.
@@ -661,7 +432,8 @@ fn charges_apply_once(db: &Db) {
     let env = [("JOBGUARD_PROVIDER_URL", provider.url.as_str())];
     let work = |db: &Db| {
         for n in 0..3 {
-            db.enqueue(
+            enqueue(
+                db,
                 "charge",
                 &json!({"order": format!("order-{n}"), "amount": 500 + n}),
                 &[],
@@ -669,7 +441,7 @@ fn charges_apply_once(db: &Db) {
         }
         for n in 3..5 {
             let payload = json!({"order": format!("order-{n}"), "amount": 500 + n});
-            db.enqueue("charge-keyless", &payload, &[]);
+            enqueue(db, "charge-keyless", &payload, &[]);
         }
         let run = db.run_with(&["worker", "--until-idle", "--json"], &env);
         assert!(run.ok, "{}", run.stderr);
@@ -693,7 +465,8 @@ fn charges_apply_once(db: &Db) {
     assert_eq!(provider.charges().len(), 5, "and called nothing");
 
     // Without a provider the job fails with a message that says what to set.
-    db.enqueue(
+    enqueue(
+        db,
         "charge",
         &json!({"order": "order-9", "amount": 900}),
         &["--max-attempts", "1"],
@@ -706,15 +479,4 @@ fn charges_apply_once(db: &Db) {
     assert_eq!(provider.charges().len(), 5);
 }
 
-#[test]
-fn charges_apply_once_on_sqlite() {
-    charges_apply_once(&Db::sqlite("charges"));
-}
-
-#[test]
-fn charges_apply_once_on_postgres() {
-    let Some(db) = Db::postgres("charges") else {
-        return;
-    };
-    charges_apply_once(&db);
-}
+each_backend!(charges_apply_once);

@@ -7,8 +7,6 @@
 //! SQLite file. A broker that does not answer skips its tests with a message, except with
 //! `CI=true`, where it fails them. Every child process is killed when its guard is dropped.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use jobguard::JobKey;
@@ -17,7 +15,8 @@ use jobguard::broker::nats::{NatsConfig, NatsSink, NatsSource};
 use jobguard::broker::rabbitmq::{RabbitConfig, RabbitSink, RabbitSource};
 use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
 use serde_json::{Value, json};
-use sqlx::Executor;
+
+use crate::common::{Db, Proc, jobguard, service_url, spawn};
 
 /// The longest a consumer process may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -51,47 +50,33 @@ impl Broker {
             Broker::Nats => ("JOBGUARD_TEST_NATS_URL", "nats://127.0.0.1:4222"),
             Broker::Redis => ("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
         };
-        let url = std::env::var(var)
-            .ok()
-            .filter(|url| !url.is_empty())
-            .unwrap_or_else(|| default.to_owned());
-        let address = url
-            .split_once("://")
-            .map_or(url.as_str(), |(_, rest)| rest)
-            .rsplit('@')
-            .next()
-            .unwrap_or_default()
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        let answers = std::net::ToSocketAddrs::to_socket_addrs(&address)
-            .ok()
-            .and_then(|mut addresses| addresses.next())
-            .is_some_and(|address| {
-                std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).is_ok()
-            });
-        if answers {
-            return Some(url);
-        }
-        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-            panic!(
-                "CI=true but nothing answers at {address} ({var}): run the tests with scripts/test"
-            );
-        }
-        // Straight to the process's stderr: `eprintln!` is captured by the test harness and
-        // shown only for failing tests, so a skip would pass unseen.
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr(),
-            format!(
-                "SKIPPED {}: nothing answers at {address}, so this broker test did not run (start \
-                 the broker or set {var}; with CI=true it fails instead)\n",
-                std::thread::current().name().unwrap_or("a test")
-            )
-            .as_bytes(),
-        );
-        None
+        service_url(var, default, "broker")
     }
+}
+
+/// Stamps out one test per broker over one `async fn` taking the [`Broker`]:
+/// `each_broker!(demo_through)` makes `demo_through::rabbitmq`, `::nats` and `::redis`.
+macro_rules! each_broker {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            use super::Broker;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rabbitmq() {
+                super::$name(Broker::Rabbitmq).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn nats() {
+                super::$name(Broker::Nats).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name(Broker::Redis).await;
+            }
+        }
+    )+};
 }
 
 /// A queue of the test's own on a broker.
@@ -203,93 +188,30 @@ fn credit(order: usize) -> Envelope {
     .unwrap()
 }
 
-/// A database of the test's own: a PostgreSQL schema, or a SQLite file.
-struct Db {
-    url: String,
-    dir: PathBuf,
-    /// The admin URL and schema to drop at the end.
-    schema: Option<(String, String)>,
-}
-
-impl Db {
-    async fn new(test: &str) -> Db {
-        let dir = std::env::temp_dir().join(format!(
-            "jobguard-cli-brokers-{test}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
-            Ok(admin) if !admin.is_empty() => {
-                let schema = format!("jg_cli_brokers_{test}_{}", std::process::id());
-                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
-                    .await
-                    .expect("connect to PostgreSQL");
-                conn.execute(sqlx::AssertSqlSafe(format!(
-                    "drop schema if exists {schema} cascade; create schema {schema}"
-                )))
-                .await
-                .expect("create the test's schema");
-                let separator = if admin.contains('?') { '&' } else { '?' };
-                let url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
-                Db {
-                    url,
-                    dir,
-                    schema: Some((admin, schema)),
-                }
-            }
-            _ => Db {
-                url: format!("sqlite:{}", dir.join("brokers.db").display()),
-                dir,
-                schema: None,
-            },
-        }
-    }
-
-    /// Ledger rows and distinct job keys in `jobguard_ledger`.
-    async fn ledger(&self) -> (i64, i64) {
-        let sql = "select count(*), count(distinct job_key) from jobguard_ledger";
-        if self.schema.is_some() {
-            let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
-            let counts = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
-            pool.close().await;
-            counts
-        } else {
-            let pool = jobguard::sqlite::connect(&self.url, 1).await.unwrap();
-            let counts = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
-            pool.close().await;
-            counts
-        }
-    }
-
-    async fn cleanup(self) {
-        if let Some((admin, schema)) = &self.schema {
-            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(admin)
-                .await
-                .unwrap();
-            let _ = conn
-                .execute(sqlx::AssertSqlSafe(format!(
-                    "drop schema if exists {schema} cascade"
-                )))
-                .await;
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+/// Ledger rows and distinct job keys in `jobguard_ledger`.
+async fn ledger(db: &Db) -> (i64, i64) {
+    let sql = "select count(*), count(distinct job_key) from jobguard_ledger";
+    if db.is_postgres() {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        let counts = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
+        pool.close().await;
+        counts
+    } else {
+        let pool = jobguard::sqlite::connect(&db.url, 1).await.unwrap();
+        let counts = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
+        pool.close().await;
+        counts
     }
 }
 
 /// A `jobguard consume` process, killed with SIGKILL when dropped unless it ended.
-struct Consumer {
-    child: Option<Child>,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
+struct Consumer(Proc);
 
 impl Consumer {
     fn start(queue: &Queue, db: &Db, name: &str, extra: &[&str]) -> Consumer {
-        let stdout = db.dir.join(format!("{name}.out"));
-        let stderr = db.dir.join(format!("{name}.err"));
         let redelivery = format!("{}ms", REDELIVERY.as_millis());
-        let child = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+        let mut command = jobguard();
+        command
             .args([
                 "consume",
                 "--broker",
@@ -300,38 +222,26 @@ impl Consumer {
             .args(["--queue", &queue.name, "--redelivery", &redelivery])
             .args(["--max-deliveries", &MAX_DELIVERIES.to_string()])
             .args(["--retry-delay", "100ms", "--database-url", &db.url])
-            .args(extra)
-            .env_remove("DATABASE_URL")
-            .env_remove("JOBGUARD_BROKER_URL")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout).unwrap())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .expect("start jobguard consume");
-        Consumer {
-            child: Some(child),
-            stdout,
-            stderr,
-        }
+            .args(extra);
+        Consumer(spawn(&db.dir, name, command))
     }
 
     fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        self.0.output().1
     }
 
     /// Waits until the process prints `line`, failing the test if it ends or takes too long.
     async fn wait_for(&mut self, line: &str) {
         let started = Instant::now();
         loop {
-            let out = std::fs::read_to_string(&self.stdout).unwrap_or_default();
+            let (out, _) = self.0.output();
             if out.lines().any(|l| l.starts_with(line)) {
                 return;
             }
-            let child = self.child.as_mut().expect("running");
-            if let Some(status) = child.try_wait().unwrap() {
+            if let Some(exit) = self.0.exited() {
                 panic!(
-                    "the consumer ended ({status}) before {line}: {}",
-                    self.stderr()
+                    "the consumer ended ({}) before {line}: {}",
+                    exit.status, exit.stderr
                 );
             }
             assert!(
@@ -344,50 +254,30 @@ impl Consumer {
     }
 
     fn sigkill(&mut self) {
-        let mut child = self.child.take().expect("running");
-        let status = Command::new("kill")
-            .args(["-KILL", &child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success());
-        let status = child.wait().unwrap();
-        assert!(!status.success(), "the consumer exited on its own");
+        self.0.sigkill();
     }
 
     /// Waits for a consumer started with `--until-idle ... --json` to stop; its report.
     async fn report(mut self) -> Value {
         let started = Instant::now();
-        let mut child = self.child.take().expect("running");
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
+        let exit = loop {
+            if let Some(exit) = self.0.exited() {
+                break exit;
             }
-            if started.elapsed() > DEADLINE {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "the consumer did not stop within {DEADLINE:?}: {}",
-                    self.stderr()
-                );
-            }
+            assert!(
+                started.elapsed() <= DEADLINE,
+                "the consumer did not stop within {DEADLINE:?}: {}",
+                self.stderr()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         assert!(
-            status.success(),
-            "the consumer failed ({status}): {}",
-            self.stderr()
+            exit.ok,
+            "the consumer failed ({}): {}",
+            exit.status, exit.stderr
         );
-        let out = std::fs::read_to_string(&self.stdout).unwrap();
+        let out = exit.stdout;
         serde_json::from_str(&out).unwrap_or_else(|_| panic!("not JSON: {out}"))
-    }
-}
-
-impl Drop for Consumer {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 
@@ -399,7 +289,7 @@ async fn killed_after_commit_before_ack(broker: Broker) {
     let Some(queue) = Queue::new(broker, test).await else {
         return;
     };
-    let db = Db::new(&format!("{test}_{}", broker.name())).await;
+    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_{}", broker.name()));
     queue.publish(&[credit(1)]).await;
 
     let mut first = Consumer::start(
@@ -411,7 +301,7 @@ async fn killed_after_commit_before_ack(broker: Broker) {
     first.wait_for(CRASH_POINT).await;
     first.sigkill();
     assert_eq!(
-        db.ledger().await,
+        ledger(&db).await,
         (1, 1),
         "the job committed before the kill"
     );
@@ -424,7 +314,7 @@ async fn killed_after_commit_before_ack(broker: Broker) {
         "the redelivery is a duplicate: {report}"
     );
     assert_eq!(report["unacked"], 0, "{report}");
-    assert_eq!(db.ledger().await, (1, 1), "the effect exists once");
+    assert_eq!(ledger(&db).await, (1, 1), "the effect exists once");
 
     // The duplicate was acknowledged: nothing comes back.
     let third = Consumer::start(&queue, &db, "third", &["--until-idle", IDLE, "--json"]);
@@ -436,7 +326,6 @@ async fn killed_after_commit_before_ack(broker: Broker) {
     );
 
     queue.remove().await;
-    db.cleanup().await;
 }
 
 async fn three_consumer_processes(broker: Broker) {
@@ -444,7 +333,7 @@ async fn three_consumer_processes(broker: Broker) {
     let Some(queue) = Queue::new(broker, test).await else {
         return;
     };
-    let db = Db::new(&format!("{test}_{}", broker.name())).await;
+    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_{}", broker.name()));
     let envelopes: Vec<Envelope> = (0..30)
         .flat_map(|n| std::iter::repeat_n(credit(n), 3))
         .collect();
@@ -470,40 +359,9 @@ async fn three_consumer_processes(broker: Broker) {
         assert_eq!(report["dead"], 0, "{report}");
     }
     assert_eq!((applied, duplicates), (30, 60));
-    assert_eq!(db.ledger().await, (30, 30), "effects equal distinct keys");
+    assert_eq!(ledger(&db).await, (30, 30), "effects equal distinct keys");
 
     queue.remove().await;
-    db.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_consumer_killed_after_commit_before_ack() {
-    killed_after_commit_before_ack(Broker::Rabbitmq).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_consumer_killed_after_commit_before_ack() {
-    killed_after_commit_before_ack(Broker::Nats).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_consumer_killed_after_commit_before_ack() {
-    killed_after_commit_before_ack(Broker::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_three_consumer_processes() {
-    three_consumer_processes(Broker::Rabbitmq).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_three_consumer_processes() {
-    three_consumer_processes(Broker::Nats).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_three_consumer_processes() {
-    three_consumer_processes(Broker::Redis).await;
 }
 
 /// `jobguard demo --broker NAME --json`: the seed's result through each broker, with its
@@ -512,13 +370,10 @@ async fn demo_through(broker: Broker) {
     let Some(url) = broker.url() else {
         return;
     };
-    let db = Db::new(&format!("demo_{}", broker.name())).await;
-    let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
-        .args(["demo", "--broker", broker.name(), "--jobs", "30", "--json"])
-        .args(["--database-url", &db.url])
+    let db = Db::postgres_or_sqlite(&format!("brokers::demo_{}", broker.name()));
+    let output = db
+        .command(&["demo", "--broker", broker.name(), "--jobs", "30", "--json"])
         .env("JOBGUARD_BROKER_URL", &url)
-        .env_remove("DATABASE_URL")
-        .current_dir(&db.dir)
         .output()
         .expect("run jobguard demo");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -536,20 +391,10 @@ async fn demo_through(broker: Broker) {
     assert_eq!(guarded["duplicates"], 61, "{report}");
     assert_eq!(guarded["balance_total"], report["expected_balance_total"]);
     assert_eq!(report["exactly_once"], true);
-    db.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_through_rabbitmq() {
-    demo_through(Broker::Rabbitmq).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_through_nats() {
-    demo_through(Broker::Nats).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_through_redis() {
-    demo_through(Broker::Redis).await;
-}
+each_broker!(
+    killed_after_commit_before_ack,
+    three_consumer_processes,
+    demo_through,
+);

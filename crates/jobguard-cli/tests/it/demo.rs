@@ -1,26 +1,23 @@
 //! `jobguard demo` run as a user runs it: the binary, its exit code and its `--json` output.
 
-use std::process::Command;
-
 use serde_json::Value;
 
+use crate::common::{self, Db, Exit};
+use crate::each_backend;
+
 fn jobguard(dir: &std::path::Path, args: &[&str]) -> (bool, Value, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("DATABASE_URL")
-        .output()
-        .expect("run jobguard");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    let json = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
-    (output.status.success(), json, stderr)
+    let run = Exit::from(
+        common::jobguard()
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run jobguard"),
+    );
+    (run.ok, run.json, run.stderr)
 }
 
 fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("jobguard-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Db::scratch(&format!("demo::{name}"))
 }
 
 fn assert_seed_result(report: &Value, backend: &str) {
@@ -64,53 +61,29 @@ fn demo_on_embedded_sqlite_with_no_server() {
 
 #[test]
 fn demo_leaves_other_tables_alone() {
-    let dir = scratch("others");
-    let url = format!("sqlite:{}", dir.join("app.db").display());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let pool = jobguard::sqlite::connect(&url, 1).await.unwrap();
-        sqlx::query("create table invoices (id integer primary key)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        sqlx::query("insert into invoices values (1), (2)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
-    });
-    let (ok, _, stderr) = jobguard(&dir, &["demo", "--json", "--database-url", &url]);
+    let db = Db::sqlite("demo::others");
+    db.execute("create table invoices (id integer primary key)");
+    db.execute("insert into invoices values (1), (2)");
+    let (ok, _, stderr) = jobguard(&db.dir, &["demo", "--json", "--database-url", &db.url]);
     assert!(ok, "{stderr}");
-    rt.block_on(async {
-        let pool = jobguard::sqlite::connect(&url, 1).await.unwrap();
-        let n: i64 = sqlx::query_scalar("select count(*) from invoices")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(n, 2);
-    });
+    assert_eq!(db.count("select count(*) from invoices"), 2);
 }
 
 #[test]
 fn demo_on_postgres() {
-    let Some(url) = postgres_schema_url("demo") else {
+    let Some(db) = Db::postgres("demo::demo") else {
         return;
     };
-    let (ok, report, stderr) =
-        jobguard(&scratch("pg"), &["demo", "--json", "--database-url", &url]);
+    let (ok, report, stderr) = jobguard(&db.dir, &["demo", "--json", "--database-url", &db.url]);
     assert!(ok, "{stderr}");
     assert_seed_result(&report, "postgres");
 }
 
 #[test]
 fn demo_prints_a_readable_report() {
-    let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+    let output = common::jobguard()
         .args(["demo", "--jobs", "20", "--deliveries", "2"])
         .current_dir(scratch("text2"))
-        .env_remove("DATABASE_URL")
         .output()
         .unwrap();
     let text = String::from_utf8(output.stdout).unwrap();
@@ -139,43 +112,10 @@ fn bad_input_gets_a_clear_error() {
     assert!(stderr.contains("--jobs"), "{stderr}");
 }
 
-/// A URL whose connections use a fresh schema of this test's own, so demos running at the same
-/// time do not share tables.
-fn postgres_schema_url(name: &str) -> Option<String> {
-    let url = postgres_url()?;
-    let schema = format!("jg_cli_{name}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let pool = sqlx::PgPool::connect(&url)
-            .await
-            .expect("connect to PostgreSQL");
-        let reset = format!("drop schema if exists {schema} cascade; create schema {schema}");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(reset))
-            .execute(&pool)
-            .await
-            .unwrap();
-    });
-    let separator = if url.contains('?') { '&' } else { '?' };
-    Some(format!(
-        "{url}{separator}options=-c%20search_path%3D{schema}"
-    ))
-}
-
 /// Runs a scenario and checks the seed's claim: the naive job repeats effects, the guarded job
 /// applies each job once and reports the rest as duplicates.
-fn assert_scenario(url: Option<&str>, name: &str, naive_effects: i64, duplicates: u64) {
-    let dir = scratch(&format!(
-        "scenario-{name}-{}",
-        if url.is_some() { "pg" } else { "sqlite" }
-    ));
-    let mut args = vec!["demo", "--json", "--scenario", name];
-    if let Some(url) = url {
-        args.extend(["--database-url", url]);
-    }
-    let (ok, report, stderr) = jobguard(&dir, &args);
+fn assert_scenario(db: &Db, name: &str, naive_effects: i64, duplicates: u64) {
+    let (ok, report, stderr) = jobguard(&db.dir, &demo_args(db, name));
     assert!(ok, "{name}: {stderr}");
     assert_eq!(report["scenario"], name);
     assert_eq!(report["jobs"], 20);
@@ -208,62 +148,31 @@ const SCENARIOS: [(&str, i64, u64); 4] = [
     ("double-enqueue", 40, 10),
 ];
 
-#[test]
-fn scenarios_on_embedded_sqlite() {
+/// `demo --json --scenario NAME`, on the embedded SQLite file in the test's directory or on
+/// the test's PostgreSQL schema.
+fn demo_args<'a>(db: &'a Db, name: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["demo", "--json", "--scenario", name];
+    if db.is_postgres() {
+        args.extend(["--database-url", &db.url]);
+    }
+    args
+}
+
+/// Every scenario, each on a database of its own.
+fn scenarios(db: &Db) {
     for (name, naive, duplicates) in SCENARIOS {
-        assert_scenario(None, name, naive, duplicates);
+        let db = db.another(&format!("demo::scenario::{name}"));
+        assert_scenario(&db, name, naive, duplicates);
     }
 }
 
-#[test]
-fn scenarios_on_postgres() {
-    for (name, naive, duplicates) in SCENARIOS {
-        let Some(url) = postgres_schema_url(&name.replace('-', "_")) else {
-            return;
-        };
-        assert_scenario(Some(&url), name, naive, duplicates);
-    }
-}
-
-fn postgres_url() -> Option<String> {
-    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
-            panic!(
-                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
-            )
-        }
-        _ => {
-            // Straight to the process's stderr: `eprintln!` is captured by the test harness and
-            // shown only for failing tests, so a skip would pass unseen.
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                format!(
-                    "SKIPPED {}: JOBGUARD_TEST_DATABASE_URL is unset, so this PostgreSQL test did \
-                     not run (set it, e.g. to postgres://postgres@127.0.0.1:5432/test, or run \
-                     scripts/test; with CI=true it fails instead)\n",
-                    std::thread::current().name().unwrap_or("a test")
-                )
-                .as_bytes(),
-            );
-            None
-        }
-    }
-}
+each_backend!(scenarios, charge_scenario);
 
 /// `demo --scenario charge`: worker processes are killed after the provider charged and before
 /// the database commit. Without a key the provider charges again on redelivery; with the key,
 /// and keyless behind a reconciled step, every order is charged exactly once.
-fn assert_charge_scenario(url: Option<&str>) {
-    let dir = scratch(&format!(
-        "charge-{}",
-        if url.is_some() { "pg" } else { "sqlite" }
-    ));
-    let mut args = vec!["demo", "--json", "--scenario", "charge"];
-    if let Some(url) = url {
-        args.extend(["--database-url", url]);
-    }
-    let (ok, report, stderr) = jobguard(&dir, &args);
+fn charge_scenario(db: &Db) {
+    let (ok, report, stderr) = jobguard(&db.dir, &demo_args(db, "charge"));
     assert!(ok, "{stderr}\n{report}");
     assert_eq!(report["scenario"], "charge");
     assert_eq!(report["jobs"], 20);
@@ -287,17 +196,4 @@ fn assert_charge_scenario(url: Option<&str>) {
         assert_eq!(run["effects"], 20, "{report}");
         assert_eq!(run["balance_total"], report["expected_balance_total"]);
     }
-}
-
-#[test]
-fn charge_scenario_on_embedded_sqlite() {
-    assert_charge_scenario(None);
-}
-
-#[test]
-fn charge_scenario_on_postgres() {
-    let Some(url) = postgres_schema_url("charge") else {
-        return;
-    };
-    assert_charge_scenario(Some(&url));
 }

@@ -9,193 +9,78 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use jobguard::queue::NewJob;
 use jobguard::{Backend, JobKey, Queue};
 use serde_json::{Value, json};
-use sqlx::{Executor, Pool};
+use sqlx::Pool;
+
+use crate::common::{AnyPool, Browser, Db, block_on};
+use crate::{each_backend, on_pool};
 
 /// The longest any wait may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(120);
 /// The token the tests start `jobguard serve` with.
 const TOKEN: &str = "s3cret-token-5f0e9c1d2b7a";
 
-/// A database of the test's own.
-struct Db {
-    url: String,
-    dir: PathBuf,
-    /// The PostgreSQL admin URL and schema to drop at the end.
-    schema: Option<(String, String)>,
+fn enqueue(db: &Db, kind: &str, payload: Value) -> i64 {
+    let payload = payload.to_string();
+    let enqueued = db.json(&["enqueue", kind, "--payload", &payload]);
+    enqueued["id"].as_i64().unwrap()
 }
 
-impl Db {
-    fn sqlite(test: &str) -> Db {
-        let dir =
-            std::env::temp_dir().join(format!("jobguard-serve-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let url = format!("sqlite:{}", dir.join("serve.db").display());
-        Db {
-            url,
-            dir,
-            schema: None,
-        }
-    }
+/// Enqueues `credit` for `order` and dead-letters it at once, as a job that died would be:
+/// its key is then applied by another job, so replaying it is a duplicate.
+fn park_dead_credit(db: &Db, order: &str) -> i64 {
+    on_pool!(db, |pool| park(pool.clone(), order))
+}
 
-    fn postgres(test: &str) -> Option<Db> {
-        let admin = postgres_url()?;
-        let schema = format!("jg_cli_serve_{test}_{}", std::process::id());
-        block_on(async {
-            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
-                .await
-                .expect("connect to PostgreSQL");
-            conn.execute(sqlx::AssertSqlSafe(format!(
-                "drop schema if exists {schema} cascade; create schema {schema}"
-            )))
+/// Inserts a guard row for `key` applied `ago`, as a job applied that long before would
+/// have left.
+fn backdate_guard_row(db: &Db, key: &str, ago: Duration) {
+    match db.pool() {
+        AnyPool::Postgres(pool) => db.block_on(async {
+            sqlx::query(
+                "insert into processed_jobs (job_key, kind, claim_token, applied_at)
+                 values ($1, 'backdated', '\\x00', now() - make_interval(secs => $2))",
+            )
+            .bind(key)
+            .bind(ago.as_secs_f64())
+            .execute(pool)
             .await
-            .expect("create the test's schema");
-        });
-        let separator = if admin.contains('?') { '&' } else { '?' };
-        let mut db = Db::sqlite(&format!("pg-{test}"));
-        db.url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
-        db.schema = Some((admin, schema));
-        Some(db)
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_jobguard"));
-        command
-            .args(args)
-            .args(["--database-url", &self.url])
-            .current_dir(&self.dir)
-            .env_remove("DATABASE_URL")
-            .env_remove("JOBGUARD_LOG")
-            .env_remove("JOBGUARD_TOKEN");
-        command
-    }
-
-    /// Runs `jobguard ARGS --json`, which must succeed, and returns what it printed.
-    fn json(&self, args: &[&str]) -> Value {
-        let output = self.command(args).arg("--json").output().unwrap();
-        assert_success(&output, args);
-        serde_json::from_slice(&output.stdout).unwrap()
-    }
-
-    fn enqueue(&self, kind: &str, payload: Value) -> i64 {
-        let payload = payload.to_string();
-        let enqueued = self.json(&["enqueue", kind, "--payload", &payload]);
-        enqueued["id"].as_i64().unwrap()
-    }
-
-    /// Runs `f` on a pool of this database, of whichever backend.
-    fn with_pool<T>(&self, f: impl AsyncPool<T>) -> T {
-        block_on(async {
-            if self.schema.is_some() {
-                let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
-                let value = f.postgres(pool.clone()).await;
-                pool.close().await;
-                value
-            } else {
-                let pool = jobguard::sqlite::connect(&self.url, 2).await.unwrap();
-                let value = f.sqlite(pool.clone()).await;
-                pool.close().await;
-                value
-            }
-        })
-    }
-
-    /// Enqueues `credit` for `order` and dead-letters it at once, as a job that died would be:
-    /// its key is then applied by another job, so replaying it is a duplicate.
-    fn park_dead_credit(&self, order: &str) -> i64 {
-        struct Park(String);
-        impl AsyncPool<i64> for Park {
-            async fn postgres(self, pool: Pool<sqlx::Postgres>) -> i64 {
-                park(pool, &self.0).await
-            }
-            async fn sqlite(self, pool: Pool<sqlx::Sqlite>) -> i64 {
-                park(pool, &self.0).await
-            }
-        }
-        self.with_pool(Park(order.to_owned()))
-    }
-
-    /// Inserts a guard row for `key` applied `ago`, as a job applied that long before would
-    /// have left.
-    fn backdate_guard_row(&self, key: &str, ago: Duration) {
-        struct Backdate(String, Duration);
-        impl AsyncPool<()> for Backdate {
-            async fn postgres(self, pool: Pool<sqlx::Postgres>) {
-                sqlx::query(
-                    "insert into processed_jobs (job_key, kind, claim_token, applied_at)
-                     values ($1, 'backdated', '\\x00', now() - make_interval(secs => $2))",
-                )
-                .bind(&self.0)
-                .bind(self.1.as_secs_f64())
-                .execute(&pool)
-                .await
-                .expect("insert a backdated guard row");
-            }
-            async fn sqlite(self, pool: Pool<sqlx::Sqlite>) {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap();
-                let applied_at = (now - self.1).as_micros() as i64;
-                sqlx::query(
-                    "insert into processed_jobs (job_key, kind, claim_token, applied_at)
-                     values (?, 'backdated', x'00', ?)",
-                )
-                .bind(&self.0)
-                .bind(applied_at)
-                .execute(&pool)
-                .await
-                .expect("insert a backdated guard row");
-            }
-        }
-        self.with_pool(Backdate(key.to_owned(), ago))
-    }
-
-    /// The state of job `id`.
-    fn state(&self, id: i64) -> String {
-        let jobs = self.json(&["jobs", "--limit", "1000"]);
-        let job = jobs["jobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|job| job["id"] == id)
-            .unwrap_or_else(|| panic!("no job {id}: {jobs}"));
-        job["state"].as_str().unwrap().to_owned()
+            .expect("insert a backdated guard row");
+        }),
+        AnyPool::Sqlite(pool) => db.block_on(async {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            let applied_at = (now - ago).as_micros() as i64;
+            sqlx::query(
+                "insert into processed_jobs (job_key, kind, claim_token, applied_at)
+                 values (?, 'backdated', x'00', ?)",
+            )
+            .bind(key)
+            .bind(applied_at)
+            .execute(pool)
+            .await
+            .expect("insert a backdated guard row");
+        }),
     }
 }
 
-impl Drop for Db {
-    fn drop(&mut self) {
-        if let Some((admin, schema)) = &self.schema
-            && !std::thread::panicking()
-        {
-            block_on(async {
-                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(admin).await
-                {
-                    let _ = conn
-                        .execute(sqlx::AssertSqlSafe(format!(
-                            "drop schema if exists {schema} cascade"
-                        )))
-                        .await;
-                }
-            });
-        }
-    }
-}
-
-/// Something to do with a pool of either backend.
-trait AsyncPool<T> {
-    async fn postgres(self, pool: Pool<sqlx::Postgres>) -> T;
-    async fn sqlite(self, pool: Pool<sqlx::Sqlite>) -> T;
+/// The state of job `id`.
+fn state(db: &Db, id: i64) -> String {
+    let jobs = db.json(&["jobs", "--limit", "1000"]);
+    let job = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|job| job["id"] == id)
+        .unwrap_or_else(|| panic!("no job {id}: {jobs}"));
+    job["state"].as_str().unwrap().to_owned()
 }
 
 async fn park<DB: Backend>(pool: Pool<DB>, order: &str) -> i64 {
@@ -430,18 +315,18 @@ fn credit(order: &str) -> Value {
 fn known_duplicates_are_counted_exactly(db: &Db) {
     // Before the server: credit 7 applied by another process, then a second credit 7 parked
     // dead.
-    db.enqueue("credit", credit("order-7"));
+    enqueue(db, "credit", credit("order-7"));
     let worked = db.json(&["worker", "--until-idle"]);
     assert_eq!(worked["applied"], 1, "{worked}");
-    let parked = db.park_dead_credit("order-7");
-    db.backdate_guard_row("backdated:1", BACKDATED);
+    let parked = park_dead_credit(db, "order-7");
+    backdate_guard_row(db, "backdated:1", BACKDATED);
     for n in 1..=5 {
-        db.enqueue("credit", credit(&format!("order-{n}")));
+        enqueue(db, "credit", credit(&format!("order-{n}")));
     }
     for id in ["a", "b", "c"] {
-        db.enqueue("noop", json!({"id": id}));
+        enqueue(db, "noop", json!({"id": id}));
     }
-    db.enqueue("fail", json!({"id": "boom", "fatal": true}));
+    enqueue(db, "fail", json!({"id": "boom", "fatal": true}));
 
     let server = Server::start(db, &["--worker", "--token", TOKEN], &[]);
     let figures = wait_for(&server, "the first jobs", |f| {
@@ -450,9 +335,9 @@ fn known_duplicates_are_counted_exactly(db: &Db) {
     assert_eq!(figures["queue"]["dead"], 2, "{figures}");
 
     for n in 1..=3 {
-        db.enqueue("credit", credit(&format!("order-{n}")));
+        enqueue(db, "credit", credit(&format!("order-{n}")));
     }
-    db.enqueue("noop", json!({"id": "a"}));
+    enqueue(db, "noop", json!({"id": "a"}));
     wait_for(&server, "the duplicates", |f| {
         idle(f) && totals(f, "credit") == (5, 3) && totals(f, "noop") == (3, 1)
     });
@@ -463,14 +348,14 @@ fn known_duplicates_are_counted_exactly(db: &Db) {
     assert_eq!(refused.status, 401, "{}", refused.body);
     let refused = request("POST", &replay, Some("not-the-token-at-all"));
     assert_eq!(refused.status, 401, "{}", refused.body);
-    assert_eq!(db.state(parked), "dead");
+    assert_eq!(state(db, parked), "dead");
     let replayed = request("POST", &replay, Some(TOKEN));
     assert_eq!(replayed.status, 200, "{}", replayed.body);
     assert_eq!(replayed.json(), json!({"replayed": [parked]}));
     let figures = wait_for(&server, "the replayed duplicate", |f| {
         idle(f) && totals(f, "credit") == (5, 4)
     });
-    assert_eq!(db.state(parked), "completed");
+    assert_eq!(state(db, parked), "completed");
     let again = request("POST", &replay, Some(TOKEN));
     assert_eq!(again.status, 409, "{}", again.body);
 
@@ -563,23 +448,13 @@ fn known_duplicates_are_counted_exactly(db: &Db) {
     assert!(!output.contains(TOKEN), "the token was printed:\n{output}");
 }
 
-#[test]
-fn metrics_report_exactly_the_known_duplicates_on_sqlite() {
-    known_duplicates_are_counted_exactly(&Db::sqlite("exact"));
-}
-
-#[test]
-fn metrics_report_exactly_the_known_duplicates_on_postgres() {
-    if let Some(db) = Db::postgres("exact") {
-        known_duplicates_are_counted_exactly(&db);
-    }
-}
+each_backend!(known_duplicates_are_counted_exactly);
 
 /// A non-loopback bind refuses to start without a token; with one, every request but the page
 /// and /health needs it; the token never shows in the output, even with every log turned on.
 #[test]
 fn a_non_loopback_bind_needs_the_token_and_the_token_is_never_logged() {
-    let db = Db::sqlite("token");
+    let db = &Db::sqlite("serve::token");
     let output = db
         .command(&["serve", "--bind", "0.0.0.0:0"])
         .output()
@@ -600,9 +475,9 @@ fn a_non_loopback_bind_needs_the_token_and_the_token_is_never_logged() {
         "{output:?}"
     );
 
-    db.enqueue("credit", credit("order-1"));
+    enqueue(db, "credit", credit("order-1"));
     let server = Server::start(
-        &db,
+        db,
         &["--bind", "0.0.0.0:0", "--worker"],
         &[("JOBGUARD_TOKEN", TOKEN), ("JOBGUARD_LOG", "trace")],
     );
@@ -652,7 +527,7 @@ fn a_non_loopback_bind_needs_the_token_and_the_token_is_never_logged() {
 
     // On a loopback address the figures are open to local clients, replay is not; without a
     // token replay is off altogether, and a foreign Host header is turned away.
-    let server = Server::start(&db, &["--token", TOKEN], &[]);
+    let server = Server::start(db, &["--token", TOKEN], &[]);
     assert_eq!(get(&server.url("/metrics"), None).status, 200);
     assert_eq!(get(&server.url("/api/stats"), None).status, 200);
     assert_eq!(
@@ -670,7 +545,7 @@ fn a_non_loopback_bind_needs_the_token_and_the_token_is_never_logged() {
     });
     assert_eq!(rebinding.as_u16(), 421);
     drop(server);
-    let server = Server::start(&db, &[], &[]);
+    let server = Server::start(db, &[], &[]);
     let off = request("POST", &server.url("/api/dead/1/replay"), Some(TOKEN));
     assert_eq!(off.status, 403, "{}", off.body);
     assert!(off.body.contains("--token"), "{}", off.body);
@@ -683,16 +558,16 @@ fn the_dashboard_charts_duplicates_and_replays_dead_letters_in_a_browser() {
     let Some(browser) = Browser::find() else {
         return;
     };
-    let db = Db::sqlite("browser");
-    db.enqueue("credit", credit("order-7"));
+    let db = &Db::sqlite("serve::browser");
+    enqueue(db, "credit", credit("order-7"));
     assert_eq!(db.json(&["worker", "--until-idle"])["applied"], 1);
-    let parked = db.park_dead_credit("order-7");
+    let parked = park_dead_credit(db, "order-7");
     for n in 1..=4 {
-        db.enqueue("credit", credit(&format!("order-{n}")));
+        enqueue(db, "credit", credit(&format!("order-{n}")));
     }
     // Short windows, so the chart has a few of them by the end.
     let server = Server::start(
-        &db,
+        db,
         &["--worker", "--token", TOKEN, "--spike-window", "1s"],
         &[],
     );
@@ -700,7 +575,7 @@ fn the_dashboard_charts_duplicates_and_replays_dead_letters_in_a_browser() {
         idle(f) && totals(f, "credit") == (4, 0)
     });
     for n in 1..=2 {
-        db.enqueue("credit", credit(&format!("order-{n}")));
+        enqueue(db, "credit", credit(&format!("order-{n}")));
     }
     wait_for(&server, "the duplicates", |f| {
         idle(f) && totals(f, "credit") == (4, 2)
@@ -743,7 +618,7 @@ fn the_dashboard_charts_duplicates_and_replays_dead_letters_in_a_browser() {
         "return document.getElementById('replay-status').textContent;",
         |text| text.as_str().is_some_and(|t| t.contains("refused (401)")),
     );
-    assert_eq!(db.state(parked), "dead");
+    assert_eq!(state(db, parked), "dead");
 
     // With the token: replayed, and the worker completes it as a duplicate.
     session.type_into("#token", TOKEN);
@@ -759,7 +634,7 @@ fn the_dashboard_charts_duplicates_and_replays_dead_letters_in_a_browser() {
     wait_for(&server, "the replayed duplicate", |f| {
         idle(f) && totals(f, "credit") == (4, 3)
     });
-    assert_eq!(db.state(parked), "completed");
+    assert_eq!(state(db, parked), "completed");
     session.wait_for_script(
         "the chart to catch up",
         "return document.querySelector('.kind[data-kind=\"credit\"] .legend').textContent;",
@@ -778,306 +653,6 @@ fn the_dashboard_charts_duplicates_and_replays_dead_letters_in_a_browser() {
     eprintln!("dashboard screenshot: {}", screenshot.display());
 }
 
-/// Chromium and chromedriver from Debian: found, installed when running as root, or the test
-/// is skipped (and fails on CI).
-struct Browser {
-    chromium: PathBuf,
-    chromedriver: PathBuf,
-}
-
-impl Browser {
-    fn find() -> Option<Browser> {
-        let found = || {
-            Some(Browser {
-                chromium: which("chromium")?,
-                chromedriver: which("chromedriver")?,
-            })
-        };
-        if let Some(browser) = found() {
-            return Some(browser);
-        }
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0");
-        if root {
-            eprintln!("installing Debian's chromium and chromium-driver for the browser test");
-            let installed = Command::new("apt-get")
-                .args(["install", "-y", "-q", "chromium", "chromium-driver"])
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()
-                .is_ok_and(|status| status.success())
-                || (Command::new("apt-get")
-                    .args(["update", "-q"])
-                    .status()
-                    .is_ok_and(|status| status.success())
-                    && Command::new("apt-get")
-                        .args(["install", "-y", "-q", "chromium", "chromium-driver"])
-                        .env("DEBIAN_FRONTEND", "noninteractive")
-                        .status()
-                        .is_ok_and(|status| status.success()));
-            if installed && let Some(browser) = found() {
-                return Some(browser);
-            }
-        }
-        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-            panic!("CI=true but chromium and chromedriver are missing and could not be installed");
-        }
-        eprintln!(
-            "skipping: chromium and chromedriver are missing (as root: apt-get install chromium \
-             chromium-driver)"
-        );
-        None
-    }
-
-    fn start(&self) -> Driver {
-        let port = free_port();
-        let profile = std::env::temp_dir().join(format!(
-            "jobguard-serve-chromium-{}-{port}",
-            std::process::id()
-        ));
-        let child = Command::new(&self.chromedriver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver");
-        let driver = Driver {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            chromium: self.chromium.clone(),
-            profile,
-            browser: Mutex::new(None),
-        };
-        let started = Instant::now();
-        while !driver.ready() {
-            assert!(started.elapsed() < DEADLINE, "chromedriver did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        driver
-    }
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|candidate| candidate.is_file())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A running chromedriver, killed (with its browsers) when dropped.
-struct Driver {
-    child: Child,
-    base: String,
-    chromium: PathBuf,
-    profile: PathBuf,
-    /// The browser's process, killed with the driver in case the session could not close it.
-    browser: Mutex<Option<u32>>,
-}
-
-impl Driver {
-    fn session(&self) -> Session<'_> {
-        let capabilities = json!({"capabilities": {"alwaysMatch": {
-            "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": self.chromium,
-                "args": [
-                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                    "--disable-quic", "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--window-size=1280,1500",
-                    format!("--user-data-dir={}", self.profile.display()),
-                ],
-            },
-        }}});
-        let created = webdriver(
-            "POST",
-            &format!("{}/session", self.base),
-            Some(&capabilities),
-        );
-        let session = &created["value"];
-        if let Some(pid) = session["capabilities"]["goog:processID"].as_u64() {
-            *self.browser.lock().unwrap() = Some(pid as u32);
-        }
-        let id = session["sessionId"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no WebDriver session: {created}"))
-            .to_owned();
-        Session { driver: self, id }
-    }
-}
-
-impl Driver {
-    fn ready(&self) -> bool {
-        block_on(async {
-            let Ok(response) = reqwest::get(format!("{}/status", self.base)).await else {
-                return false;
-            };
-            let status: Value = response.json().await.unwrap_or(Value::Null);
-            status["value"]["ready"] == true
-        })
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if let Some(pid) = *self.browser.lock().unwrap() {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .stderr(Stdio::null())
-                .status();
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.profile);
-    }
-}
-
-/// A WebDriver session: one headless Chromium, closed when dropped.
-struct Session<'d> {
-    driver: &'d Driver,
-    id: String,
-}
-
-impl Session<'_> {
-    fn url(&self, path: &str) -> String {
-        format!("{}/session/{}{path}", self.driver.base, self.id)
-    }
-
-    fn navigate(&self, url: &str) {
-        webdriver("POST", &self.url("/url"), Some(&json!({"url": url})));
-    }
-
-    fn script(&self, script: &str) -> Value {
-        webdriver(
-            "POST",
-            &self.url("/execute/sync"),
-            Some(&json!({"script": script, "args": []})),
-        )["value"]
-            .clone()
-    }
-
-    fn wait_for_script(&self, what: &str, script: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let started = Instant::now();
-        loop {
-            let value = self.script(script);
-            if done(&value) {
-                return value;
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "gave up waiting for {what} in the browser: {value}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// The element matching `css`, found again if the page re-rendered it.
-    fn element(&self, css: &str) -> String {
-        let started = Instant::now();
-        loop {
-            let found = webdriver_answer(
-                "POST",
-                &self.url("/element"),
-                Some(&json!({"using": "css selector", "value": css})),
-            );
-            if let Some(id) = found["value"]
-                .as_object()
-                .and_then(|element| element.values().next())
-                .and_then(Value::as_str)
-            {
-                return id.to_owned();
-            }
-            assert!(started.elapsed() < DEADLINE, "no element {css}: {found}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Clicks the element matching `css` with a real pointer click, again if the dashboard
-    /// re-rendered it in between.
-    fn click(&self, css: &str) {
-        let started = Instant::now();
-        loop {
-            let element = self.element(css);
-            let clicked = webdriver_answer(
-                "POST",
-                &self.url(&format!("/element/{element}/click")),
-                Some(&json!({})),
-            );
-            if clicked["value"].is_null() {
-                return;
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "cannot click {css}: {clicked}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn type_into(&self, css: &str, text: &str) {
-        let element = self.element(css);
-        webdriver(
-            "POST",
-            &self.url(&format!("/element/{element}/value")),
-            Some(&json!({"text": text})),
-        );
-    }
-
-    fn screenshot(&self, path: &Path) {
-        let encoded = webdriver("GET", &self.url("/screenshot"), None)["value"]
-            .as_str()
-            .expect("a base64 screenshot")
-            .to_owned();
-        let png = base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .expect("valid base64");
-        assert!(png.starts_with(b"\x89PNG"), "not a PNG");
-        std::fs::write(path, png).unwrap();
-    }
-}
-
-impl Drop for Session<'_> {
-    fn drop(&mut self) {
-        let _ = webdriver_answer("DELETE", &self.url(""), None);
-    }
-}
-
-/// A WebDriver command that must succeed.
-fn webdriver(method: &str, url: &str, body: Option<&Value>) -> Value {
-    let answer = webdriver_answer(method, url, body);
-    assert!(
-        answer["value"].get("error").is_none(),
-        "WebDriver {method} {url} failed: {answer}"
-    );
-    answer
-}
-
-/// A WebDriver command's answer, errors included.
-fn webdriver_answer(method: &str, url: &str, body: Option<&Value>) -> Value {
-    block_on(async {
-        let client = reqwest::Client::new();
-        let request = match method {
-            "POST" => client.post(url).json(body.unwrap_or(&json!({}))),
-            "DELETE" => client.delete(url),
-            _ => client.get(url),
-        };
-        let response = request
-            .timeout(DEADLINE)
-            .send()
-            .await
-            .expect("reach chromedriver");
-        response.json().await.unwrap_or(Value::Null)
-    })
-}
-
 fn assert_success(output: &Output, args: &[&str]) {
     assert!(
         output.status.success(),
@@ -1085,38 +660,4 @@ fn assert_success(output: &Output, args: &[&str]) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-fn block_on<T>(future: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(future)
-}
-
-fn postgres_url() -> Option<String> {
-    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
-            panic!(
-                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
-            )
-        }
-        _ => {
-            // Straight to the process's stderr: `eprintln!` is captured by the test harness and
-            // shown only for failing tests, so a skip would pass unseen.
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                format!(
-                    "SKIPPED {}: JOBGUARD_TEST_DATABASE_URL is unset, so this PostgreSQL test did \
-                     not run (set it, e.g. to postgres://postgres@127.0.0.1:5432/test, or run \
-                     scripts/test; with CI=true it fails instead)\n",
-                    std::thread::current().name().unwrap_or("a test")
-                )
-                .as_bytes(),
-            );
-            None
-        }
-    }
 }

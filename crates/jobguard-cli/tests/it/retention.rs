@@ -2,253 +2,54 @@
 //! them: the real binary on a fresh SQLite file per test, and on a fresh PostgreSQL schema per
 //! test when `JOBGUARD_TEST_DATABASE_URL` is set.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
 use serde_json::{Value, json};
-use sqlx::Executor;
+
+use crate::common::{Db, Exit, jobguard};
+use crate::each_backend;
 
 /// The horizon of `jobguard worker` with its defaults: retries 10m 13.2s (1 + 2 + ... + 256 s,
 /// each up to 20% longer), ten 30-second leases, a 12-hour replay window, and the replayed
 /// job's retries and leases again; it stays below the default 24-hour provider key lifetime.
 const DEFAULT_HORIZON_SECONDS: f64 = 2.0 * (613.2 + 300.0) + 12.0 * 3600.0;
 
-/// A database of the test's own.
-struct Db {
-    url: String,
-    dir: PathBuf,
-    /// The PostgreSQL admin URL and schema to drop at the end.
-    schema: Option<(String, String)>,
+fn enqueue_credit(db: &Db, n: i64) {
+    let payload = json!({"order": format!("order-{n}"), "account": n, "amount": 100});
+    db.json(&["enqueue", "credit", "--payload", &payload.to_string()]);
 }
 
-/// What one run of the binary did.
-struct Run {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-    json: Value,
+/// Makes the guard rows of these orders `days` days older.
+fn age_credits(db: &Db, orders: &[i64], days: i64) {
+    let keys: Vec<String> = orders
+        .iter()
+        .map(|n| format!("'credit:order-{n}'"))
+        .collect();
+    let by = if db.is_postgres() {
+        format!("interval '{days} days'")
+    } else {
+        format!("{}", days * 86_400_000_000)
+    };
+    db.execute(&format!(
+        "update processed_jobs set applied_at = applied_at - {by} where job_key in ({})",
+        keys.join(", ")
+    ));
 }
 
-impl Db {
-    fn sqlite(test: &str) -> Db {
-        let dir =
-            std::env::temp_dir().join(format!("jobguard-retention-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let url = format!("sqlite:{}", dir.join("ops.db").display());
-        Db {
-            url,
-            dir,
-            schema: None,
-        }
-    }
-
-    /// A fresh schema, reached through the URL's `search_path` option; `None` to skip.
-    fn postgres(test: &str) -> Option<Db> {
-        let admin = postgres_url()?;
-        let schema = format!("jg_cli_retention_{test}_{}", std::process::id());
-        block_on(async {
-            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
-                .await
-                .expect("connect to PostgreSQL");
-            conn.execute(sqlx::AssertSqlSafe(format!(
-                "drop schema if exists {schema} cascade; create schema {schema}"
-            )))
-            .await
-            .expect("create the test's schema");
-        });
-        let separator = if admin.contains('?') { '&' } else { '?' };
-        let url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
-        let mut db = Db::sqlite(&format!("pg-{test}"));
-        db.url = url;
-        db.schema = Some((admin, schema));
-        Some(db)
-    }
-
-    /// Runs `jobguard ARGS --database-url URL`.
-    fn run(&self, args: &[&str]) -> Run {
-        let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
-            .args(args)
-            .args(["--database-url", &self.url])
-            .current_dir(&self.dir)
-            .env_remove("DATABASE_URL")
-            .env_remove("JOBGUARD_LOG")
-            .env_remove("JOBGUARD_PROVIDER_URL")
-            .output()
-            .expect("run jobguard");
-        Run::from(output)
-    }
-
-    /// Runs a command that must succeed, with `--json`, and returns what it printed.
-    fn json(&self, args: &[&str]) -> Value {
-        let mut args = args.to_vec();
-        args.push("--json");
-        let run = self.run(&args);
-        assert!(run.ok, "jobguard {args:?} failed: {}", run.stderr);
-        assert_ne!(run.json, Value::Null, "no JSON on stdout: {}", run.stdout);
-        run.json
-    }
-
-    /// Runs a command that must fail, and returns its error output.
-    fn fails(&self, args: &[&str]) -> String {
-        let run = self.run(args);
-        assert!(!run.ok, "jobguard {args:?} succeeded: {}", run.stdout);
-        assert!(
-            run.stderr.contains("error"),
-            "no error message: {}",
-            run.stderr
-        );
-        run.stderr
-    }
-
-    fn enqueue_credit(&self, n: i64) {
-        let payload = json!({"order": format!("order-{n}"), "account": n, "amount": 100});
-        self.json(&["enqueue", "credit", "--payload", &payload.to_string()]);
-    }
-
-    /// Runs a statement directly.
-    fn execute(&self, sql: &str) {
-        block_on(async {
-            if self.schema.is_some() {
-                let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
-                pool.execute(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .await
-                    .unwrap();
-                pool.close().await;
-            } else {
-                let pool = jobguard::sqlite::connect(&self.url, 1).await.unwrap();
-                pool.execute(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .await
-                    .unwrap();
-                pool.close().await;
-            }
-        })
-    }
-
-    /// Makes the guard rows of these orders `days` days older.
-    fn age_credits(&self, orders: &[i64], days: i64) {
-        let keys: Vec<String> = orders
-            .iter()
-            .map(|n| format!("'credit:order-{n}'"))
-            .collect();
-        let by = if self.schema.is_some() {
-            format!("interval '{days} days'")
-        } else {
-            format!("{}", days * 86_400_000_000)
-        };
-        self.execute(&format!(
-            "update processed_jobs set applied_at = applied_at - {by} where job_key in ({})",
-            keys.join(", ")
-        ));
-    }
-
-    fn count(&self, sql: &str) -> i64 {
-        block_on(async {
-            if self.schema.is_some() {
-                let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
-                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-                pool.close().await;
-                n
-            } else {
-                let pool = jobguard::sqlite::connect(&self.url, 1).await.unwrap();
-                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-                pool.close().await;
-                n
-            }
-        })
-    }
-
-    fn guard_rows(&self) -> i64 {
-        self.count("select count(*) from processed_jobs")
-    }
-
-    fn ledger_rows(&self) -> i64 {
-        self.count("select count(*) from jobguard_ledger")
-    }
+fn guard_rows(db: &Db) -> i64 {
+    db.count("select count(*) from processed_jobs")
 }
 
-impl Drop for Db {
-    fn drop(&mut self) {
-        if let Some((admin, schema)) = &self.schema
-            && !std::thread::panicking()
-        {
-            block_on(async {
-                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(admin).await
-                {
-                    let _ = conn
-                        .execute(sqlx::AssertSqlSafe(format!(
-                            "drop schema if exists {schema} cascade"
-                        )))
-                        .await;
-                }
-            });
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-impl From<Output> for Run {
-    fn from(output: Output) -> Run {
-        Run {
-            ok: output.status.success(),
-            json: serde_json::from_slice(&output.stdout).unwrap_or(Value::Null),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
-    }
-}
-
-fn block_on<T>(future: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(future)
-}
-
-fn postgres_url() -> Option<String> {
-    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
-            panic!(
-                "CI=true but JOBGUARD_TEST_DATABASE_URL is unset: run the tests with scripts/test"
-            )
-        }
-        _ => {
-            // Straight to the process's stderr: `eprintln!` is captured by the test harness and
-            // shown only for failing tests, so a skip would pass unseen.
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                format!(
-                    "SKIPPED {}: JOBGUARD_TEST_DATABASE_URL is unset, so this PostgreSQL test did \
-                     not run (set it, e.g. to postgres://postgres@127.0.0.1:5432/test, or run \
-                     scripts/test; with CI=true it fails instead)\n",
-                    std::thread::current().name().unwrap_or("a test")
-                )
-                .as_bytes(),
-            );
-            None
-        }
-    }
+fn ledger_rows(db: &Db) -> i64 {
+    db.count("select count(*) from jobguard_ledger")
 }
 
 /// `jobguard retention`, which needs no database.
-fn retention(args: &[&str]) -> Run {
-    let output = Command::new(env!("CARGO_BIN_EXE_jobguard"))
+fn retention(args: &[&str]) -> Exit {
+    let output = jobguard()
         .arg("retention")
         .args(args)
-        .env_remove("JOBGUARD_LOG")
         .output()
         .expect("run jobguard");
-    Run::from(output)
+    Exit::from(output)
 }
 
 #[test]
@@ -382,12 +183,12 @@ fn retention_refuses_a_horizon_past_the_provider_key_lifetime() {
 /// why the retention is checked against the horizon.
 fn prune_deletes_what_is_past_the_retention(db: &Db) {
     for n in 1..=3 {
-        db.enqueue_credit(n);
+        enqueue_credit(db, n);
     }
     let report = db.json(&["worker", "--until-idle"]);
     assert_eq!(report["applied"], 3, "{report}");
     assert_eq!(report["pruned"], 0);
-    db.age_credits(&[1, 2], 20);
+    age_credits(db, &[1, 2], 20);
 
     let dry = db.json(&["prune", "--dry-run"]);
     assert_eq!(dry["dry_run"], true);
@@ -397,7 +198,7 @@ fn prune_deletes_what_is_past_the_retention(db: &Db) {
     );
     assert_eq!(dry["steps_table"], "jobguard_steps", "{dry}");
     assert!(dry["oldest_age_seconds"].as_f64().unwrap() > 19.0 * 86_400.0);
-    assert_eq!(db.guard_rows(), 3, "a dry run deletes nothing");
+    assert_eq!(guard_rows(db), 3, "a dry run deletes nothing");
     let text = db.run(&["prune", "--dry-run"]);
     assert!(
         text.ok && text.stdout.contains("would delete 2 guard rows"),
@@ -420,11 +221,11 @@ fn prune_deletes_what_is_past_the_retention(db: &Db) {
     );
     assert_eq!(pruned["overridden"], false);
     assert!(pruned["oldest_age_seconds"].as_f64().unwrap() < 86_400.0);
-    assert_eq!(db.guard_rows(), 1);
+    assert_eq!(guard_rows(db), 1);
 
     // Nothing left to prune.
     assert_eq!(db.json(&["prune"])["guard_rows"], 0);
-    assert_eq!(db.ledger_rows(), 3);
+    assert_eq!(ledger_rows(db), 3);
 
     // Completed jobs can go at once: the guard row is the durable record.
     assert_eq!(db.json(&["jobs"])["counts"]["completed"], 3);
@@ -451,14 +252,14 @@ fn prune_deletes_what_is_past_the_retention(db: &Db) {
         text.stdout
     );
     // The third credit again: its job row is gone, its guard row stops it.
-    db.enqueue_credit(3);
+    enqueue_credit(db, 3);
     let report = db.json(&["worker", "--until-idle"]);
     assert_eq!(
         (report["applied"].as_u64(), report["duplicates"].as_u64()),
         (Some(0), Some(1)),
         "{report}"
     );
-    assert_eq!(db.ledger_rows(), 3);
+    assert_eq!(ledger_rows(db), 3);
 
     // Dead jobs are kept at least through the replay window.
     let error = db.fails(&["prune", "--keep-dead", "1h"]);
@@ -473,9 +274,9 @@ fn prune_deletes_what_is_past_the_retention(db: &Db) {
 /// A --keep shorter than the horizon is refused by prune and worker alike, with the numbers;
 /// --override-horizon goes ahead; shorter declared windows make the same --keep acceptable.
 fn short_retentions_are_refused_unless_overridden(db: &Db) {
-    db.enqueue_credit(1);
+    enqueue_credit(db, 1);
     db.json(&["worker", "--until-idle"]);
-    db.age_credits(&[1], 2);
+    age_credits(db, &[1], 2);
 
     let error = db.fails(&["prune", "--keep", "6h"]);
     for needle in [
@@ -486,12 +287,12 @@ fn short_retentions_are_refused_unless_overridden(db: &Db) {
     ] {
         assert!(error.contains(needle), "{needle:?} missing from: {error}");
     }
-    assert_eq!(db.guard_rows(), 1, "nothing was pruned");
+    assert_eq!(guard_rows(db), 1, "nothing was pruned");
 
-    db.enqueue_credit(2);
+    enqueue_credit(db, 2);
     let error = db.fails(&["worker", "--until-idle", "--keep", "6h"]);
     assert!(error.contains("guard retention 6h is shorter"), "{error}");
-    assert_eq!(db.ledger_rows(), 1, "the worker did not start");
+    assert_eq!(ledger_rows(db), 1, "the worker did not start");
 
     // A replay window past the provider's key lifetime is refused by prune and worker alike,
     // whatever the guard keeps and even with --override-horizon.
@@ -500,7 +301,7 @@ fn short_retentions_are_refused_unless_overridden(db: &Db) {
     for needle in ["provider key lifetime 1d", "replay window 7d"] {
         assert!(error.contains(needle), "{needle:?} missing from: {error}");
     }
-    assert_eq!(db.guard_rows(), 1, "nothing was pruned");
+    assert_eq!(guard_rows(db), 1, "nothing was pruned");
     let error = db.fails(
         &[
             &["worker", "--until-idle", "--override-horizon"][..],
@@ -509,7 +310,7 @@ fn short_retentions_are_refused_unless_overridden(db: &Db) {
         .concat(),
     );
     assert!(error.contains("provider key lifetime 1d"), "{error}");
-    assert_eq!(db.ledger_rows(), 1, "the worker did not start");
+    assert_eq!(ledger_rows(db), 1, "the worker did not start");
 
     let overridden = db.json(&["prune", "--keep", "6h", "--override-horizon"]);
     assert_eq!(overridden["overridden"], true);
@@ -527,7 +328,7 @@ fn short_retentions_are_refused_unless_overridden(db: &Db) {
         "0s",
     ]);
     assert_eq!(report["applied"], 1, "{report}");
-    assert_eq!(db.ledger_rows(), 2);
+    assert_eq!(ledger_rows(db), 2);
 
     let schedule = db.fails(&["worker", "--until-idle", "--prune-schedule", "every night"]);
     assert!(schedule.contains("not a cron expression"), "{schedule}");
@@ -540,38 +341,8 @@ fn prune_without_a_guard_table_says_so(db: &Db) {
     assert!(error.contains("no guard table `processed_jobs`"), "{error}");
 }
 
-#[test]
-fn prune_deletes_what_is_past_the_retention_on_sqlite() {
-    prune_deletes_what_is_past_the_retention(&Db::sqlite("prune"));
-}
-
-#[test]
-fn prune_deletes_what_is_past_the_retention_on_postgres() {
-    if let Some(db) = Db::postgres("prune") {
-        prune_deletes_what_is_past_the_retention(&db);
-    }
-}
-
-#[test]
-fn short_retentions_are_refused_unless_overridden_on_sqlite() {
-    short_retentions_are_refused_unless_overridden(&Db::sqlite("refused"));
-}
-
-#[test]
-fn short_retentions_are_refused_unless_overridden_on_postgres() {
-    if let Some(db) = Db::postgres("refused") {
-        short_retentions_are_refused_unless_overridden(&db);
-    }
-}
-
-#[test]
-fn prune_without_a_guard_table_says_so_on_sqlite() {
-    prune_without_a_guard_table_says_so(&Db::sqlite("missing"));
-}
-
-#[test]
-fn prune_without_a_guard_table_says_so_on_postgres() {
-    if let Some(db) = Db::postgres("missing") {
-        prune_without_a_guard_table_says_so(&db);
-    }
-}
+each_backend!(
+    prune_deletes_what_is_past_the_retention,
+    short_retentions_are_refused_unless_overridden,
+    prune_without_a_guard_table_says_so,
+);

@@ -7,8 +7,6 @@
 //! runs twice and none is left running. With one attempt per job, any lease taken over
 //! wrongly shows as a dead job that never ran.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,6 +14,8 @@ use std::time::{Duration, Instant};
 use jobguard::queue::{JobState, NewJob};
 use jobguard::{JobKey, Queue};
 use serde_json::{Value, json};
+
+use crate::common::{AnyPool, Db, Proc, alone};
 
 /// Jobs per run.
 const JOBS: i64 = 60;
@@ -27,67 +27,6 @@ const WORKERS: usize = 3;
 const RUNS: usize = 2;
 /// Generous: 60 jobs of 150 ms take 9 s of write lock; a loaded machine can be much slower.
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// A worker process, killed when dropped unless it exited.
-struct Worker {
-    child: Option<Child>,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Worker {
-    fn start(dir: &std::path::Path, url: &str, n: usize) -> Worker {
-        let stdout = dir.join(format!("worker-{n}.out"));
-        let stderr = dir.join(format!("worker-{n}.err"));
-        let child = Command::new(env!("CARGO_BIN_EXE_jobguard"))
-            .args(["worker", "--json", "--until-idle", "--lease", "500ms"])
-            .args(["--poll", "50ms", "--concurrency", "10"])
-            .args(["--database-url", url])
-            .current_dir(dir)
-            .env_remove("DATABASE_URL")
-            .env("JOBGUARD_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout).unwrap())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .expect("start jobguard worker");
-        Worker {
-            child: Some(child),
-            stdout,
-            stderr,
-        }
-    }
-
-    /// Waits for the worker to exit on its own and returns its report.
-    fn finish(&mut self, deadline: Instant) -> Value {
-        let child = self.child.as_mut().expect("still running");
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-                assert!(status.success(), "a worker failed ({status}):\n{stderr}");
-                let stdout = std::fs::read_to_string(&self.stdout).unwrap_or_default();
-                return serde_json::from_str(&stdout)
-                    .unwrap_or_else(|_| panic!("no JSON report: {stdout}\n{stderr}"));
-            }
-            if Instant::now() >= deadline {
-                let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-                panic!("a worker did not finish within {RUN_TIMEOUT:?}:\n{stderr}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
 
 /// A busy loop on every core until dropped: the workers' heartbeats and the job they wait for
 /// compete with it for the processor, as on a loaded machine.
@@ -126,23 +65,6 @@ impl Drop for Load {
     }
 }
 
-fn scratch(run: usize) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "jobguard-sqlite-leases-{}-{run}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// Enqueues `JOBS` credits of one attempt each, holding the write lock `HOLD_MS`.
 async fn enqueue(pool: &sqlx::SqlitePool) {
     let queue = Queue::new(pool.clone());
@@ -165,33 +87,38 @@ async fn enqueue(pool: &sqlx::SqlitePool) {
 }
 
 fn one_run(run: usize) {
-    let dir = scratch(run);
-    let url = format!("sqlite:{}", dir.join("leases.db").display());
-    let rt = rt();
-    let pool = rt.block_on(async {
-        let pool = jobguard::sqlite::connect(&url, 1).await.unwrap();
-        enqueue(&pool).await;
-        pool
-    });
+    let db = Db::sqlite(&format!("sqlite_leases::run{run}"));
+    let AnyPool::Sqlite(pool) = db.pool() else {
+        unreachable!("a SQLite file")
+    };
+    db.block_on(enqueue(pool));
 
     let deadline = Instant::now() + RUN_TIMEOUT;
     let reports: Vec<Value> = {
         let _load = Load::start();
-        let mut workers: Vec<Worker> = (0..WORKERS).map(|n| Worker::start(&dir, &url, n)).collect();
-        workers.iter_mut().map(|w| w.finish(deadline)).collect()
+        let mut workers: Vec<Proc> = (0..WORKERS)
+            .map(|n| {
+                let args = ["worker", "--json", "--until-idle", "--lease", "500ms"];
+                let args = [&args[..], &["--poll", "50ms", "--concurrency", "10"]].concat();
+                db.spawn(&format!("worker-{n}"), &args)
+            })
+            .collect();
+        workers
+            .iter_mut()
+            .map(|w| w.finish_json(deadline.saturating_duration_since(Instant::now())))
+            .collect()
     };
 
-    let (jobs, ledger) = rt.block_on(async {
+    let (jobs, ledger) = db.block_on(async {
         let jobs = Queue::new(pool.clone())
             .list(None, None, 10_000)
             .await
             .unwrap();
         let ledger: Vec<(String, i64)> =
             sqlx::query_as("select job_key, count(*) from jobguard_ledger group by job_key")
-                .fetch_all(&pool)
+                .fetch_all(pool)
                 .await
                 .unwrap();
-        pool.close().await;
         (jobs, ledger)
     });
     let dead: Vec<_> = jobs
@@ -221,11 +148,12 @@ fn one_run(run: usize) {
         "every key applied once: {summary}"
     );
     assert_eq!(stats("applied"), JOBS as u64, "{summary}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn three_workers_waiting_for_the_write_lock_keep_their_leases() {
+    // Alone: the busy loops load every core, which the other tests did not ask for.
+    let _alone = alone();
     let runs = std::env::var("JOBGUARD_SQLITE_LEASE_RUNS")
         .ok()
         .and_then(|n| n.parse().ok())

@@ -1,53 +1,33 @@
 //! The operator commands for effects outside the database, run as the real binary on a fresh
 //! SQLite file: `jobguard outbox list|replay` and `jobguard steps list|resolve`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use jobguard::outbox::Outbox;
 use jobguard::steps::{Reconciled, StepConfig, Steps};
 use jobguard::{JobError, JobKey};
 use jobguard_provider::{Provider, ProviderConfig};
-use serde_json::{Value, json};
+use serde_json::json;
 
-struct Run {
-    ok: bool,
-    json: Value,
-    stdout: String,
-    stderr: String,
-}
+use crate::common::{self, Db, Exit};
 
-fn scratch(test: &str) -> (PathBuf, String) {
-    let dir =
-        std::env::temp_dir().join(format!("jobguard-operators-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite:{}", dir.join("ops.db").display());
-    (dir, url)
-}
-
-async fn jobguard(url: &str, args: &[&str]) -> Run {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobguard"))
-        .args(args)
-        .args(["--database-url", url])
-        .env_remove("DATABASE_URL")
+async fn jobguard(url: &str, args: &[&str]) -> Exit {
+    let mut command = common::jobguard();
+    command.args(args).args(["--database-url", url]);
+    let output = tokio::process::Command::from(command)
         .output()
         .await
         .expect("run jobguard");
-    Run {
-        ok: output.status.success(),
-        json: serde_json::from_slice(&output.stdout).unwrap_or(Value::Null),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Exit::from(output)
 }
 
 /// A poison message is dead-lettered by `jobguard relay`, listed by `jobguard outbox list`,
 /// and delivered once replayed and no longer refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_list_and_replay() {
-    let (_dir, url) = scratch("outbox");
-    let pool = jobguard::sqlite::connect(&url, 2).await.unwrap();
+    let db = Db::sqlite("operators::outbox");
+    let url = &db.url;
+    let pool = jobguard::sqlite::connect(url, 2).await.unwrap();
     let outbox = Outbox::new(pool.clone());
     outbox.migrate().await.unwrap();
     let provider = Provider::start(ProviderConfig::default()).await.unwrap();
@@ -65,12 +45,12 @@ async fn outbox_list_and_replay() {
         .unwrap();
 
     let run = jobguard(
-        &url,
+        url,
         &["relay", "--once", "--webhook-url", &webhooks, "--json"],
     )
     .await;
     assert!(run.ok, "{}", run.stderr);
-    let run = jobguard(&url, &["outbox", "list", "--json"]).await;
+    let run = jobguard(url, &["outbox", "list", "--json"]).await;
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(
         run.json["counts"],
@@ -78,7 +58,7 @@ async fn outbox_list_and_replay() {
         "{}",
         run.stdout
     );
-    let run = jobguard(&url, &["outbox", "list", "--state", "dead", "--json"]).await;
+    let run = jobguard(url, &["outbox", "list", "--state", "dead", "--json"]).await;
     let dead = run.json["messages"].as_array().unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0]["id"], poison_id.as_str());
@@ -87,7 +67,7 @@ async fn outbox_list_and_replay() {
         "{}",
         run.stdout
     );
-    let text = jobguard(&url, &["outbox", "list"]).await;
+    let text = jobguard(url, &["outbox", "list"]).await;
     assert!(text.stdout.contains("1 dead"), "{}", text.stdout);
     assert!(
         text.stdout.contains("jobguard outbox replay"),
@@ -96,14 +76,14 @@ async fn outbox_list_and_replay() {
     );
 
     // Bad ids are refused with a reason; unknown ones say nothing was replayed.
-    let bad = jobguard(&url, &["outbox", "replay", "--id", "no-topic"]).await;
+    let bad = jobguard(url, &["outbox", "replay", "--id", "no-topic"]).await;
     assert!(
         !bad.ok && bad.stderr.contains("<job key>/<topic>"),
         "{}",
         bad.stderr
     );
     let unknown = jobguard(
-        &url,
+        url,
         &["outbox", "replay", "--id", "invoice:order-9/invoices"],
     )
     .await;
@@ -114,13 +94,13 @@ async fn outbox_list_and_replay() {
     );
 
     let run = jobguard(
-        &url,
+        url,
         &["outbox", "replay", "--id", poison_id.as_str(), "--json"],
     )
     .await;
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(run.json["replayed"], json!([poison_id.as_str()]));
-    let run = jobguard(&url, &["outbox", "list", "--json"]).await;
+    let run = jobguard(url, &["outbox", "list", "--json"]).await;
     assert_eq!(
         run.json["counts"],
         json!({"pending": 1, "sent": 1, "dead": 0})
@@ -132,8 +112,9 @@ async fn outbox_list_and_replay() {
 /// `jobguard steps resolve`; deliveries then return the recorded result without calling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_list_and_resolve() {
-    let (_dir, url) = scratch("steps");
-    let pool = jobguard::sqlite::connect(&url, 2).await.unwrap();
+    let db = Db::sqlite("operators::steps");
+    let url = &db.url;
+    let pool = jobguard::sqlite::connect(url, 2).await.unwrap();
     let steps = Steps::with_config(pool.clone(), StepConfig::default().lease(Duration::ZERO));
     steps.migrate().await.unwrap();
     let key = JobKey::new("payout", ["invoice-311"]).unwrap();
@@ -161,13 +142,13 @@ async fn steps_list_and_resolve() {
         Err(jobguard::Error::StepNeedsAttention { .. })
     ));
 
-    let run = jobguard(&url, &["steps", "list", "--json"]).await;
+    let run = jobguard(url, &["steps", "list", "--json"]).await;
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(
         run.json,
         json!([{"key": "payout:invoice-311", "step": "transfer", "reason": "the bank's lookup is down"}])
     );
-    let text = jobguard(&url, &["steps", "list"]).await;
+    let text = jobguard(url, &["steps", "list"]).await;
     assert!(text.stdout.contains("need attention"), "{}", text.stdout);
 
     let args = [
@@ -178,15 +159,15 @@ async fn steps_list_and_resolve() {
         "--done",
         "\"tr_77\"",
     ];
-    let run = jobguard(&url, &args).await;
+    let run = jobguard(url, &args).await;
     assert!(run.ok, "{}", run.stderr);
-    let again = jobguard(&url, &args).await;
+    let again = jobguard(url, &args).await;
     assert!(
         !again.ok && again.stderr.contains("does not need attention"),
         "{}",
         again.stderr
     );
-    let run = jobguard(&url, &["steps", "list", "--json"]).await;
+    let run = jobguard(url, &["steps", "list", "--json"]).await;
     assert_eq!(run.json, json!([]));
 
     let outcome = steps

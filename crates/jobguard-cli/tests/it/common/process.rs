@@ -1,0 +1,210 @@
+//! Processes of the `jobguard` binary: started with their output in files of their own, sent
+//! SIGKILL, SIGSTOP and SIGCONT, waited for with a deadline, and killed when dropped so a
+//! failing test fails instead of hanging.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The binary under test, with no database or log settings inherited from the environment.
+pub fn jobguard() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_jobguard"));
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("JOBGUARD_LOG")
+        .env_remove("JOBGUARD_PROVIDER_URL")
+        .env_remove("JOBGUARD_TOKEN")
+        .env_remove("JOBGUARD_BROKER_URL");
+    command
+}
+
+/// Starts `command` in `dir`, its stdout and stderr going to files named after `name` there.
+pub fn spawn(dir: &Path, name: &str, mut command: Command) -> Proc {
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let stdout = dir.join(format!("{n:04}-{name}.out"));
+    let stderr = dir.join(format!("{n:04}-{name}.err"));
+    let args: Vec<String> = command
+        .get_args()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let child = command
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .expect("start jobguard");
+    Proc {
+        child: Some(child),
+        name: format!("`jobguard {}` ({name})", args.join(" ")),
+        stdout,
+        stderr,
+    }
+}
+
+/// A child process of the binary, killed with SIGKILL when dropped unless it was waited for.
+pub struct Proc {
+    child: Option<Child>,
+    pub name: String,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+}
+
+/// How a process of the binary ended.
+pub struct Exit {
+    pub status: ExitStatus,
+    /// Whether it exited with success.
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+    /// What it printed on stdout, as JSON; `Null` if it was not JSON.
+    pub json: Value,
+}
+
+impl Exit {
+    fn new(status: ExitStatus, stdout: String, stderr: String) -> Exit {
+        Exit {
+            status,
+            ok: status.success(),
+            json: serde_json::from_str(&stdout).unwrap_or(Value::Null),
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl From<std::process::Output> for Exit {
+    fn from(output: std::process::Output) -> Exit {
+        Exit::new(
+            output.status,
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+}
+
+impl Proc {
+    fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the process is still ours")
+    }
+
+    pub fn pid(&self) -> String {
+        self.child
+            .as_ref()
+            .expect("the process is still ours")
+            .id()
+            .to_string()
+    }
+
+    /// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) with the `kill` binary.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {} failed", self.name);
+    }
+
+    /// SIGKILL, and reaps the process so it is gone when this returns.
+    pub fn sigkill(&mut self) -> Exit {
+        self.signal("KILL");
+        let exit = self.wait(Duration::from_secs(10)).unwrap_or_else(|| {
+            panic!("{} survived SIGKILL for 10 s", self.name);
+        });
+        assert!(!exit.status.success(), "{} exited on its own", self.name);
+        exit
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child().try_wait().expect("poll a child").is_none()
+    }
+
+    /// What the process printed so far on stdout and stderr.
+    pub fn output(&self) -> (String, String) {
+        (
+            std::fs::read_to_string(&self.stdout).unwrap_or_default(),
+            std::fs::read_to_string(&self.stderr).unwrap_or_default(),
+        )
+    }
+
+    /// The exit, if the process has exited.
+    pub fn exited(&mut self) -> Option<Exit> {
+        let status = self.child.as_mut()?.try_wait().expect("wait for a child")?;
+        self.child = None;
+        let (stdout, stderr) = self.output();
+        Some(Exit::new(status, stdout, stderr))
+    }
+
+    /// Waits up to `timeout` for the process to exit; `None` if it is still running.
+    pub fn wait(&mut self, timeout: Duration) -> Option<Exit> {
+        let started = Instant::now();
+        self.child();
+        loop {
+            if let Some(exit) = self.exited() {
+                return Some(exit);
+            }
+            if started.elapsed() >= timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits for the process to exit, or kills it and fails the test after `timeout`.
+    pub fn finish(&mut self, timeout: Duration) -> Exit {
+        match self.wait(timeout) {
+            Some(exit) => exit,
+            None => {
+                let (_, stderr) = self.output();
+                self.sigkill();
+                panic!(
+                    "{} did not finish within {timeout:?}; killed it. stderr:\n{}",
+                    self.name,
+                    tail(&stderr)
+                );
+            }
+        }
+    }
+
+    /// Waits for a command that must succeed and print JSON.
+    pub fn finish_json(&mut self, timeout: Duration) -> Value {
+        let exit = self.finish(timeout);
+        assert!(
+            exit.status.success(),
+            "{} failed ({}): {}",
+            self.name,
+            exit.status,
+            exit.stderr
+        );
+        let json = exit.json;
+        assert_ne!(
+            json,
+            Value::Null,
+            "{} printed no JSON: {}",
+            self.name,
+            exit.stdout
+        );
+        json
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            // SIGKILL ends a stopped process too.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The last lines of a log, for a failure message.
+pub fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
