@@ -1,6 +1,45 @@
-//! Test databases: one fresh PostgreSQL schema or SQLite file per test, and the ledger table
-//! the seed's credit job writes to.
+//! Test databases: one fresh PostgreSQL schema or SQLite file per test, the ledger table the
+//! seed's credit job writes to, and [`backends!`], which runs one test on every backend.
 #![allow(dead_code)]
+
+/// Stamps out one `#[tokio::test]` per database backend over a generic
+/// `async fn name<DB: TestDb>()` defined next to it: `backends!(fn name);` gives the tests
+/// `name::postgres` and `name::sqlite`, on a multi-thread runtime with two workers unless
+/// `worker_threads = N` says otherwise. `backends!(fn name, blocking);` stamps out plain
+/// `#[test]`s over a synchronous `fn name<DB: TestDb>()`, for tests that build their own
+/// runtime (a thread-local metrics recorder).
+macro_rules! backends {
+    (fn $name:ident) => {
+        backends!(fn $name, worker_threads = 2);
+    };
+    (fn $name:ident, blocking) => {
+        mod $name {
+            #[test]
+            fn postgres() {
+                super::$name::<sqlx::Postgres>();
+            }
+
+            #[test]
+            fn sqlite() {
+                super::$name::<sqlx::Sqlite>();
+            }
+        }
+    };
+    (fn $name:ident, worker_threads = $threads:literal) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+            async fn postgres() {
+                super::$name::<sqlx::Postgres>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+            async fn sqlite() {
+                super::$name::<sqlx::Sqlite>().await;
+            }
+        }
+    };
+}
+
 
 use std::future::Future;
 use std::time::Duration;
@@ -50,6 +89,19 @@ pub trait TestDb: Backend {
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
     fn count(pool: &Pool<Self>, sql: &'static str) -> impl Future<Output = i64> + Send;
+
+    /// Runs a statement on a connection or transaction.
+    fn execute(
+        conn: &mut Self::Connection,
+        sql: &'static str,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// The one number `sql` selects, with `arg` bound to `$1`.
+    fn fetch_i64(
+        conn: &mut Self::Connection,
+        sql: &'static str,
+        arg: i64,
+    ) -> impl Future<Output = sqlx::Result<i64>> + Send;
 }
 
 pub async fn ledger_rows<DB: TestDb>(pool: &Pool<DB>) -> i64 {
@@ -127,16 +179,37 @@ impl TestDb for Postgres {
             .await
             .expect(sql)
     }
+
+    async fn execute(conn: &mut Self::Connection, sql: &'static str) -> sqlx::Result<()> {
+        sqlx::query(sql).execute(conn).await?;
+        Ok(())
+    }
+
+    async fn fetch_i64(conn: &mut Self::Connection, sql: &'static str, arg: i64) -> sqlx::Result<i64> {
+        sqlx::query_scalar(sql).bind(arg).fetch_one(conn).await
+    }
+}
+
+/// The SQLite file a test owns.
+pub fn sqlite_path(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join("jobguard-tests");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join(format!("{test}-{}.db", std::process::id()))
+}
+
+/// Removes a SQLite database: the file, its WAL and shared-memory files, and the folder of
+/// lease heartbeats the queue keeps beside it (`<database>-jobguard-leases/`).
+pub fn remove_sqlite(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let _ = std::fs::remove_dir_all(format!("{}-jobguard-leases", path.display()));
 }
 
 impl TestDb for Sqlite {
     async fn open(test: &str, connections: u32) -> Option<Pool<Self>> {
-        let dir = std::env::temp_dir().join("jobguard-tests");
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join(format!("{test}-{}.db", std::process::id()));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-        }
+        let path = sqlite_path(test);
+        remove_sqlite(&path);
         let url = format!("sqlite:{}", path.display());
         let pool = jobguard::sqlite::connect(&url, connections)
             .await
@@ -163,5 +236,14 @@ impl TestDb for Sqlite {
             .fetch_one(pool)
             .await
             .expect(sql)
+    }
+
+    async fn execute(conn: &mut Self::Connection, sql: &'static str) -> sqlx::Result<()> {
+        sqlx::query(sql).execute(conn).await?;
+        Ok(())
+    }
+
+    async fn fetch_i64(conn: &mut Self::Connection, sql: &'static str, arg: i64) -> sqlx::Result<i64> {
+        sqlx::query_scalar(sql).bind(arg).fetch_one(conn).await
     }
 }

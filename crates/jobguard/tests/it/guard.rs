@@ -1,5 +1,5 @@
-// The guard's conformance suite, included once per backend by `tests/guard.rs` with `DB` set
-// to the backend's type, so every test runs on real PostgreSQL and real SQLite.
+//! The guard's conformance suite: every test runs on real PostgreSQL and real SQLite
+//! (`backends!`).
 
 use std::time::{Duration, SystemTime};
 
@@ -13,7 +13,7 @@ fn key(n: usize) -> JobKey {
     JobKey::new("credit", [format!("order-{n}")]).expect("valid key")
 }
 
-async fn credit(guard: &Guard<DB>, key: &JobKey, amount: i64) -> jobguard::Result<Outcome<()>> {
+async fn credit<DB: TestDb>(guard: &Guard<DB>, key: &JobKey, amount: i64) -> jobguard::Result<Outcome<()>> {
     // `move`: a closure borrowing from an async fn's arguments makes its future !Send to
     // rustc (rust-lang/rust#110338), and `deliver_concurrently` spawns it.
     guard
@@ -24,9 +24,9 @@ async fn credit(guard: &Guard<DB>, key: &JobKey, amount: i64) -> jobguard::Resul
         .await
 }
 
+backends!(fn concurrent_deliveries_apply_each_key_once);
 /// The seed's experiment: 100 jobs, each delivered three times at once over 20 connections.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_deliveries_apply_each_key_once() {
+async fn concurrent_deliveries_apply_each_key_once<DB: TestDb>() {
     let Some(pool) = DB::open("concurrent_deliveries_apply_each_key_once", 20).await else { return };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -34,7 +34,7 @@ async fn concurrent_deliveries_apply_each_key_once() {
 
     let report = deliver_concurrently(&keys, 3, move |key| {
         let guard = guard.clone();
-        async move { credit(&guard, &key, 500).await }
+        async move { credit::<DB>(&guard, &key, 500).await }
     })
     .await;
 
@@ -46,8 +46,8 @@ async fn concurrent_deliveries_apply_each_key_once() {
     assert_eq!(guard_rows(&pool).await, 100);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_effect_rolls_back_the_guard_row_and_the_retry_applies() {
+backends!(fn failed_effect_rolls_back_the_guard_row_and_the_retry_applies);
+async fn failed_effect_rolls_back_the_guard_row_and_the_retry_applies<DB: TestDb>() {
     let Some(pool) = DB::open("failed_effect_rolls_back_the_guard_row_and_the_retry_applies", 4).await else { return };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -64,15 +64,15 @@ async fn failed_effect_rolls_back_the_guard_row_and_the_retry_applies() {
     assert_eq!(ledger_rows(&pool).await, 0, "the effect was rolled back");
     assert_eq!(guard_rows(&pool).await, 0, "the guard row was rolled back with it");
 
-    assert!(credit(&guard, &key, 500).await.unwrap().is_applied(), "the retry applies");
-    assert!(credit(&guard, &key, 500).await.unwrap().is_duplicate());
+    assert!(credit::<DB>(&guard, &key, 500).await.unwrap().is_applied(), "the retry applies");
+    assert!(credit::<DB>(&guard, &key, 500).await.unwrap().is_duplicate());
     assert_eq!(ledger_rows(&pool).await, 1);
 }
 
+backends!(fn rollback_lets_the_waiting_concurrent_delivery_apply);
 /// A second delivery that arrives while the first is still running waits for it; when the
 /// first rolls back, the second applies.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollback_lets_the_waiting_concurrent_delivery_apply() {
+async fn rollback_lets_the_waiting_concurrent_delivery_apply<DB: TestDb>() {
     let Some(pool) = DB::open("rollback_lets_the_waiting_concurrent_delivery_apply", 4).await else { return };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -96,15 +96,15 @@ async fn rollback_lets_the_waiting_concurrent_delivery_apply() {
         }
     });
     claimed_rx.await.unwrap();
-    let second = credit(&guard, &key, 500).await.unwrap();
+    let second = credit::<DB>(&guard, &key, 500).await.unwrap();
 
     assert!(matches!(first.await.unwrap(), Err(Error::Effect { .. })));
     assert!(second.is_applied(), "the waiting delivery applied after the rollback: {second:?}");
     assert_eq!(ledger_rows(&pool).await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_carries_the_first_result_and_time() {
+backends!(fn duplicate_carries_the_first_result_and_time);
+async fn duplicate_carries_the_first_result_and_time<DB: TestDb>() {
     let Some(pool) = DB::open("duplicate_carries_the_first_result_and_time", 4).await else { return };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -131,8 +131,8 @@ async fn duplicate_carries_the_first_result_and_time() {
     assert!(guard.lookup(&JobKey::new("charge", ["order-1"]).unwrap()).await.unwrap().is_none());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reused_key_with_another_payload_applies_nothing() {
+backends!(fn reused_key_with_another_payload_applies_nothing);
+async fn reused_key_with_another_payload_applies_nothing<DB: TestDb>() {
     let Some(pool) = DB::open("reused_key_with_another_payload_applies_nothing", 4).await else { return };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -158,8 +158,8 @@ async fn reused_key_with_another_payload_applies_nothing() {
     assert_eq!((ledger_rows(&pool).await, ledger_total(&pool).await), (1, 500));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_tx_follows_the_callers_commit_and_rollback() {
+backends!(fn claim_tx_follows_the_callers_commit_and_rollback);
+async fn claim_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
     let Some(pool) = DB::open("claim_tx_follows_the_callers_commit_and_rollback", 4).await else { return };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -185,15 +185,15 @@ async fn claim_tx_follows_the_callers_commit_and_rollback() {
     assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (1, 1));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn running_twice_leaves_the_state_of_one_run() {
+backends!(fn running_twice_leaves_the_state_of_one_run);
+async fn running_twice_leaves_the_state_of_one_run<DB: TestDb>() {
     let Some(pool) = DB::open("running_twice_leaves_the_state_of_one_run", 4).await else { return };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
     let key = key(5);
     let state = async || Ok((ledger_rows(&pool).await, ledger_total(&pool).await));
 
-    let guarded = testkit::run_twice(async || credit(&guard, &key, 500).await.map(drop), state).await.unwrap();
+    let guarded = testkit::run_twice(async || credit::<DB>(&guard, &key, 500).await.map(drop), state).await.unwrap();
     assert!(guarded.is_idempotent(), "{guarded:?}");
     assert_eq!(guarded.after_two, (1, 500));
 
@@ -211,8 +211,8 @@ async fn running_twice_leaves_the_state_of_one_run() {
     assert!(!naive.is_idempotent(), "{naive:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fatal_and_retryable_effect_errors_are_told_apart() {
+backends!(fn fatal_and_retryable_effect_errors_are_told_apart);
+async fn fatal_and_retryable_effect_errors_are_told_apart<DB: TestDb>() {
     let Some(pool) = DB::open("fatal_and_retryable_effect_errors_are_told_apart", 4).await else { return };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -229,7 +229,7 @@ async fn fatal_and_retryable_effect_errors_are_told_apart() {
         .run(&key(7), async |conn| {
             DB::insert_ledger(conn, 7, 500).await?;
             let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-            sqlx::query("insert into no_such_table values (1)").execute(&mut *tx).await?;
+            DB::execute(&mut tx, "insert into no_such_table values (1)").await?;
             Ok(())
         })
         .await
@@ -239,15 +239,15 @@ async fn fatal_and_retryable_effect_errors_are_told_apart() {
     assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (0, 0));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn configured_table_holds_the_guard() {
+backends!(fn configured_table_holds_the_guard);
+async fn configured_table_holds_the_guard<DB: TestDb>() {
     let Some(pool) = DB::open("configured_table_holds_the_guard", 4).await else { return };
     let table = TableName::new("billing_guard").unwrap();
     let guard = Guard::with_config(pool.clone(), GuardConfig::default().table(table)).unwrap();
     guard.migrate().await.unwrap();
     guard.migrate().await.expect("migrate is idempotent");
 
-    assert!(credit(&guard, &key(8), 500).await.unwrap().is_applied());
-    assert!(credit(&guard, &key(8), 500).await.unwrap().is_duplicate());
+    assert!(credit::<DB>(&guard, &key(8), 500).await.unwrap().is_applied());
+    assert!(credit::<DB>(&guard, &key(8), 500).await.unwrap().is_duplicate());
     assert_eq!(DB::count(&pool, "select count(*) from billing_guard").await, 1);
 }

@@ -1,5 +1,4 @@
-// Guard retention's conformance suite, included once per backend by `tests/retention.rs` with
-// `DB` set to the backend's type.
+//! Guard, job and step retention's conformance suite, on every backend (`backends!`).
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -10,10 +9,8 @@ use jobguard::steps::{Reconciled, Steps};
 use jobguard::{Error, Guard, Job, JobError, JobKey, KeyError, Queue, RetryPolicy, Worker, WorkerConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::common::{TestDb, guard_rows, ledger_rows};
-use crate::{Aging, DAY};
-
-type Conn = <DB as sqlx::Database>::Connection;
+use crate::common::{guard_rows, ledger_rows};
+use super::{Aging, DAY};
 
 /// The seed's credit job.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -22,14 +19,14 @@ struct Credit {
     amount: i64,
 }
 
-impl Job<DB> for Credit {
+impl<DB: Aging> Job<DB> for Credit {
     const KIND: &'static str = "credit";
 
     fn key(&self) -> Result<JobKey, KeyError> {
         JobKey::new("credit", [format!("order-{}", self.order)])
     }
 
-    async fn run(&self, conn: &mut Conn) -> Result<(), JobError> {
+    async fn run(&self, conn: &mut DB::Connection) -> Result<(), JobError> {
         DB::insert_ledger(conn, 7, self.amount).await?;
         Ok(())
     }
@@ -45,7 +42,7 @@ fn draining() -> WorkerConfig {
     }
 }
 
-async fn setup(test: &str) -> Option<(sqlx::Pool<DB>, Queue<DB>)> {
+async fn setup<DB: Aging>(test: &str) -> Option<(sqlx::Pool<DB>, Queue<DB>)> {
     let pool = DB::open(test, 8).await?;
     let queue = Queue::new(pool.clone());
     queue.migrate().await.unwrap();
@@ -53,7 +50,7 @@ async fn setup(test: &str) -> Option<(sqlx::Pool<DB>, Queue<DB>)> {
     Some((pool, queue))
 }
 
-async fn drain(queue: &Queue<DB>) -> jobguard::WorkerStats {
+async fn drain<DB: Aging>(queue: &Queue<DB>) -> jobguard::WorkerStats {
     let worker = Worker::with_config(queue.clone(), draining()).unwrap().register::<Credit>();
     tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
         .await
@@ -70,10 +67,10 @@ fn retention(config: RetentionConfig) -> Retention {
 /// Applies a credit through the worker, ages its guard row by `age`, then enqueues the same
 /// credit again and dead-letters it by hand: a dead letter whose key the guard applied `age`
 /// ago. Returns the dead job's id.
-async fn applied_then_dead_lettered(pool: &sqlx::Pool<DB>, queue: &Queue<DB>, age: Duration) -> i64 {
+async fn applied_then_dead_lettered<DB: Aging>(pool: &sqlx::Pool<DB>, queue: &Queue<DB>, age: Duration) -> i64 {
     let credit = Credit { order: 5, amount: 500 };
     queue.enqueue_job(&credit).await.unwrap();
-    assert_eq!(drain(queue).await.applied, 1);
+    assert_eq!(drain::<DB>(queue).await.applied, 1);
     DB::age_guard(pool, age).await;
 
     let second = queue.enqueue_job(&credit).await.unwrap();
@@ -84,10 +81,10 @@ async fn applied_then_dead_lettered(pool: &sqlx::Pool<DB>, queue: &Queue<DB>, ag
     second.id
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_letter_replayed_within_the_retention_is_a_duplicate() {
-    let Some((pool, queue)) = setup("retention_replay_within").await else { return };
-    let dead = applied_then_dead_lettered(&pool, &queue, 3 * DAY).await;
+backends!(fn a_dead_letter_replayed_within_the_retention_is_a_duplicate);
+async fn a_dead_letter_replayed_within_the_retention_is_a_duplicate<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_replay_within").await else { return };
+    let dead = applied_then_dead_lettered::<DB>(&pool, &queue, 3 * DAY).await;
 
     // Two weeks cover the default 7-day replay window; a prune now keeps the 3-day-old key.
     let guard = queue.guard(Default::default()).unwrap();
@@ -95,21 +92,21 @@ async fn a_dead_letter_replayed_within_the_retention_is_a_duplicate() {
     assert_eq!(pruner.run().await.unwrap().unwrap().guard_rows, 0);
 
     assert_eq!(queue.replay(&Replay::Job(dead)).await.unwrap(), vec![dead]);
-    let stats = drain(&queue).await;
+    let stats = drain::<DB>(&queue).await;
     assert_eq!((stats.applied, stats.duplicates), (0, 1), "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 1, "the replay changed nothing");
 }
 
+backends!(fn a_replay_older_than_the_retention_applies_again);
 /// The seed's pitfall, "pruning too early", on purpose. The operator declared a 12-hour replay
 /// window, so a one-day retention covers the horizon (about 12 h 10 m) and passes the check.
 /// Then they replay a dead letter three days later, outside the window they declared: the
 /// guard no longer holds the key, because the prune deleted it as the retention said it could,
 /// and the job applies a second time. The horizon is only as good as what is declared; a replay
 /// after the declared window is exactly the duplicate no retention shorter than it can stop.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_older_than_the_retention_applies_again() {
-    let Some((pool, queue)) = setup("retention_replay_after").await else { return };
-    let dead = applied_then_dead_lettered(&pool, &queue, 3 * DAY).await;
+async fn a_replay_older_than_the_retention_applies_again<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_replay_after").await else { return };
+    let dead = applied_then_dead_lettered::<DB>(&pool, &queue, 3 * DAY).await;
 
     let config = RetentionConfig {
         keep: DAY,
@@ -124,14 +121,14 @@ async fn a_replay_older_than_the_retention_applies_again() {
     assert_eq!(guard_rows(&pool).await, 0);
 
     queue.replay(&Replay::Job(dead)).await.unwrap();
-    let stats = drain(&queue).await;
+    let stats = drain::<DB>(&queue).await;
     assert_eq!((stats.applied, stats.duplicates), (1, 0), "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 2, "the credit was applied twice");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden() {
-    let Some((pool, queue)) = setup("retention_refused").await else { return };
+backends!(fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden);
+async fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_refused").await else { return };
     queue.enqueue_job(&Credit { order: 1, amount: 500 }).await.unwrap();
     let short = RetentionConfig { keep: Duration::from_secs(3600), ..RetentionConfig::default() };
     let config = WorkerConfig { retention: short.clone(), ..draining() };
@@ -169,8 +166,8 @@ async fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden() {
     assert_eq!(stats.applied, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pruning_deletes_old_rows_in_batches_and_keeps_the_rest() {
+backends!(fn pruning_deletes_old_rows_in_batches_and_keeps_the_rest);
+async fn pruning_deletes_old_rows_in_batches_and_keeps_the_rest<DB: Aging>() {
     let Some(pool) = DB::open("retention_batches", 4).await else { return };
     let guard = Guard::<DB>::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -216,7 +213,7 @@ async fn pruning_deletes_old_rows_in_batches_and_keeps_the_rest() {
 }
 
 /// Steps by state: done, started, attention.
-async fn step_states(pool: &sqlx::Pool<DB>) -> (i64, i64, i64) {
+async fn step_states<DB: Aging>(pool: &sqlx::Pool<DB>) -> (i64, i64, i64) {
     (
         DB::count(pool, "select count(*) from jobguard_steps where state = 'done'").await,
         DB::count(pool, "select count(*) from jobguard_steps where state = 'started'").await,
@@ -224,8 +221,8 @@ async fn step_states(pool: &sqlx::Pool<DB>) -> (i64, i64, i64) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn done_steps_are_pruned_and_started_or_attention_steps_survive() {
+backends!(fn done_steps_are_pruned_and_started_or_attention_steps_survive);
+async fn done_steps_are_pruned_and_started_or_attention_steps_survive<DB: Aging>() {
     let Some(pool) = DB::open("retention_steps", 4).await else { return };
     let guard = Guard::<DB>::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -277,23 +274,23 @@ async fn done_steps_are_pruned_and_started_or_attention_steps_survive() {
         .run(&key("p-4"), "transfer", async || Ok("tr-4".to_owned()), async || Ok(Reconciled::NotDone))
         .await
         .unwrap();
-    assert_eq!(step_states(&pool).await, (2, 1, 1));
+    assert_eq!(step_states::<DB>(&pool).await, (2, 1, 1));
 
     let pruner = Pruner::new(&guard, retention(RetentionConfig::default())).steps(steps.clone());
     assert_eq!(pruner.plan().await.unwrap().step_rows, 1);
     let report = pruner.run().await.unwrap().unwrap();
     assert_eq!(report.step_rows, 1, "{report:?}");
-    assert_eq!(step_states(&pool).await, (1, 1, 1), "only the month-old done step went");
+    assert_eq!(step_states::<DB>(&pool).await, (1, 1, 1), "only the month-old done step went");
     let attention = steps.attention(10).await.unwrap();
     assert_eq!(attention.len(), 1);
     assert_eq!(attention[0].key, "payout:p-3");
 }
 
+backends!(fn a_second_pruner_skips_while_the_first_runs);
 /// Only one pruner runs on a table at a time: a second pruner on its own pool (on PostgreSQL,
 /// another session, as another process would be) asked while the first is between batches
 /// finds the table taken and deletes nothing; once the first is done, it runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_pruner_skips_while_the_first_runs() {
+async fn a_second_pruner_skips_while_the_first_runs<DB: Aging>() {
     let Some(pool) = DB::open("retention_one_pruner", 4).await else { return };
     let guard = Guard::<DB>::new(pool.clone());
     guard.migrate().await.unwrap();
@@ -325,12 +322,12 @@ async fn a_second_pruner_skips_while_the_first_runs() {
     assert_eq!(after.map(|report| report.guard_rows), Some(0), "the table is free again");
 }
 
+backends!(fn two_workers_prune_on_schedule_one_at_a_time);
 /// Two workers prune on a schedule that fires every second; each prune of the 300 old rows
 /// takes at least three seconds (30 batches, 100 ms apart). Whichever worker starts first holds
 /// the table, and the other's rounds meanwhile are skipped instead of pruning alongside.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_prune_on_schedule_one_at_a_time() {
-    let Some((pool, queue)) = setup("retention_two_workers").await else { return };
+async fn two_workers_prune_on_schedule_one_at_a_time<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_two_workers").await else { return };
     DB::insert_guard_rows(&pool, "old", 300, 30 * DAY).await;
     let other_pool = sqlx::pool::PoolOptions::<DB>::new()
         .max_connections(8)
@@ -378,16 +375,16 @@ async fn two_workers_prune_on_schedule_one_at_a_time() {
     assert_eq!(ledger_rows(&pool).await, 1);
 }
 
+backends!(fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay);
 /// Completed jobs go after `keep_completed` and dead ones after `keep_dead`, by when they
 /// finished, in batches; jobs that wait or run stay whatever their age, and so do finished
 /// jobs younger than their retention.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay() {
-    let Some((pool, queue)) = setup("retention_jobs").await else { return };
+async fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_jobs").await else { return };
     for order in 1..=4 {
         queue.enqueue_job(&Credit { order, amount: 100 }).await.unwrap();
     }
-    assert_eq!(drain(&queue).await.applied, 4);
+    assert_eq!(drain::<DB>(&queue).await.applied, 4);
     // A dead job, and a job that waits (scheduled for tomorrow).
     let dead = queue.enqueue_job(&Credit { order: 5, amount: 100 }).await.unwrap();
     let leased = queue.fetch("default", 1, Duration::from_secs(30)).await.unwrap();
@@ -406,7 +403,7 @@ async fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay() {
     DB::age_jobs(&pool, 2 * DAY).await;
     // One fresh completed job.
     queue.enqueue_job(&Credit { order: 7, amount: 100 }).await.unwrap();
-    assert_eq!(drain(&queue).await.applied, 1);
+    assert_eq!(drain::<DB>(&queue).await.applied, 1);
 
     let config = RetentionConfig {
         keep_completed: DAY,
@@ -441,21 +438,21 @@ async fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay() {
 
     // Zero keeps no completed job at all; the guard still remembers every key.
     queue.enqueue_job(&Credit { order: 8, amount: 100 }).await.unwrap();
-    assert_eq!(drain(&queue).await.applied, 1);
+    assert_eq!(drain::<DB>(&queue).await.applied, 1);
     let now = RetentionConfig { keep_completed: Duration::ZERO, ..config };
     let report = Pruner::new(&guard, retention(now)).jobs(&queue).run().await.unwrap().unwrap();
     assert_eq!(report.completed_jobs, 1, "{report:?}");
     assert_eq!(queue.counts().await.unwrap().completed, 0);
     assert_eq!(guard_rows(&pool).await, 6);
     queue.enqueue_job(&Credit { order: 8, amount: 100 }).await.unwrap();
-    let stats = drain(&queue).await;
+    let stats = drain::<DB>(&queue).await;
     assert_eq!((stats.applied, stats.duplicates), (0, 1), "the guard row stops it: {stats:?}");
 }
 
+backends!(fn the_scheduled_prune_deletes_finished_jobs);
 /// The worker's scheduled prune deletes finished jobs too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_scheduled_prune_deletes_finished_jobs() {
-    let Some((pool, queue)) = setup("retention_scheduled_jobs").await else { return };
+async fn the_scheduled_prune_deletes_finished_jobs<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_scheduled_jobs").await else { return };
     for order in 1..=3 {
         queue.enqueue_job(&Credit { order, amount: 100 }).await.unwrap();
     }
@@ -490,11 +487,11 @@ async fn the_scheduled_prune_deletes_finished_jobs() {
     assert_eq!(DB::count(&pool, "select count(*) from jobguard_jobs").await, 0);
 }
 
+backends!(fn counts_stay_bounded_on_a_large_table);
 /// Finished jobs above the cap are estimated, live ones counted exactly, and the finished
 /// states are read from their own index (the plan never reads the whole table).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn counts_stay_bounded_on_a_large_table() {
-    let Some((pool, queue)) = setup("retention_counts").await else { return };
+async fn counts_stay_bounded_on_a_large_table<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_counts").await else { return };
     let cap = jobguard::queue::TERMINAL_COUNT_CAP;
     DB::insert_finished_jobs(&pool, "completed", cap + 5_000).await;
     DB::insert_finished_jobs(&pool, "dead", 3).await;
@@ -523,7 +520,7 @@ struct ChargeContext {
     broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl jobguard::external::ExternalJob<DB> for RecordedCharge {
+impl<DB: Aging> jobguard::external::ExternalJob<DB> for RecordedCharge {
     const KIND: &'static str = "charge";
     const STEP: &'static str = "create-charge";
     type Context = ChargeContext;
@@ -548,7 +545,7 @@ impl jobguard::external::ExternalJob<DB> for RecordedCharge {
     async fn record(
         &self,
         context: &ChargeContext,
-        conn: &mut Conn,
+        conn: &mut DB::Connection,
         charge: &Self::Output,
     ) -> Result<(), JobError> {
         if context.broken.load(std::sync::atomic::Ordering::SeqCst) {
@@ -559,6 +556,7 @@ impl jobguard::external::ExternalJob<DB> for RecordedCharge {
     }
 }
 
+backends!(fn a_replay_after_the_provider_forgot_the_key_charges_twice_and_is_refused);
 /// The double charge, end to end: a provider that forgets idempotency keys after a
 /// few seconds (Stripe: 24 hours), a worker whose charge was made but not recorded, the dead
 /// job replayed. Replayed while the provider still remembers the key, the charge comes back
@@ -566,10 +564,9 @@ impl jobguard::external::ExternalJob<DB> for RecordedCharge {
 /// again: two charges for one order. The retention check refuses the configuration that
 /// allows that (a replay window past the provider key lifetime), and the worker does not
 /// start with it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_after_the_provider_forgot_the_key_charges_twice_and_is_refused() {
+async fn a_replay_after_the_provider_forgot_the_key_charges_twice_and_is_refused<DB: Aging>() {
     use jobguard_provider::{Provider, ProviderClient, ProviderConfig};
-    let Some((pool, queue)) = setup("retention_provider_ttl").await else { return };
+    let Some((pool, queue)) = setup::<DB>("retention_provider_ttl").await else { return };
     let key_ttl = Duration::from_secs(3);
     let provider = Provider::start(ProviderConfig { key_ttl: Some(key_ttl), ..ProviderConfig::default() })
         .await

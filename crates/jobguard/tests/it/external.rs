@@ -1,9 +1,10 @@
-// Effects outside the database, included once per backend by `tests/external.rs` with `DB` set
-// to the backend's type. Every charge goes to a real HTTP payment provider on loopback, which
-// keeps its own record: the tests count charges where they happen.
-//
-// A worker "dies" by having its delivery future dropped at the chosen point: its transaction
-// is rolled back and nothing after that point runs, as when the process is killed.
+//! Effects outside the database, on every backend (`backends!`): keyed calls recorded with the
+//! guard, and the started/done step ledger with reconciliation. Every charge goes to a real
+//! HTTP payment provider on loopback, which keeps its own record: the tests count charges where
+//! they happen.
+//!
+//! A worker "dies" by having its delivery future dropped at the chosen point: its transaction
+//! is rolled back and nothing after that point runs, as when the process is killed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,7 +41,7 @@ async fn die_when<F: Future>(delivery: F, died: oneshot::Receiver<()>) {
 
 /// One delivery of the seed's `charge_order`: the API call with the derived key, then the
 /// order's ledger row and the guard row in one transaction.
-async fn charge_order(
+async fn charge_order<DB: TestDb>(
     guard: &Guard<DB>,
     client: &ProviderClient,
     order: &str,
@@ -69,8 +70,8 @@ async fn charge_order(
         .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyed_crash_before_commit_records_the_original() {
+backends!(fn keyed_crash_before_commit_records_the_original);
+async fn keyed_crash_before_commit_records_the_original<DB: TestDb>() {
     let Some(pool) = DB::open("keyed_crash_before_commit_records_the_original", 4).await else {
         return;
     };
@@ -107,7 +108,7 @@ async fn keyed_crash_before_commit_records_the_original() {
     assert!(guard.lookup(&key).await.unwrap().is_none());
 
     // The redelivery calls with the same key: the provider answers with the original charge.
-    let outcome = charge_order(&guard, &client, "order-8812", 4200).await.unwrap();
+    let outcome = charge_order::<DB>(&guard, &client, "order-8812", 4200).await.unwrap();
     assert_eq!(outcome, Outcome::Applied(charged[0].clone()));
     assert_eq!(provider.provider().charges().len(), 1, "no second charge");
     assert_eq!(ledger_rows(&pool).await, 1);
@@ -115,7 +116,7 @@ async fn keyed_crash_before_commit_records_the_original() {
     assert_eq!(recorded.result, Some(json!(charged[0])));
 
     // Later deliveries return the recorded charge without calling.
-    let again = charge_order(&guard, &client, "order-8812", 4200).await.unwrap();
+    let again = charge_order::<DB>(&guard, &client, "order-8812", 4200).await.unwrap();
     assert!(again.is_duplicate());
     assert_eq!(again.into_value(), Some(charged[0].clone()));
     assert_eq!(provider.provider().charges().len(), 1);
@@ -123,9 +124,9 @@ async fn keyed_crash_before_commit_records_the_original() {
     provider.stop().await;
 }
 
+backends!(fn naive_crash_before_commit_charges_twice);
 /// The control: without a key, the same crash makes a second charge.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn naive_crash_before_commit_charges_twice() {
+async fn naive_crash_before_commit_charges_twice<DB: TestDb>() {
     let Some(pool) = DB::open("naive_crash_before_commit_charges_twice", 4).await else {
         return;
     };
@@ -159,8 +160,8 @@ async fn naive_crash_before_commit_charges_twice() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_keyed_deliveries_charge_once() {
+backends!(fn concurrent_keyed_deliveries_charge_once);
+async fn concurrent_keyed_deliveries_charge_once<DB: TestDb>() {
     let Some(pool) = DB::open("concurrent_keyed_deliveries_charge_once", 8).await else {
         return;
     };
@@ -179,7 +180,7 @@ async fn concurrent_keyed_deliveries_charge_once() {
         let (guard, client, in_flight) = (guard.clone(), client.clone(), in_flight.clone());
         tokio::spawn(async move {
             loop {
-                match charge_order(&guard, &client, "order-77", 1500).await {
+                match charge_order::<DB>(&guard, &client, "order-77", 1500).await {
                     Ok(outcome) => return outcome,
                     Err(error) if error.is_retryable() => {
                         in_flight.fetch_add(1, Ordering::Relaxed);
@@ -210,13 +211,13 @@ async fn concurrent_keyed_deliveries_charge_once() {
 
 const LEASE: Duration = Duration::from_millis(300);
 
-struct Keyless {
+struct Keyless<DB: TestDb> {
     steps: Steps<DB>,
     client: ProviderClient,
     calls: AtomicUsize,
 }
 
-impl Keyless {
+impl<DB: TestDb> Keyless<DB> {
     async fn new(pool: sqlx::Pool<DB>, url: String) -> Self {
         let steps = Steps::with_config(pool, StepConfig::default().lease(LEASE));
         steps.migrate().await.unwrap();
@@ -299,8 +300,8 @@ impl Keyless {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_crash_after_call_reconciles_as_done() {
+backends!(fn keyless_crash_after_call_reconciles_as_done);
+async fn keyless_crash_after_call_reconciles_as_done<DB: TestDb>() {
     let Some(pool) = DB::open("keyless_crash_after_call_reconciles_as_done", 4).await else {
         return;
     };
@@ -328,8 +329,8 @@ async fn keyless_crash_after_call_reconciles_as_done() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_crash_before_call_reconciles_and_calls() {
+backends!(fn keyless_crash_before_call_reconciles_and_calls);
+async fn keyless_crash_before_call_reconciles_and_calls<DB: TestDb>() {
     let Some(pool) = DB::open("keyless_crash_before_call_reconciles_and_calls", 4).await else {
         return;
     };
@@ -348,8 +349,8 @@ async fn keyless_crash_before_call_reconciles_and_calls() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_unknown_marks_attention_and_never_calls() {
+backends!(fn keyless_unknown_marks_attention_and_never_calls);
+async fn keyless_unknown_marks_attention_and_never_calls<DB: TestDb>() {
     let Some(pool) = DB::open("keyless_unknown_marks_attention_and_never_calls", 4).await else {
         return;
     };
@@ -391,8 +392,8 @@ async fn keyless_unknown_marks_attention_and_never_calls() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_failed_call_is_reconciled_not_repeated() {
+backends!(fn keyless_failed_call_is_reconciled_not_repeated);
+async fn keyless_failed_call_is_reconciled_not_repeated<DB: TestDb>() {
     let Some(pool) = DB::open("keyless_failed_call_is_reconciled_not_repeated", 4).await else {
         return;
     };
@@ -422,8 +423,8 @@ async fn keyless_failed_call_is_reconciled_not_repeated() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_keyless_deliveries_call_once() {
+backends!(fn concurrent_keyless_deliveries_call_once);
+async fn concurrent_keyless_deliveries_call_once<DB: TestDb>() {
     let Some(pool) = DB::open("concurrent_keyless_deliveries_call_once", 8).await else {
         return;
     };
@@ -464,8 +465,8 @@ async fn concurrent_keyless_deliveries_call_once() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sweep_reconciles_stale_steps() {
+backends!(fn sweep_reconciles_stale_steps);
+async fn sweep_reconciles_stale_steps<DB: TestDb>() {
     let Some(pool) = DB::open("sweep_reconciles_stale_steps", 4).await else { return };
     let provider = Provider::start(ProviderConfig::default()).await.unwrap();
     let keyless = Keyless::new(pool, provider.url()).await;
@@ -521,7 +522,7 @@ struct ChargeJob {
     amount: i64,
 }
 
-impl jobguard::external::ExternalJob<DB> for ChargeJob {
+impl<DB: TestDb> jobguard::external::ExternalJob<DB> for ChargeJob {
     const KIND: &'static str = "charge";
     const STEP: &'static str = "create-charge";
     type Context = ProviderClient;
@@ -549,10 +550,10 @@ impl jobguard::external::ExternalJob<DB> for ChargeJob {
     }
 }
 
+backends!(fn worker_runs_external_jobs_once);
 /// Five orders were charged by a worker that died before recording; the worker charges the
 /// other fifteen and records all twenty, with twenty charges at the provider.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn worker_runs_external_jobs_once() {
+async fn worker_runs_external_jobs_once<DB: TestDb>() {
     let Some(pool) = DB::open("worker_runs_external_jobs_once", 8).await else { return };
     let provider = Provider::start(ProviderConfig::default()).await.unwrap();
     let client = ProviderClient::new(provider.url());
