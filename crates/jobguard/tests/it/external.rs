@@ -108,7 +108,9 @@ async fn keyed_crash_before_commit_records_the_original<DB: TestDb>() {
     assert!(guard.lookup(&key).await.unwrap().is_none());
 
     // The redelivery calls with the same key: the provider answers with the original charge.
-    let outcome = charge_order::<DB>(&guard, &client, "order-8812", 4200).await.unwrap();
+    let outcome = charge_order::<DB>(&guard, &client, "order-8812", 4200)
+        .await
+        .unwrap();
     assert_eq!(outcome, Outcome::Applied(charged[0].clone()));
     assert_eq!(provider.provider().charges().len(), 1, "no second charge");
     assert_eq!(ledger_rows(&pool).await, 1);
@@ -116,7 +118,9 @@ async fn keyed_crash_before_commit_records_the_original<DB: TestDb>() {
     assert_eq!(recorded.result, Some(json!(charged[0])));
 
     // Later deliveries return the recorded charge without calling.
-    let again = charge_order::<DB>(&guard, &client, "order-8812", 4200).await.unwrap();
+    let again = charge_order::<DB>(&guard, &client, "order-8812", 4200)
+        .await
+        .unwrap();
     assert!(again.is_duplicate());
     assert_eq!(again.into_value(), Some(charged[0].clone()));
     assert_eq!(provider.provider().charges().len(), 1);
@@ -139,7 +143,10 @@ async fn naive_crash_before_commit_charges_twice<DB: TestDb>() {
     let (died, dead) = oneshot::channel();
     let mut died = Some(died);
     let first = guard.run(&key, async |conn| {
-        let charge = client.create_charge("order-1", 900, None).await.map_err(job_error)?;
+        let charge = client
+            .create_charge("order-1", 900, None)
+            .await
+            .map_err(job_error)?;
         DB::insert_ledger(conn, 7, charge.amount).await?;
         died.take().unwrap().send(()).unwrap();
         std::future::pending::<()>().await;
@@ -148,7 +155,10 @@ async fn naive_crash_before_commit_charges_twice<DB: TestDb>() {
     die_when(first, dead).await;
     let outcome = guard
         .run(&key, async |conn| {
-            let charge = client.create_charge("order-1", 900, None).await.map_err(job_error)?;
+            let charge = client
+                .create_charge("order-1", 900, None)
+                .await
+                .map_err(job_error)?;
             DB::insert_ledger(conn, 7, charge.amount).await?;
             Ok(charge)
         })
@@ -156,7 +166,11 @@ async fn naive_crash_before_commit_charges_twice<DB: TestDb>() {
         .unwrap();
     assert!(outcome.is_applied());
     assert_eq!(ledger_rows(&pool).await, 1, "the database saw one charge");
-    assert_eq!(provider.provider().charges().len(), 2, "the customer paid twice");
+    assert_eq!(
+        provider.provider().charges().len(),
+        2,
+        "the customer paid twice"
+    );
     provider.stop().await;
 }
 
@@ -195,7 +209,10 @@ async fn concurrent_keyed_deliveries_charge_once<DB: TestDb>() {
 
     let applied = outcomes.iter().filter(|o| o.is_applied()).count();
     assert_eq!(applied, 1, "{outcomes:?}");
-    assert!(in_flight.load(Ordering::Relaxed) >= 1, "the provider saw overlapping requests");
+    assert!(
+        in_flight.load(Ordering::Relaxed) >= 1,
+        "the provider saw overlapping requests"
+    );
     let charges = provider.provider().charges();
     assert_eq!(charges.len(), 1, "one charge: {charges:?}");
     for outcome in outcomes {
@@ -314,7 +331,10 @@ async fn keyless_crash_after_call_reconciles_as_done<DB: TestDb>() {
 
     // While the dead caller's lease runs, nobody calls.
     let early = keyless.deliver("order-5").await;
-    assert!(matches!(early, Err(Error::StepInFlight { .. })), "{early:?}");
+    assert!(
+        matches!(early, Err(Error::StepInFlight { .. })),
+        "{early:?}"
+    );
     assert!(early.unwrap_err().is_retryable());
     assert_eq!(keyless.calls(), 1);
 
@@ -325,7 +345,11 @@ async fn keyless_crash_after_call_reconciles_as_done<DB: TestDb>() {
 
     let again = keyless.deliver("order-5").await.unwrap();
     assert_eq!(again, StepOutcome::Recorded(charged[0].clone()));
-    assert_eq!(provider.provider().charges().len(), 1, "one charge for the order");
+    assert_eq!(
+        provider.provider().charges().len(),
+        1,
+        "one charge for the order"
+    );
     provider.stop().await;
 }
 
@@ -364,15 +388,23 @@ async fn keyless_unknown_marks_attention_and_never_calls<DB: TestDb>() {
 
     for _ in 0..3 {
         let outcome = keyless.deliver("order-9").await;
-        let Err(error) = outcome else { panic!("{outcome:?}") };
-        assert!(matches!(error, Error::StepNeedsAttention { .. }), "{error:?}");
+        let Err(error) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(
+            matches!(error, Error::StepNeedsAttention { .. }),
+            "{error:?}"
+        );
         assert!(!error.is_retryable());
     }
     assert_eq!(keyless.calls(), 1, "no call after the unknown answer");
     assert_eq!(provider.provider().charges().len(), 1);
     let marked = keyless.steps.attention(10).await.unwrap();
     assert_eq!(marked.len(), 1);
-    assert_eq!((marked[0].key.as_str(), marked[0].step.as_str()), (key.as_str(), "charge"));
+    assert_eq!(
+        (marked[0].key.as_str(), marked[0].step.as_str()),
+        (key.as_str(), "charge")
+    );
     assert!(marked[0].reason.contains("503"), "{}", marked[0].reason);
 
     // The operator looks the charge up and settles the step; deliveries then return it.
@@ -413,7 +445,10 @@ async fn keyless_failed_call_is_reconciled_not_repeated<DB: TestDb>() {
             async || -> Result<Reconciled<Charge>, JobError> { unreachable!() },
         )
         .await;
-    assert!(matches!(failed, Err(Error::Effect { fatal: false, .. })), "{failed:?}");
+    assert!(
+        matches!(failed, Err(Error::Effect { fatal: false, .. })),
+        "{failed:?}"
+    );
 
     // The retry does not wait out the lease, and asks before calling.
     let outcome = keyless.deliver("order-3").await.unwrap();
@@ -456,7 +491,10 @@ async fn concurrent_keyless_deliveries_call_once<DB: TestDb>() {
     assert_eq!(keyless.calls(), 1, "one delivery called, the others waited");
     let charges = provider.provider().charges();
     assert_eq!(charges.len(), 1);
-    let called = results.iter().filter(|(outcome, _)| outcome.called()).count();
+    let called = results
+        .iter()
+        .filter(|(outcome, _)| outcome.called())
+        .count();
     assert_eq!(called, 1);
     assert!(results.iter().map(|(_, n)| n).sum::<u32>() >= 1);
     for (outcome, _) in results {
@@ -467,7 +505,9 @@ async fn concurrent_keyless_deliveries_call_once<DB: TestDb>() {
 
 backends!(fn sweep_reconciles_stale_steps);
 async fn sweep_reconciles_stale_steps<DB: TestDb>() {
-    let Some(pool) = DB::open("sweep_reconciles_stale_steps", 4).await else { return };
+    let Some(pool) = DB::open("sweep_reconciles_stale_steps", 4).await else {
+        return;
+    };
     let provider = Provider::start(ProviderConfig::default()).await.unwrap();
     let keyless = Keyless::new(pool, provider.url()).await;
     for order in ["order-a", "order-b", "order-c"] {
@@ -477,7 +517,11 @@ async fn sweep_reconciles_stale_steps<DB: TestDb>() {
         keyless.die_before_call(order).await;
     }
     // A sweep before the leases expire touches nothing.
-    let early = keyless.steps.sweep(100, |_| async { unreachable!() }).await.unwrap();
+    let early = keyless
+        .steps
+        .sweep(100, |_| async { unreachable!() })
+        .await
+        .unwrap();
     assert_eq!(early, Default::default());
     tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
 
@@ -497,7 +541,15 @@ async fn sweep_reconciles_stale_steps<DB: TestDb>() {
         })
         .await
         .unwrap();
-    assert_eq!((report.done, report.not_done, report.attention, report.failed), (3, 2, 0, 0));
+    assert_eq!(
+        (
+            report.done,
+            report.not_done,
+            report.attention,
+            report.failed
+        ),
+        (3, 2, 0, 0)
+    );
 
     // Swept-done steps return the charge; swept-not-done steps call once, now.
     for order in ["order-a", "order-b", "order-c"] {
@@ -554,7 +606,9 @@ backends!(fn worker_runs_external_jobs_once);
 /// Five orders were charged by a worker that died before recording; the worker charges the
 /// other fifteen and records all twenty, with twenty charges at the provider.
 async fn worker_runs_external_jobs_once<DB: TestDb>() {
-    let Some(pool) = DB::open("worker_runs_external_jobs_once", 8).await else { return };
+    let Some(pool) = DB::open("worker_runs_external_jobs_once", 8).await else {
+        return;
+    };
     let provider = Provider::start(ProviderConfig::default()).await.unwrap();
     let client = ProviderClient::new(provider.url());
     let queue = jobguard::Queue::new(pool.clone());
@@ -571,21 +625,38 @@ async fn worker_runs_external_jobs_once<DB: TestDb>() {
     for n in 0..20 {
         let order = format!("order-{n}");
         queue
-            .enqueue_external(&ChargeJob { order: order.clone(), amount: 100 + n })
+            .enqueue_external(&ChargeJob {
+                order: order.clone(),
+                amount: 100 + n,
+            })
             .await
             .unwrap();
         if n < 5 {
             let api_key =
                 ApiKey::derive(&charge_key(&order), "create-charge", ApiKeyFormat::STRIPE).unwrap();
-            client.create_charge(&order, 100 + n, Some(api_key.as_str())).await.unwrap();
+            client
+                .create_charge(&order, 100 + n, Some(api_key.as_str()))
+                .await
+                .unwrap();
         }
     }
 
     let stats = worker.run(std::future::pending()).await.unwrap();
-    assert_eq!((stats.applied, stats.duplicates, stats.dead), (20, 0, 0), "{stats:?}");
+    assert_eq!(
+        (stats.applied, stats.duplicates, stats.dead),
+        (20, 0, 0),
+        "{stats:?}"
+    );
     let charges = provider.provider().charges();
-    assert_eq!(charges.len(), 20, "the five earlier charges were answered, not repeated");
+    assert_eq!(
+        charges.len(),
+        20,
+        "the five earlier charges were answered, not repeated"
+    );
     assert_eq!(ledger_rows(&pool).await, 20);
-    assert_eq!(crate::common::ledger_total(&pool).await, (100..120).sum::<i64>());
+    assert_eq!(
+        crate::common::ledger_total(&pool).await,
+        (100..120).sum::<i64>()
+    );
     provider.stop().await;
 }

@@ -18,6 +18,7 @@ mod api_key;
 mod brokers;
 mod external;
 mod guard;
+mod harness;
 mod key;
 mod metrics;
 mod outbox;

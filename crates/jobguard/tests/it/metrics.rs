@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use jobguard::metrics::OUTCOMES_TOTAL;
 use jobguard::{Guard, JobError, JobKey, Outcome};
 use metrics_util::MetricKind;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshot};
+use metrics_util::debugging::{DebugValue, Snapshot};
 
-use crate::common::{TestDb, ledger_rows};
+use crate::common::{self, TestDb, ledger_rows};
 
 type Series = BTreeMap<(String, String), u64>;
 
@@ -62,14 +62,9 @@ async fn deliver<DB: TestDb>(test: &str) -> Option<()> {
 
 /// Runs [`deliver`] with a fresh recorder; the outcome series with nonzero values.
 fn recorded<DB: TestDb>(test: &str) -> Option<Series> {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    metrics::with_local_recorder(&recorder, || runtime.block_on(deliver::<DB>(test)))?;
-    Some(outcome_series(snapshotter.snapshot()))
+    let (ran, snapshot) = common::recorded(deliver::<DB>(test));
+    ran?;
+    Some(outcome_series(snapshot))
 }
 
 fn outcome_series(snapshot: Snapshot) -> Series {

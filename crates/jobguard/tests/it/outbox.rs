@@ -8,9 +8,7 @@ use jobguard::outbox::{
     MessageState, Outbox, OutboxCounts, Relay, RelayConfig, RelayReport, WebhookSink,
 };
 use jobguard::queue::MAX_PAYLOAD_BYTES;
-use jobguard::{
-    Error, Guard, JobError, JobKey, MessageId, Outcome, RetryPolicy, TableName,
-};
+use jobguard::{Error, Guard, JobError, JobKey, MessageId, Outcome, RetryPolicy, TableName};
 use jobguard_provider::{Provider, ProviderConfig, RunningProvider, WebhookDelivery};
 use serde_json::json;
 use sqlx::Pool;
@@ -63,7 +61,11 @@ fn quick() -> RelayConfig {
     }
 }
 
-fn relay<DB: TestDb>(outbox: &Outbox<DB>, sink: WebhookSink, config: RelayConfig) -> Relay<DB, WebhookSink> {
+fn relay<DB: TestDb>(
+    outbox: &Outbox<DB>,
+    sink: WebhookSink,
+    config: RelayConfig,
+) -> Relay<DB, WebhookSink> {
     Relay::with_config(outbox.clone(), sink, config).expect("a valid configuration")
 }
 
@@ -205,7 +207,8 @@ async fn rolled_back_jobs_publish_nothing<DB: TestDb>() {
 
 backends!(fn committed_message_is_delivered_under_its_stable_id);
 async fn committed_message_is_delivered_under_its_stable_id<DB: TestDb>() {
-    let Some((pool, outbox)) = open::<DB>("committed_message_is_delivered_under_its_stable_id").await
+    let Some((pool, outbox)) =
+        open::<DB>("committed_message_is_delivered_under_its_stable_id").await
     else {
         return;
     };
@@ -378,7 +381,8 @@ async fn order_per_topic_holds_through_retries<DB: TestDb>() {
 
 backends!(fn poison_message_is_dead_lettered_and_its_topic_goes_on);
 async fn poison_message_is_dead_lettered_and_its_topic_goes_on<DB: TestDb>() {
-    let Some((_pool, outbox)) = open::<DB>("poison_message_is_dead_lettered_and_its_topic_goes_on").await
+    let Some((_pool, outbox)) =
+        open::<DB>("poison_message_is_dead_lettered_and_its_topic_goes_on").await
     else {
         return;
     };

@@ -540,7 +540,10 @@ async fn proxied(test: &str, connections: u32) -> Option<(PgPool, Proxy, PgPool)
         .connect_with(options.clone())
         .await
         .expect("connect to the test schema");
-    direct.execute(crate::common::LEDGER).await.expect("create ledger");
+    direct
+        .execute(crate::common::LEDGER)
+        .await
+        .expect("create ledger");
 
     let host = options.get_host();
     assert!(

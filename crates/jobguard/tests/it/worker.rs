@@ -1,6 +1,7 @@
 //! The worker's conformance suite on every backend (`backends!`), then the behaviour of one
 //! backend: PostgreSQL's wake-up by notification, SQLite's leases kept while waiting to write.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use jobguard::queue::{JobState, NewJob, Replay};
@@ -8,27 +9,7 @@ use jobguard::{Job, JobError, JobKey, KeyError, Outcome, Queue, Worker, WorkerCo
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::common::{TestDb, guard_rows, ledger_rows, ledger_total};
-
-/// The seed's credit job.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Credit {
-    order: u32,
-    amount: i64,
-}
-
-impl<DB: TestDb> Job<DB> for Credit {
-    const KIND: &'static str = "credit";
-
-    fn key(&self) -> Result<JobKey, KeyError> {
-        JobKey::new("credit", [format!("order-{}", self.order)])
-    }
-
-    async fn run(&self, conn: &mut DB::Connection) -> Result<(), JobError> {
-        DB::insert_ledger(conn, 7, self.amount).await?;
-        Ok(())
-    }
-}
+use crate::common::{Credit, TestDb, guard_rows, ledger_rows, ledger_total};
 
 /// Writes its effect, then fails: retryable unless `fatal`, or panics.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -51,7 +32,10 @@ impl<DB: TestDb> Job<DB> for Flaky {
             panic!("flaky job {} panicked", self.order);
         }
         if self.fatal {
-            return Err(JobError::fatal(format!("order {} does not exist", self.order)));
+            return Err(JobError::fatal(format!(
+                "order {} does not exist",
+                self.order
+            )));
         }
         Err(JobError::msg("the ledger service timed out"))
     }
@@ -84,8 +68,16 @@ struct Counted {
     order: u32,
 }
 
-static COUNTED_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static COUNTED_MOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// How many `Counted` jobs run now, and the most that ran at once, per backend: the tests of
+/// both backends run at once in this process.
+static COUNTED: [(AtomicUsize, AtomicUsize); 2] = [
+    (AtomicUsize::new(0), AtomicUsize::new(0)),
+    (AtomicUsize::new(0), AtomicUsize::new(0)),
+];
+
+fn counted<DB: TestDb>() -> &'static (AtomicUsize, AtomicUsize) {
+    &COUNTED[usize::from(DB::BACKEND == "sqlite")]
+}
 
 impl<DB: TestDb> Job<DB> for Counted {
     const KIND: &'static str = "counted";
@@ -95,12 +87,12 @@ impl<DB: TestDb> Job<DB> for Counted {
     }
 
     async fn run(&self, conn: &mut DB::Connection) -> Result<(), JobError> {
-        use std::sync::atomic::Ordering;
-        let now = COUNTED_RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
-        COUNTED_MOST.fetch_max(now, Ordering::SeqCst);
+        let (running, most) = counted::<DB>();
+        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+        most.fetch_max(now, Ordering::SeqCst);
         DB::insert_ledger(conn, 6, 1).await?;
         tokio::time::sleep(Duration::from_millis(30)).await;
-        COUNTED_RUNNING.fetch_sub(1, Ordering::SeqCst);
+        running.fetch_sub(1, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -110,7 +102,10 @@ fn draining() -> WorkerConfig {
         concurrency: 4,
         stop_when_idle: true,
         poll_interval: Duration::from_millis(50),
-        retry: jobguard::RetryPolicy { base: Duration::ZERO, ..Default::default() },
+        retry: jobguard::RetryPolicy {
+            base: Duration::ZERO,
+            ..Default::default()
+        },
         ..WorkerConfig::default()
     }
 }
@@ -119,7 +114,12 @@ async fn setup<DB: TestDb>(test: &str) -> Option<(sqlx::Pool<DB>, Queue<DB>)> {
     let pool = DB::open(test, 8).await?;
     let queue = Queue::new(pool.clone());
     queue.migrate().await.unwrap();
-    queue.guard(Default::default()).unwrap().migrate().await.unwrap();
+    queue
+        .guard(Default::default())
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
     Some((pool, queue))
 }
 
@@ -137,7 +137,9 @@ async fn drain<DB: TestDb>(queue: &Queue<DB>) -> jobguard::WorkerStats {
 
 backends!(fn every_job_is_applied_once_and_completed);
 async fn every_job_is_applied_once_and_completed<DB: TestDb>() {
-    let Some((pool, queue)) = setup::<DB>("worker_every_job_once").await else { return };
+    let Some((pool, queue)) = setup::<DB>("worker_every_job_once").await else {
+        return;
+    };
     for order in 0..100 {
         let credit = Credit { order, amount: 500 };
         assert!(queue.enqueue_job(&credit).await.unwrap().inserted);
@@ -145,26 +147,41 @@ async fn every_job_is_applied_once_and_completed<DB: TestDb>() {
         assert!(!queue.enqueue_job(&credit).await.unwrap().inserted);
     }
     let stats = drain::<DB>(&queue).await;
-    assert_eq!((stats.applied, stats.duplicates, stats.failed, stats.dead), (100, 0, 0, 0));
+    assert_eq!(
+        (stats.applied, stats.duplicates, stats.failed, stats.dead),
+        (100, 0, 0, 0)
+    );
     assert_eq!(ledger_rows(&pool).await, 100);
     assert_eq!(ledger_total(&pool).await, 100 * 500);
     assert_eq!(guard_rows(&pool).await, 100);
     let counts = queue.counts().await.unwrap();
-    assert_eq!((counts.completed, counts.available, counts.running), (100, 0, 0));
+    assert_eq!(
+        (counts.completed, counts.available, counts.running),
+        (100, 0, 0)
+    );
 }
 
 backends!(fn a_key_already_applied_completes_as_a_duplicate);
 async fn a_key_already_applied_completes_as_a_duplicate<DB: TestDb>() {
-    let Some((pool, queue)) = setup::<DB>("worker_duplicate").await else { return };
-    let credit = Credit { order: 1, amount: 500 };
+    let Some((pool, queue)) = setup::<DB>("worker_duplicate").await else {
+        return;
+    };
+    let credit = Credit {
+        order: 1,
+        amount: 500,
+    };
     // Applied once already, say by an earlier job whose completion was lost.
     let guard = queue.guard(Default::default()).unwrap();
     let payload = serde_json::to_value(&credit).unwrap();
     let outcome = guard
-        .run_with_payload(&<Credit as Job<DB>>::key(&credit).unwrap(), &payload, async |conn| {
-            DB::insert_ledger(conn, 7, 500).await?;
-            Ok(())
-        })
+        .run_with_payload(
+            &<Credit as Job<DB>>::key(&credit).unwrap(),
+            &payload,
+            async |conn| {
+                DB::insert_ledger(conn, 7, 500).await?;
+                Ok(())
+            },
+        )
         .await
         .unwrap();
     assert!(matches!(outcome, Outcome::Applied(())));
@@ -172,40 +189,78 @@ async fn a_key_already_applied_completes_as_a_duplicate<DB: TestDb>() {
     queue.enqueue_job(&credit).await.unwrap();
     let stats = drain::<DB>(&queue).await;
     assert_eq!((stats.applied, stats.duplicates), (0, 1));
-    assert_eq!(ledger_rows(&pool).await, 1, "the effect was not applied again");
+    assert_eq!(
+        ledger_rows(&pool).await,
+        1,
+        "the effect was not applied again"
+    );
     assert_eq!(queue.counts().await.unwrap().completed, 1);
 }
 
 backends!(fn failures_retry_then_dead_letter_and_roll_back_their_effect);
 async fn failures_retry_then_dead_letter_and_roll_back_their_effect<DB: TestDb>() {
-    let Some((pool, queue)) = setup::<DB>("worker_failures").await else { return };
-    let retryable = NewJob::from_job::<DB, _>(&Flaky { order: 1, fatal: false, panic: false })
-        .unwrap()
-        .max_attempts(3);
-    let fatal = NewJob::from_job::<DB, _>(&Flaky { order: 2, fatal: true, panic: false }).unwrap();
-    let panics = NewJob::from_job::<DB, _>(&Flaky { order: 3, fatal: false, panic: true })
-        .unwrap()
-        .max_attempts(2);
+    let Some((pool, queue)) = setup::<DB>("worker_failures").await else {
+        return;
+    };
+    let retryable = NewJob::from_job::<DB, _>(&Flaky {
+        order: 1,
+        fatal: false,
+        panic: false,
+    })
+    .unwrap()
+    .max_attempts(3);
+    let fatal = NewJob::from_job::<DB, _>(&Flaky {
+        order: 2,
+        fatal: true,
+        panic: false,
+    })
+    .unwrap();
+    let panics = NewJob::from_job::<DB, _>(&Flaky {
+        order: 3,
+        fatal: false,
+        panic: true,
+    })
+    .unwrap()
+    .max_attempts(2);
     for job in [&retryable, &fatal, &panics] {
         queue.enqueue(job).await.unwrap();
     }
     let stats = drain::<DB>(&queue).await;
     // 2 retries + 1 dead for the retryable job, 1 dead for the fatal one, 1 retry + 1 dead for
     // the panicking one.
-    assert_eq!((stats.failed, stats.dead, stats.applied), (3, 3, 0), "{stats:?}");
-    assert_eq!(ledger_rows(&pool).await, 0, "every failed attempt rolled back its effect");
+    assert_eq!(
+        (stats.failed, stats.dead, stats.applied),
+        (3, 3, 0),
+        "{stats:?}"
+    );
+    assert_eq!(
+        ledger_rows(&pool).await,
+        0,
+        "every failed attempt rolled back its effect"
+    );
     assert_eq!(guard_rows(&pool).await, 0, "and its guard row");
 
     let dead = queue.list(Some(JobState::Dead), None, 10).await.unwrap();
     assert_eq!(dead.len(), 3);
     let error_of = |order: &str| {
-        dead.iter().find(|j| j.key.ends_with(order)).unwrap().last_error.clone().unwrap()
+        dead.iter()
+            .find(|j| j.key.ends_with(order))
+            .unwrap()
+            .last_error
+            .clone()
+            .unwrap()
     };
     assert!(error_of("order-1").contains("timed out"), "{dead:?}");
-    assert!(error_of("order-2").contains("order 2 does not exist"), "{dead:?}");
+    assert!(
+        error_of("order-2").contains("order 2 does not exist"),
+        "{dead:?}"
+    );
     assert!(error_of("order-3").contains("panicked"), "{dead:?}");
     let attempts: Vec<i32> = dead.iter().map(|j| j.attempt).collect();
-    assert!(attempts.contains(&3) && attempts.contains(&1) && attempts.contains(&2), "{attempts:?}");
+    assert!(
+        attempts.contains(&3) && attempts.contains(&1) && attempts.contains(&2),
+        "{attempts:?}"
+    );
 }
 
 backends!(fn a_worker_runs_no_more_jobs_at_once_than_its_pool_serves);
@@ -213,22 +268,38 @@ backends!(fn a_worker_runs_no_more_jobs_at_once_than_its_pool_serves);
 /// job holds a connection, and fetch, rescue and heartbeats need two more. With a pool of 3 it
 /// runs one job at a time.
 async fn a_worker_runs_no_more_jobs_at_once_than_its_pool_serves<DB: TestDb>() {
-    let Some(pool) = DB::open("worker_pool_serves", 3).await else { return };
+    let Some(pool) = DB::open("worker_pool_serves", 3).await else {
+        return;
+    };
     let queue = Queue::new(pool.clone());
     queue.migrate().await.unwrap();
-    queue.guard(Default::default()).unwrap().migrate().await.unwrap();
+    queue
+        .guard(Default::default())
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
     for order in 0..20 {
         queue.enqueue_job(&Counted { order }).await.unwrap();
     }
-    let config = WorkerConfig { concurrency: 10, ..draining() };
-    let worker = Worker::with_config(queue.clone(), config).unwrap().register::<Counted>();
+    let config = WorkerConfig {
+        concurrency: 10,
+        ..draining()
+    };
+    let worker = Worker::with_config(queue.clone(), config)
+        .unwrap()
+        .register::<Counted>();
     let stats = tokio::time::timeout(Duration::from_secs(120), worker.run(std::future::pending()))
         .await
         .expect("the worker drained the queue")
         .unwrap();
-    assert_eq!((stats.applied, stats.failed, stats.dead), (20, 0, 0), "{stats:?}");
+    assert_eq!(
+        (stats.applied, stats.failed, stats.dead),
+        (20, 0, 0),
+        "{stats:?}"
+    );
     assert_eq!(ledger_rows(&pool).await, 20);
-    let most = COUNTED_MOST.load(std::sync::atomic::Ordering::SeqCst);
+    let most = counted::<DB>().1.load(Ordering::SeqCst);
     assert_eq!(most, 1, "jobs that ran at once with 3 connections");
 }
 
@@ -237,12 +308,22 @@ backends!(fn rescue_stops_at_the_retry_policys_attempt_limit_as_failure_does);
 /// lesser of its own `max_attempts` and the worker's retry policy. A worker whose policy
 /// allows one attempt dead-letters the rescued job instead of running it a second time.
 async fn rescue_stops_at_the_retry_policys_attempt_limit_as_failure_does<DB: TestDb>() {
-    let Some((pool, queue)) = setup::<DB>("worker_rescue_policy_limit").await else { return };
+    let Some((pool, queue)) = setup::<DB>("worker_rescue_policy_limit").await else {
+        return;
+    };
     // The job allows 10 attempts; the worker's policy allows 1.
-    let job = NewJob::from_job::<DB, _>(&Credit { order: 1, amount: 500 }).unwrap().max_attempts(10);
+    let job = NewJob::from_job::<DB, _>(&Credit {
+        order: 1,
+        amount: 500,
+    })
+    .unwrap()
+    .max_attempts(10);
     queue.enqueue(&job).await.unwrap();
     // A worker that takes the job and dies: attempt 1 is spent, its lease runs out.
-    let taken = queue.fetch("default", 1, Duration::from_millis(50)).await.unwrap();
+    let taken = queue
+        .fetch("default", 1, Duration::from_millis(50))
+        .await
+        .unwrap();
     assert_eq!(taken.len(), 1);
     let expired = taken[0].leased_until + Duration::from_millis(50);
     while std::time::SystemTime::now() < expired {
@@ -250,10 +331,16 @@ async fn rescue_stops_at_the_retry_policys_attempt_limit_as_failure_does<DB: Tes
     }
 
     let config = WorkerConfig {
-        retry: jobguard::RetryPolicy { max_attempts: 1, base: Duration::ZERO, ..Default::default() },
+        retry: jobguard::RetryPolicy {
+            max_attempts: 1,
+            base: Duration::ZERO,
+            ..Default::default()
+        },
         ..draining()
     };
-    let worker = Worker::with_config(queue.clone(), config).unwrap().register::<Credit>();
+    let worker = Worker::with_config(queue.clone(), config)
+        .unwrap()
+        .register::<Credit>();
     let stats = tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
         .await
         .expect("the worker stopped when idle")
@@ -262,7 +349,12 @@ async fn rescue_stops_at_the_retry_policys_attempt_limit_as_failure_does<DB: Tes
     assert_eq!(stats.applied, 0, "the job got no second attempt: {stats:?}");
     assert_eq!(ledger_rows(&pool).await, 0);
     let dead = queue.list(Some(JobState::Dead), None, 10).await.unwrap();
-    assert_eq!(dead.len(), 1, "{:?}", queue.list(None, None, 10).await.unwrap());
+    assert_eq!(
+        dead.len(),
+        1,
+        "{:?}",
+        queue.list(None, None, 10).await.unwrap()
+    );
     assert_eq!(dead[0].attempt, 1);
     let error = dead[0].last_error.as_deref().unwrap();
     assert!(error.contains("the lease of attempt 1 expired"), "{error}");
@@ -270,35 +362,75 @@ async fn rescue_stops_at_the_retry_policys_attempt_limit_as_failure_does<DB: Tes
 
 backends!(fn unknown_kinds_and_bad_payloads_are_dead_lettered_not_retried);
 async fn unknown_kinds_and_bad_payloads_are_dead_lettered_not_retried<DB: TestDb>() {
-    let Some((pool, queue)) = setup::<DB>("worker_bad_input").await else { return };
-    let unknown = NewJob::new(JobKey::new("refund", ["order-1"]).unwrap(), &json!({"x": 1})).unwrap();
-    let malformed = NewJob::new(JobKey::new("credit", ["order-2"]).unwrap(), &json!({"order": "two"}))
-        .unwrap();
+    let Some((pool, queue)) = setup::<DB>("worker_bad_input").await else {
+        return;
+    };
+    let unknown = NewJob::new(
+        JobKey::new("refund", ["order-1"]).unwrap(),
+        &json!({"x": 1}),
+    )
+    .unwrap();
+    let malformed = NewJob::new(
+        JobKey::new("credit", ["order-2"]).unwrap(),
+        &json!({"order": "two"}),
+    )
+    .unwrap();
     queue.enqueue(&unknown).await.unwrap();
     queue.enqueue(&malformed).await.unwrap();
     let stats = drain::<DB>(&queue).await;
-    assert_eq!((stats.dead, stats.failed, stats.applied), (2, 0, 0), "{stats:?}");
+    assert_eq!(
+        (stats.dead, stats.failed, stats.applied),
+        (2, 0, 0),
+        "{stats:?}"
+    );
     let dead = queue.list(Some(JobState::Dead), None, 10).await.unwrap();
     let errors: Vec<String> = dead.iter().filter_map(|j| j.last_error.clone()).collect();
-    assert!(errors.iter().any(|e| e.contains("unknown job kind `refund`")), "{errors:?}");
-    assert!(errors.iter().any(|e| e.contains("does not deserialize into a `credit` job")), "{errors:?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("unknown job kind `refund`")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("does not deserialize into a `credit` job")),
+        "{errors:?}"
+    );
     assert_eq!(ledger_rows(&pool).await, 0);
 }
 
 backends!(fn replaying_a_dead_job_whose_key_the_guard_holds_is_a_duplicate);
 async fn replaying_a_dead_job_whose_key_the_guard_holds_is_a_duplicate<DB: TestDb>() {
-    let Some((pool, queue)) = setup::<DB>("worker_replay").await else { return };
-    let credit = Credit { order: 5, amount: 500 };
+    let Some((pool, queue)) = setup::<DB>("worker_replay").await else {
+        return;
+    };
+    let credit = Credit {
+        order: 5,
+        amount: 500,
+    };
     queue.enqueue_job(&credit).await.unwrap();
     assert_eq!(drain::<DB>(&queue).await.applied, 1);
 
     // The same work enqueued again and dead-lettered, e.g. by an operator or a broken worker.
     let second = queue.enqueue_job(&credit).await.unwrap();
-    assert!(second.inserted, "the first job is completed, so this is a new job");
-    let leased = queue.fetch("default", 1, Duration::from_secs(30)).await.unwrap();
-    queue.dead_letter(leased[0].lease, "dead-lettered by hand").await.unwrap();
+    assert!(
+        second.inserted,
+        "the first job is completed, so this is a new job"
+    );
+    let leased = queue
+        .fetch("default", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    queue
+        .dead_letter(leased[0].lease, "dead-lettered by hand")
+        .await
+        .unwrap();
 
-    assert_eq!(queue.replay(&Replay::Job(second.id)).await.unwrap(), vec![second.id]);
+    assert_eq!(
+        queue.replay(&Replay::Job(second.id)).await.unwrap(),
+        vec![second.id]
+    );
     let stats = drain::<DB>(&queue).await;
     assert_eq!((stats.applied, stats.duplicates), (0, 1), "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 1);
@@ -306,26 +438,56 @@ async fn replaying_a_dead_job_whose_key_the_guard_holds_is_a_duplicate<DB: TestD
 
 backends!(fn shutdown_waits_for_running_jobs_then_gives_back_the_rest);
 async fn shutdown_waits_for_running_jobs_then_gives_back_the_rest<DB: TestDb>() {
-    let Some((pool, queue)) = setup::<DB>("worker_shutdown").await else { return };
-    queue.enqueue_job(&Slow { order: 1, millis: 100 }).await.unwrap();
+    let Some((pool, queue)) = setup::<DB>("worker_shutdown").await else {
+        return;
+    };
+    queue
+        .enqueue_job(&Slow {
+            order: 1,
+            millis: 100,
+        })
+        .await
+        .unwrap();
     // Due a little later, so that on SQLite, where one job writes at a time, the short job
     // is not left waiting behind it.
-    let long = NewJob::from_job::<DB, _>(&Slow { order: 2, millis: 60_000 }).unwrap();
-    queue.enqueue(&long.delay(Duration::from_millis(200))).await.unwrap();
+    let long = NewJob::from_job::<DB, _>(&Slow {
+        order: 2,
+        millis: 60_000,
+    })
+    .unwrap();
+    queue
+        .enqueue(&long.delay(Duration::from_millis(200)))
+        .await
+        .unwrap();
     let config = WorkerConfig {
         concurrency: 2,
         shutdown_timeout: Duration::from_millis(1500),
         poll_interval: Duration::from_millis(50),
         ..WorkerConfig::default()
     };
-    let worker = Worker::with_config(queue.clone(), config).unwrap().register::<Slow>();
-    let stats = worker.run(tokio::time::sleep(Duration::from_millis(500))).await.unwrap();
+    let worker = Worker::with_config(queue.clone(), config)
+        .unwrap()
+        .register::<Slow>();
+    let stats = worker
+        .run(tokio::time::sleep(Duration::from_millis(500)))
+        .await
+        .unwrap();
 
     assert_eq!((stats.applied, stats.released), (1, 1), "{stats:?}");
-    assert_eq!(ledger_rows(&pool).await, 1, "the job cut short was rolled back");
-    let available = queue.list(Some(JobState::Available), None, 10).await.unwrap();
+    assert_eq!(
+        ledger_rows(&pool).await,
+        1,
+        "the job cut short was rolled back"
+    );
+    let available = queue
+        .list(Some(JobState::Available), None, 10)
+        .await
+        .unwrap();
     assert_eq!(available.len(), 1);
-    assert_eq!(available[0].attempt, 0, "giving the job back did not use up an attempt");
+    assert_eq!(
+        available[0].attempt, 0,
+        "giving the job back did not use up an attempt"
+    );
 }
 
 /// On PostgreSQL an enqueue wakes an idle worker through LISTEN/NOTIFY: with a poll interval of

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::Pool;
 
-use crate::common::{TestDb, ledger_rows, ledger_total};
 use super::{Settings, TestBroker};
+use crate::common::{TestDb, ledger_rows, ledger_total};
 
 /// The longest a consumer runs in a test before the test fails: a guard against hangs only.
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -52,7 +52,9 @@ impl Credit {
 
     /// The job's envelope, the same on every backend.
     fn body(&self) -> Vec<u8> {
-        Envelope::for_job::<sqlx::Sqlite, _>(self).unwrap().to_bytes()
+        Envelope::for_job::<sqlx::Sqlite, _>(self)
+            .unwrap()
+            .to_bytes()
     }
 }
 
@@ -85,7 +87,9 @@ impl<DB: TestDb> Job<DB> for Credit {
 static DOOMED_RUNS: Mutex<BTreeMap<(&'static str, String), usize>> = Mutex::new(BTreeMap::new());
 
 fn lock_doomed_runs() -> std::sync::MutexGuard<'static, BTreeMap<(&'static str, String), usize>> {
-    DOOMED_RUNS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    DOOMED_RUNS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn doomed_runs<DB: TestDb>(order: &str) -> usize {
@@ -331,7 +335,10 @@ brokers!(fn an_envelope_key_the_job_does_not_derive_is_dead_lettered);
 /// A producer that builds envelopes by hand, with a fresh key for each publish of the same
 /// credit: the consumer checks each envelope's key against the one the job derives from its
 /// payload, and dead-letters the copies that do not match. Nothing is applied for them.
-async fn an_envelope_key_the_job_does_not_derive_is_dead_lettered<DB: TestDb, Broker: TestBroker>() {
+async fn an_envelope_key_the_job_does_not_derive_is_dead_lettered<
+    DB: TestDb,
+    Broker: TestBroker,
+>() {
     let Some(fixture) = Fixture::<DB, Broker>::new("foreign_key").await else {
         return;
     };
@@ -351,7 +358,11 @@ async fn an_envelope_key_the_job_does_not_derive_is_dead_lettered<DB: TestDb, Br
     let settings = Settings::default();
     let stats = fixture.drain(settings, Duration::from_secs(1)).await;
     assert_eq!((stats.applied, stats.dead), (1, 3), "{stats:?}");
-    assert_eq!(ledger_rows(&fixture.pool).await, 1, "the credit was applied once");
+    assert_eq!(
+        ledger_rows(&fixture.pool).await,
+        1,
+        "the credit was applied once"
+    );
     let mut dead = Broker::dead_letters(&fixture.url, &fixture.name).await;
     dead.sort();
     let mut expected = by_hand;

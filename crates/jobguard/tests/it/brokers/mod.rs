@@ -19,7 +19,7 @@ use jobguard::{Guard, JobError, JobKey, MessageId};
 use serde_json::{Value, json};
 use sqlx::Sqlite;
 
-use crate::common::TestDb;
+use crate::common::{TestDb, reachable};
 
 /// How a test wants its source set up.
 #[derive(Clone, Copy, Debug)]
@@ -100,54 +100,6 @@ impl Publish for RedisSink {
     async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
         self.publish(to, envelope).await.expect("publish");
     }
-}
-
-/// The URL in `var`, else `default`, when something answers there; `None` (skip) otherwise,
-/// or a failed test with `CI=true`.
-fn reachable(var: &str, default: &str, port: u16) -> Option<String> {
-    let url = std::env::var(var)
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| default.to_owned());
-    let host_port = url
-        .split_once("://")
-        .map_or(url.as_str(), |(_, rest)| rest)
-        .rsplit('@')
-        .next()
-        .unwrap_or_default()
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    let address = if host_port.contains(':') {
-        host_port
-    } else {
-        format!("{host_port}:{port}")
-    };
-    let answers = std::net::ToSocketAddrs::to_socket_addrs(&address)
-        .ok()
-        .and_then(|mut addresses| addresses.next())
-        .is_some_and(|address| {
-            std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).is_ok()
-        });
-    if answers {
-        return Some(url);
-    }
-    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-        panic!("CI=true but nothing answers at {address} ({var}): run the tests with scripts/test");
-    }
-    // Straight to the process's stderr: `eprintln!` is captured by the test harness and
-    // shown only for failing tests, so a skip would pass unseen.
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!(
-            "SKIPPED {}: nothing answers at {address}, so this broker test did not run (start the \
-             broker or set {var}; with CI=true it fails instead)\n",
-            std::thread::current().name().unwrap_or("a test")
-        )
-        .as_bytes(),
-    );
-    None
 }
 
 struct Rabbit;

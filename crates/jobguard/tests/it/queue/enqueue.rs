@@ -81,7 +81,8 @@ async fn concurrent_enqueues_of_one_job_insert_one_row<DB: TestDb>() {
 // 3.
 backends!(fn reused_key_is_refused_while_the_job_is_live);
 async fn reused_key_is_refused_while_the_job_is_live<DB: TestDb>() {
-    let Some((pool, queue)) = open::<DB>("reused_key_is_refused_while_the_job_is_live", 4).await else {
+    let Some((pool, queue)) = open::<DB>("reused_key_is_refused_while_the_job_is_live", 4).await
+    else {
         return;
     };
     let key = key("credit", 3);

@@ -89,9 +89,13 @@ async fn fetch_skips_jobs_locked_by_another_transaction<DB: TestDb>() {
     }
     // Another fetcher, mid-statement: it holds the oldest job's row lock.
     let mut tx = pool.begin().await.unwrap();
-    let locked = DB::fetch_i64(&mut tx, "select id from jobguard_jobs where id = $1 for update", ids[0])
-        .await
-        .unwrap();
+    let locked = DB::fetch_i64(
+        &mut tx,
+        "select id from jobguard_jobs where id = $1 for update",
+        ids[0],
+    )
+    .await
+    .unwrap();
 
     let fetch = queue.fetch(DEFAULT_QUEUE, 10, LONG);
     let fetched = tokio::time::timeout(SLACK, fetch).await;
@@ -249,7 +253,8 @@ async fn expired_lease_is_fenced_after_rescue<DB: TestDb>() {
 // 7, continued.
 backends!(fn extend_keeps_the_lease_and_release_gives_the_job_back);
 async fn extend_keeps_the_lease_and_release_gives_the_job_back<DB: TestDb>() {
-    let Some((pool, queue)) = open::<DB>("extend_keeps_the_lease_and_release_gives_back", 4).await else {
+    let Some((pool, queue)) = open::<DB>("extend_keeps_the_lease_and_release_gives_back", 4).await
+    else {
         return;
     };
     let id = queue.enqueue(&job("credit", 8)).await.unwrap().id;
@@ -355,7 +360,8 @@ async fn rescue_skips_a_job_whose_completion_is_in_flight<DB: TestDb>() {
     if <DB as Backend>::BACKEND != "postgres" {
         return;
     }
-    let Some((pool, queue)) = open::<DB>("rescue_skips_a_job_whose_completion_is_in_flight", 4).await
+    let Some((pool, queue)) =
+        open::<DB>("rescue_skips_a_job_whose_completion_is_in_flight", 4).await
     else {
         return;
     };

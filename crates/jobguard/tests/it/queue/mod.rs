@@ -66,7 +66,11 @@ async fn fetch_one<DB: TestDb>(queue: &Queue<DB>, lease: Duration) -> LeasedJob 
 }
 
 /// Completes a job in a transaction of its own and commits it.
-async fn complete<DB: TestDb>(pool: &Pool<DB>, queue: &Queue<DB>, lease: Lease) -> jobguard::Result<()> {
+async fn complete<DB: TestDb>(
+    pool: &Pool<DB>,
+    queue: &Queue<DB>,
+    lease: Lease,
+) -> jobguard::Result<()> {
     let mut tx = pool.begin().await?;
     queue.complete_tx(&mut tx, lease).await?;
     tx.commit().await?;

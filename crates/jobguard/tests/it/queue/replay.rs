@@ -98,7 +98,8 @@ async fn dead_letters_are_listed_and_replayed<DB: TestDb>() {
 // 10, continued.
 backends!(fn dead_job_whose_key_is_live_again_is_not_replayed);
 async fn dead_job_whose_key_is_live_again_is_not_replayed<DB: TestDb>() {
-    let Some((_pool, queue)) = open::<DB>("dead_job_whose_key_is_live_again_stays_dead", 4).await else {
+    let Some((_pool, queue)) = open::<DB>("dead_job_whose_key_is_live_again_stays_dead", 4).await
+    else {
         return;
     };
     let job = job("credit", 1);

@@ -5,7 +5,8 @@ use super::*;
 // 8.
 backends!(fn retry_records_the_error_and_counts_the_attempt);
 async fn retry_records_the_error_and_counts_the_attempt<DB: TestDb>() {
-    let Some((_pool, queue)) = open::<DB>("retry_records_the_error_and_counts_the_attempt", 4).await
+    let Some((_pool, queue)) =
+        open::<DB>("retry_records_the_error_and_counts_the_attempt", 4).await
     else {
         return;
     };
@@ -54,7 +55,8 @@ async fn retry_records_the_error_and_counts_the_attempt<DB: TestDb>() {
 // 9.
 backends!(fn rescue_kills_a_job_whose_last_lease_expired);
 async fn rescue_kills_a_job_whose_last_lease_expired<DB: TestDb>() {
-    let Some((_pool, queue)) = open::<DB>("rescue_kills_a_job_whose_last_lease_expired", 4).await else {
+    let Some((_pool, queue)) = open::<DB>("rescue_kills_a_job_whose_last_lease_expired", 4).await
+    else {
         return;
     };
     let id = queue
@@ -96,7 +98,8 @@ async fn rescue_kills_a_job_whose_last_lease_expired<DB: TestDb>() {
 // 12.
 backends!(fn counts_and_list_reflect_states_and_kinds);
 async fn counts_and_list_reflect_states_and_kinds<DB: TestDb>() {
-    let Some((pool, queue)) = open::<DB>("counts_and_list_reflect_states_and_kinds", 4).await else {
+    let Some((pool, queue)) = open::<DB>("counts_and_list_reflect_states_and_kinds", 4).await
+    else {
         return;
     };
     assert_eq!(queue.counts().await.unwrap(), Counts::default());
@@ -107,7 +110,9 @@ async fn counts_and_list_reflect_states_and_kinds<DB: TestDb>() {
         ids.push(queue.enqueue(&job("credit", n)).await.unwrap().id);
     }
     let leased = queue.fetch(DEFAULT_QUEUE, 3, LONG).await.unwrap();
-    complete::<DB>(&pool, &queue, leased[0].lease).await.unwrap();
+    complete::<DB>(&pool, &queue, leased[0].lease)
+        .await
+        .unwrap();
     queue
         .dead_letter(leased[1].lease, "fatal: bad order")
         .await

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use jobguard::metrics::{DUPLICATE_AGE_SECONDS, GUARD_OLDEST_AGE_SECONDS, PRUNED_ROWS_TOTAL};
 use jobguard::{Guard, JobKey, Pruner, RetentionConfig, RetryPolicy};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshot};
+use metrics_util::debugging::{DebugValue, Snapshot};
 use sqlx::Pool;
 use sqlx::postgres::Postgres;
 use sqlx::sqlite::Sqlite;
 
-use crate::common::TestDb;
+use crate::common::{self, TestDb};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
@@ -268,14 +268,9 @@ async fn age_and_prune<DB: Aging>(test: &str) -> Option<()> {
 
 /// Runs [`age_and_prune`] with a fresh recorder.
 fn recorded<DB: Aging>(test: &str) -> Option<Snapshot> {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    metrics::with_local_recorder(&recorder, || runtime.block_on(age_and_prune::<DB>(test)))?;
-    Some(snapshotter.snapshot())
+    let (ran, snapshot) = common::recorded(age_and_prune::<DB>(test));
+    ran?;
+    Some(snapshot)
 }
 
 /// The duplicate's age went into the histogram, the prune into the counter, and the gauge says
