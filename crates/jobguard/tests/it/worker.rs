@@ -9,7 +9,7 @@ use jobguard::{Job, JobError, JobKey, KeyError, Outcome, Queue, Worker, WorkerCo
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::common::{Credit, TestDb, guard_rows, ledger_rows, ledger_total};
+use crate::common::{Credit, TestDb, draining, guard_rows, ledger_rows, ledger_total, setup};
 
 /// Writes its effect, then fails: retryable unless `fatal`, or panics.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -95,32 +95,6 @@ impl<DB: TestDb> Job<DB> for Counted {
         running.fetch_sub(1, Ordering::SeqCst);
         Ok(())
     }
-}
-
-fn draining() -> WorkerConfig {
-    WorkerConfig {
-        concurrency: 4,
-        stop_when_idle: true,
-        poll_interval: Duration::from_millis(50),
-        retry: jobguard::RetryPolicy {
-            base: Duration::ZERO,
-            ..Default::default()
-        },
-        ..WorkerConfig::default()
-    }
-}
-
-async fn setup<DB: TestDb>(test: &str) -> Option<(sqlx::Pool<DB>, Queue<DB>)> {
-    let pool = DB::open(test, 8).await?;
-    let queue = Queue::new(pool.clone());
-    queue.migrate().await.unwrap();
-    queue
-        .guard(Default::default())
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
-    Some((pool, queue))
 }
 
 async fn drain<DB: TestDb>(queue: &Queue<DB>) -> jobguard::WorkerStats {

@@ -45,8 +45,10 @@ mod credit;
 mod database;
 mod recorder;
 mod services;
+mod worker;
 
 pub use credit::*;
 pub use database::*;
 pub use recorder::*;
 pub use services::*;
+pub use worker::*;

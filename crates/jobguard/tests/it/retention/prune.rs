@@ -6,38 +6,10 @@ use std::time::Duration;
 use jobguard::queue::{JobState, Replay};
 use jobguard::retention::{PruneConfig, PruneSchedule, Pruner, Retention, RetentionConfig};
 use jobguard::steps::{Reconciled, Steps};
-use jobguard::{
-    Error, Guard, JobError, JobKey, KeyError, Queue, RetryPolicy, Worker, WorkerConfig,
-};
+use jobguard::{Error, Guard, JobError, JobKey, KeyError, Queue, Worker, WorkerConfig};
 
 use super::{Aging, DAY};
-use crate::common::{Credit, guard_rows, ledger_rows};
-
-fn draining() -> WorkerConfig {
-    WorkerConfig {
-        concurrency: 4,
-        stop_when_idle: true,
-        poll_interval: Duration::from_millis(50),
-        retry: RetryPolicy {
-            base: Duration::ZERO,
-            ..Default::default()
-        },
-        ..WorkerConfig::default()
-    }
-}
-
-async fn setup<DB: Aging>(test: &str) -> Option<(sqlx::Pool<DB>, Queue<DB>)> {
-    let pool = DB::open(test, 8).await?;
-    let queue = Queue::new(pool.clone());
-    queue.migrate().await.unwrap();
-    queue
-        .guard(Default::default())
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
-    Some((pool, queue))
-}
+use crate::common::{Credit, draining, guard_rows, ledger_rows, setup};
 
 async fn drain<DB: Aging>(queue: &Queue<DB>) -> jobguard::WorkerStats {
     let worker = Worker::with_config(queue.clone(), draining())
