@@ -5,6 +5,10 @@
 //! The recorder is thread-local (`metrics::with_local_recorder`): each test runs everything on
 //! its own thread, and the worker test on a current-thread runtime.
 
+// The installed watch is process-wide and every outcome in the process feeds it, so these tests
+// run in a binary of their own rather than in `it`, beside tests of other kinds.
+#[path = "it/common/mod.rs"]
+#[allow(unused_macros, unused_imports)]
 mod common;
 
 use std::collections::BTreeMap;

@@ -1,9 +1,10 @@
-// Effects outside the database, included once per backend by `tests/external.rs` with `DB` set
-// to the backend's type. Every charge goes to a real HTTP payment provider on loopback, which
-// keeps its own record: the tests count charges where they happen.
-//
-// A worker "dies" by having its delivery future dropped at the chosen point: its transaction
-// is rolled back and nothing after that point runs, as when the process is killed.
+//! Effects outside the database, on every backend (`backends!`): keyed calls recorded with the
+//! guard, and the started/done step ledger with reconciliation. Every charge goes to a real
+//! HTTP payment provider on loopback, which keeps its own record: the tests count charges where
+//! they happen.
+//!
+//! A worker "dies" by having its delivery future dropped at the chosen point: its transaction
+//! is rolled back and nothing after that point runs, as when the process is killed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,7 +41,7 @@ async fn die_when<F: Future>(delivery: F, died: oneshot::Receiver<()>) {
 
 /// One delivery of the seed's `charge_order`: the API call with the derived key, then the
 /// order's ledger row and the guard row in one transaction.
-async fn charge_order(
+async fn charge_order<DB: TestDb>(
     guard: &Guard<DB>,
     client: &ProviderClient,
     order: &str,
@@ -69,8 +70,8 @@ async fn charge_order(
         .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyed_crash_before_commit_records_the_original() {
+backends!(fn keyed_crash_before_commit_records_the_original);
+async fn keyed_crash_before_commit_records_the_original<DB: TestDb>() {
     let Some(pool) = DB::open("keyed_crash_before_commit_records_the_original", 4).await else {
         return;
     };
@@ -107,7 +108,9 @@ async fn keyed_crash_before_commit_records_the_original() {
     assert!(guard.lookup(&key).await.unwrap().is_none());
 
     // The redelivery calls with the same key: the provider answers with the original charge.
-    let outcome = charge_order(&guard, &client, "order-8812", 4200).await.unwrap();
+    let outcome = charge_order::<DB>(&guard, &client, "order-8812", 4200)
+        .await
+        .unwrap();
     assert_eq!(outcome, Outcome::Applied(charged[0].clone()));
     assert_eq!(provider.provider().charges().len(), 1, "no second charge");
     assert_eq!(ledger_rows(&pool).await, 1);
@@ -115,7 +118,9 @@ async fn keyed_crash_before_commit_records_the_original() {
     assert_eq!(recorded.result, Some(json!(charged[0])));
 
     // Later deliveries return the recorded charge without calling.
-    let again = charge_order(&guard, &client, "order-8812", 4200).await.unwrap();
+    let again = charge_order::<DB>(&guard, &client, "order-8812", 4200)
+        .await
+        .unwrap();
     assert!(again.is_duplicate());
     assert_eq!(again.into_value(), Some(charged[0].clone()));
     assert_eq!(provider.provider().charges().len(), 1);
@@ -123,9 +128,9 @@ async fn keyed_crash_before_commit_records_the_original() {
     provider.stop().await;
 }
 
+backends!(fn naive_crash_before_commit_charges_twice);
 /// The control: without a key, the same crash makes a second charge.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn naive_crash_before_commit_charges_twice() {
+async fn naive_crash_before_commit_charges_twice<DB: TestDb>() {
     let Some(pool) = DB::open("naive_crash_before_commit_charges_twice", 4).await else {
         return;
     };
@@ -138,7 +143,10 @@ async fn naive_crash_before_commit_charges_twice() {
     let (died, dead) = oneshot::channel();
     let mut died = Some(died);
     let first = guard.run(&key, async |conn| {
-        let charge = client.create_charge("order-1", 900, None).await.map_err(job_error)?;
+        let charge = client
+            .create_charge("order-1", 900, None)
+            .await
+            .map_err(job_error)?;
         DB::insert_ledger(conn, 7, charge.amount).await?;
         died.take().unwrap().send(()).unwrap();
         std::future::pending::<()>().await;
@@ -147,7 +155,10 @@ async fn naive_crash_before_commit_charges_twice() {
     die_when(first, dead).await;
     let outcome = guard
         .run(&key, async |conn| {
-            let charge = client.create_charge("order-1", 900, None).await.map_err(job_error)?;
+            let charge = client
+                .create_charge("order-1", 900, None)
+                .await
+                .map_err(job_error)?;
             DB::insert_ledger(conn, 7, charge.amount).await?;
             Ok(charge)
         })
@@ -155,12 +166,16 @@ async fn naive_crash_before_commit_charges_twice() {
         .unwrap();
     assert!(outcome.is_applied());
     assert_eq!(ledger_rows(&pool).await, 1, "the database saw one charge");
-    assert_eq!(provider.provider().charges().len(), 2, "the customer paid twice");
+    assert_eq!(
+        provider.provider().charges().len(),
+        2,
+        "the customer paid twice"
+    );
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_keyed_deliveries_charge_once() {
+backends!(fn concurrent_keyed_deliveries_charge_once);
+async fn concurrent_keyed_deliveries_charge_once<DB: TestDb>() {
     let Some(pool) = DB::open("concurrent_keyed_deliveries_charge_once", 8).await else {
         return;
     };
@@ -179,7 +194,7 @@ async fn concurrent_keyed_deliveries_charge_once() {
         let (guard, client, in_flight) = (guard.clone(), client.clone(), in_flight.clone());
         tokio::spawn(async move {
             loop {
-                match charge_order(&guard, &client, "order-77", 1500).await {
+                match charge_order::<DB>(&guard, &client, "order-77", 1500).await {
                     Ok(outcome) => return outcome,
                     Err(error) if error.is_retryable() => {
                         in_flight.fetch_add(1, Ordering::Relaxed);
@@ -194,7 +209,10 @@ async fn concurrent_keyed_deliveries_charge_once() {
 
     let applied = outcomes.iter().filter(|o| o.is_applied()).count();
     assert_eq!(applied, 1, "{outcomes:?}");
-    assert!(in_flight.load(Ordering::Relaxed) >= 1, "the provider saw overlapping requests");
+    assert!(
+        in_flight.load(Ordering::Relaxed) >= 1,
+        "the provider saw overlapping requests"
+    );
     let charges = provider.provider().charges();
     assert_eq!(charges.len(), 1, "one charge: {charges:?}");
     for outcome in outcomes {
@@ -210,13 +228,13 @@ async fn concurrent_keyed_deliveries_charge_once() {
 
 const LEASE: Duration = Duration::from_millis(300);
 
-struct Keyless {
+struct Keyless<DB: TestDb> {
     steps: Steps<DB>,
     client: ProviderClient,
     calls: AtomicUsize,
 }
 
-impl Keyless {
+impl<DB: TestDb> Keyless<DB> {
     async fn new(pool: sqlx::Pool<DB>, url: String) -> Self {
         let steps = Steps::with_config(pool, StepConfig::default().lease(LEASE));
         steps.migrate().await.unwrap();
@@ -299,8 +317,8 @@ impl Keyless {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_crash_after_call_reconciles_as_done() {
+backends!(fn keyless_crash_after_call_reconciles_as_done);
+async fn keyless_crash_after_call_reconciles_as_done<DB: TestDb>() {
     let Some(pool) = DB::open("keyless_crash_after_call_reconciles_as_done", 4).await else {
         return;
     };
@@ -313,7 +331,10 @@ async fn keyless_crash_after_call_reconciles_as_done() {
 
     // While the dead caller's lease runs, nobody calls.
     let early = keyless.deliver("order-5").await;
-    assert!(matches!(early, Err(Error::StepInFlight { .. })), "{early:?}");
+    assert!(
+        matches!(early, Err(Error::StepInFlight { .. })),
+        "{early:?}"
+    );
     assert!(early.unwrap_err().is_retryable());
     assert_eq!(keyless.calls(), 1);
 
@@ -324,12 +345,16 @@ async fn keyless_crash_after_call_reconciles_as_done() {
 
     let again = keyless.deliver("order-5").await.unwrap();
     assert_eq!(again, StepOutcome::Recorded(charged[0].clone()));
-    assert_eq!(provider.provider().charges().len(), 1, "one charge for the order");
+    assert_eq!(
+        provider.provider().charges().len(),
+        1,
+        "one charge for the order"
+    );
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_crash_before_call_reconciles_and_calls() {
+backends!(fn keyless_crash_before_call_reconciles_and_calls);
+async fn keyless_crash_before_call_reconciles_and_calls<DB: TestDb>() {
     let Some(pool) = DB::open("keyless_crash_before_call_reconciles_and_calls", 4).await else {
         return;
     };
@@ -348,8 +373,8 @@ async fn keyless_crash_before_call_reconciles_and_calls() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_unknown_marks_attention_and_never_calls() {
+backends!(fn keyless_unknown_marks_attention_and_never_calls);
+async fn keyless_unknown_marks_attention_and_never_calls<DB: TestDb>() {
     let Some(pool) = DB::open("keyless_unknown_marks_attention_and_never_calls", 4).await else {
         return;
     };
@@ -363,15 +388,23 @@ async fn keyless_unknown_marks_attention_and_never_calls() {
 
     for _ in 0..3 {
         let outcome = keyless.deliver("order-9").await;
-        let Err(error) = outcome else { panic!("{outcome:?}") };
-        assert!(matches!(error, Error::StepNeedsAttention { .. }), "{error:?}");
+        let Err(error) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(
+            matches!(error, Error::StepNeedsAttention { .. }),
+            "{error:?}"
+        );
         assert!(!error.is_retryable());
     }
     assert_eq!(keyless.calls(), 1, "no call after the unknown answer");
     assert_eq!(provider.provider().charges().len(), 1);
     let marked = keyless.steps.attention(10).await.unwrap();
     assert_eq!(marked.len(), 1);
-    assert_eq!((marked[0].key.as_str(), marked[0].step.as_str()), (key.as_str(), "charge"));
+    assert_eq!(
+        (marked[0].key.as_str(), marked[0].step.as_str()),
+        (key.as_str(), "charge")
+    );
     assert!(marked[0].reason.contains("503"), "{}", marked[0].reason);
 
     // The operator looks the charge up and settles the step; deliveries then return it.
@@ -391,8 +424,8 @@ async fn keyless_unknown_marks_attention_and_never_calls() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_failed_call_is_reconciled_not_repeated() {
+backends!(fn keyless_failed_call_is_reconciled_not_repeated);
+async fn keyless_failed_call_is_reconciled_not_repeated<DB: TestDb>() {
     let Some(pool) = DB::open("keyless_failed_call_is_reconciled_not_repeated", 4).await else {
         return;
     };
@@ -412,7 +445,10 @@ async fn keyless_failed_call_is_reconciled_not_repeated() {
             async || -> Result<Reconciled<Charge>, JobError> { unreachable!() },
         )
         .await;
-    assert!(matches!(failed, Err(Error::Effect { fatal: false, .. })), "{failed:?}");
+    assert!(
+        matches!(failed, Err(Error::Effect { fatal: false, .. })),
+        "{failed:?}"
+    );
 
     // The retry does not wait out the lease, and asks before calling.
     let outcome = keyless.deliver("order-3").await.unwrap();
@@ -422,8 +458,8 @@ async fn keyless_failed_call_is_reconciled_not_repeated() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_keyless_deliveries_call_once() {
+backends!(fn concurrent_keyless_deliveries_call_once);
+async fn concurrent_keyless_deliveries_call_once<DB: TestDb>() {
     let Some(pool) = DB::open("concurrent_keyless_deliveries_call_once", 8).await else {
         return;
     };
@@ -455,7 +491,10 @@ async fn concurrent_keyless_deliveries_call_once() {
     assert_eq!(keyless.calls(), 1, "one delivery called, the others waited");
     let charges = provider.provider().charges();
     assert_eq!(charges.len(), 1);
-    let called = results.iter().filter(|(outcome, _)| outcome.called()).count();
+    let called = results
+        .iter()
+        .filter(|(outcome, _)| outcome.called())
+        .count();
     assert_eq!(called, 1);
     assert!(results.iter().map(|(_, n)| n).sum::<u32>() >= 1);
     for (outcome, _) in results {
@@ -464,9 +503,11 @@ async fn concurrent_keyless_deliveries_call_once() {
     provider.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sweep_reconciles_stale_steps() {
-    let Some(pool) = DB::open("sweep_reconciles_stale_steps", 4).await else { return };
+backends!(fn sweep_reconciles_stale_steps);
+async fn sweep_reconciles_stale_steps<DB: TestDb>() {
+    let Some(pool) = DB::open("sweep_reconciles_stale_steps", 4).await else {
+        return;
+    };
     let provider = Provider::start(ProviderConfig::default()).await.unwrap();
     let keyless = Keyless::new(pool, provider.url()).await;
     for order in ["order-a", "order-b", "order-c"] {
@@ -476,7 +517,11 @@ async fn sweep_reconciles_stale_steps() {
         keyless.die_before_call(order).await;
     }
     // A sweep before the leases expire touches nothing.
-    let early = keyless.steps.sweep(100, |_| async { unreachable!() }).await.unwrap();
+    let early = keyless
+        .steps
+        .sweep(100, |_| async { unreachable!() })
+        .await
+        .unwrap();
     assert_eq!(early, Default::default());
     tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
 
@@ -496,7 +541,15 @@ async fn sweep_reconciles_stale_steps() {
         })
         .await
         .unwrap();
-    assert_eq!((report.done, report.not_done, report.attention, report.failed), (3, 2, 0, 0));
+    assert_eq!(
+        (
+            report.done,
+            report.not_done,
+            report.attention,
+            report.failed
+        ),
+        (3, 2, 0, 0)
+    );
 
     // Swept-done steps return the charge; swept-not-done steps call once, now.
     for order in ["order-a", "order-b", "order-c"] {
@@ -521,7 +574,7 @@ struct ChargeJob {
     amount: i64,
 }
 
-impl jobguard::external::ExternalJob<DB> for ChargeJob {
+impl<DB: TestDb> jobguard::external::ExternalJob<DB> for ChargeJob {
     const KIND: &'static str = "charge";
     const STEP: &'static str = "create-charge";
     type Context = ProviderClient;
@@ -549,11 +602,13 @@ impl jobguard::external::ExternalJob<DB> for ChargeJob {
     }
 }
 
+backends!(fn worker_runs_external_jobs_once);
 /// Five orders were charged by a worker that died before recording; the worker charges the
 /// other fifteen and records all twenty, with twenty charges at the provider.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn worker_runs_external_jobs_once() {
-    let Some(pool) = DB::open("worker_runs_external_jobs_once", 8).await else { return };
+async fn worker_runs_external_jobs_once<DB: TestDb>() {
+    let Some(pool) = DB::open("worker_runs_external_jobs_once", 8).await else {
+        return;
+    };
     let provider = Provider::start(ProviderConfig::default()).await.unwrap();
     let client = ProviderClient::new(provider.url());
     let queue = jobguard::Queue::new(pool.clone());
@@ -570,21 +625,38 @@ async fn worker_runs_external_jobs_once() {
     for n in 0..20 {
         let order = format!("order-{n}");
         queue
-            .enqueue_external(&ChargeJob { order: order.clone(), amount: 100 + n })
+            .enqueue_external(&ChargeJob {
+                order: order.clone(),
+                amount: 100 + n,
+            })
             .await
             .unwrap();
         if n < 5 {
             let api_key =
                 ApiKey::derive(&charge_key(&order), "create-charge", ApiKeyFormat::STRIPE).unwrap();
-            client.create_charge(&order, 100 + n, Some(api_key.as_str())).await.unwrap();
+            client
+                .create_charge(&order, 100 + n, Some(api_key.as_str()))
+                .await
+                .unwrap();
         }
     }
 
     let stats = worker.run(std::future::pending()).await.unwrap();
-    assert_eq!((stats.applied, stats.duplicates, stats.dead), (20, 0, 0), "{stats:?}");
+    assert_eq!(
+        (stats.applied, stats.duplicates, stats.dead),
+        (20, 0, 0),
+        "{stats:?}"
+    );
     let charges = provider.provider().charges();
-    assert_eq!(charges.len(), 20, "the five earlier charges were answered, not repeated");
+    assert_eq!(
+        charges.len(),
+        20,
+        "the five earlier charges were answered, not repeated"
+    );
     assert_eq!(ledger_rows(&pool).await, 20);
-    assert_eq!(crate::common::ledger_total(&pool).await, (100..120).sum::<i64>());
+    assert_eq!(
+        crate::common::ledger_total(&pool).await,
+        (100..120).sum::<i64>()
+    );
     provider.stop().await;
 }

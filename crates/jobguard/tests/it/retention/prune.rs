@@ -1,5 +1,4 @@
-// Guard retention's conformance suite, included once per backend by `tests/retention.rs` with
-// `DB` set to the backend's type.
+//! Guard, job and step retention's conformance suite, on every backend (`backends!`).
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -7,54 +6,15 @@ use std::time::Duration;
 use jobguard::queue::{JobState, Replay};
 use jobguard::retention::{PruneConfig, PruneSchedule, Pruner, Retention, RetentionConfig};
 use jobguard::steps::{Reconciled, Steps};
-use jobguard::{Error, Guard, Job, JobError, JobKey, KeyError, Queue, RetryPolicy, Worker, WorkerConfig};
-use serde::{Deserialize, Serialize};
+use jobguard::{Error, Guard, JobError, JobKey, KeyError, Queue, Worker, WorkerConfig};
 
-use crate::common::{TestDb, guard_rows, ledger_rows};
-use crate::{Aging, DAY};
+use super::{Aging, DAY};
+use crate::common::{Credit, draining, guard_rows, ledger_rows, setup};
 
-type Conn = <DB as sqlx::Database>::Connection;
-
-/// The seed's credit job.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Credit {
-    order: u32,
-    amount: i64,
-}
-
-impl Job<DB> for Credit {
-    const KIND: &'static str = "credit";
-
-    fn key(&self) -> Result<JobKey, KeyError> {
-        JobKey::new("credit", [format!("order-{}", self.order)])
-    }
-
-    async fn run(&self, conn: &mut Conn) -> Result<(), JobError> {
-        DB::insert_ledger(conn, 7, self.amount).await?;
-        Ok(())
-    }
-}
-
-fn draining() -> WorkerConfig {
-    WorkerConfig {
-        concurrency: 4,
-        stop_when_idle: true,
-        poll_interval: Duration::from_millis(50),
-        retry: RetryPolicy { base: Duration::ZERO, ..Default::default() },
-        ..WorkerConfig::default()
-    }
-}
-
-async fn setup(test: &str) -> Option<(sqlx::Pool<DB>, Queue<DB>)> {
-    let pool = DB::open(test, 8).await?;
-    let queue = Queue::new(pool.clone());
-    queue.migrate().await.unwrap();
-    queue.guard(Default::default()).unwrap().migrate().await.unwrap();
-    Some((pool, queue))
-}
-
-async fn drain(queue: &Queue<DB>) -> jobguard::WorkerStats {
-    let worker = Worker::with_config(queue.clone(), draining()).unwrap().register::<Credit>();
+async fn drain<DB: Aging>(queue: &Queue<DB>) -> jobguard::WorkerStats {
+    let worker = Worker::with_config(queue.clone(), draining())
+        .unwrap()
+        .register::<Credit>();
     tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
         .await
         .expect("the worker drained the queue in time")
@@ -70,24 +30,49 @@ fn retention(config: RetentionConfig) -> Retention {
 /// Applies a credit through the worker, ages its guard row by `age`, then enqueues the same
 /// credit again and dead-letters it by hand: a dead letter whose key the guard applied `age`
 /// ago. Returns the dead job's id.
-async fn applied_then_dead_lettered(pool: &sqlx::Pool<DB>, queue: &Queue<DB>, age: Duration) -> i64 {
-    let credit = Credit { order: 5, amount: 500 };
+async fn applied_then_dead_lettered<DB: Aging>(
+    pool: &sqlx::Pool<DB>,
+    queue: &Queue<DB>,
+    age: Duration,
+) -> i64 {
+    let credit = Credit {
+        order: 5,
+        amount: 500,
+    };
     queue.enqueue_job(&credit).await.unwrap();
-    assert_eq!(drain(queue).await.applied, 1);
+    assert_eq!(drain::<DB>(queue).await.applied, 1);
     DB::age_guard(pool, age).await;
 
     let second = queue.enqueue_job(&credit).await.unwrap();
-    assert!(second.inserted, "the first job is completed, so this is a new job");
-    let leased = queue.fetch("default", 1, Duration::from_secs(30)).await.unwrap();
-    queue.dead_letter(leased[0].lease, "dead-lettered by hand").await.unwrap();
-    assert_eq!(queue.list(Some(JobState::Dead), None, 10).await.unwrap().len(), 1);
+    assert!(
+        second.inserted,
+        "the first job is completed, so this is a new job"
+    );
+    let leased = queue
+        .fetch("default", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    queue
+        .dead_letter(leased[0].lease, "dead-lettered by hand")
+        .await
+        .unwrap();
+    assert_eq!(
+        queue
+            .list(Some(JobState::Dead), None, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     second.id
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_letter_replayed_within_the_retention_is_a_duplicate() {
-    let Some((pool, queue)) = setup("retention_replay_within").await else { return };
-    let dead = applied_then_dead_lettered(&pool, &queue, 3 * DAY).await;
+backends!(fn a_dead_letter_replayed_within_the_retention_is_a_duplicate);
+async fn a_dead_letter_replayed_within_the_retention_is_a_duplicate<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_replay_within").await else {
+        return;
+    };
+    let dead = applied_then_dead_lettered::<DB>(&pool, &queue, 3 * DAY).await;
 
     // Two weeks cover the default 7-day replay window; a prune now keeps the 3-day-old key.
     let guard = queue.guard(Default::default()).unwrap();
@@ -95,21 +80,23 @@ async fn a_dead_letter_replayed_within_the_retention_is_a_duplicate() {
     assert_eq!(pruner.run().await.unwrap().unwrap().guard_rows, 0);
 
     assert_eq!(queue.replay(&Replay::Job(dead)).await.unwrap(), vec![dead]);
-    let stats = drain(&queue).await;
+    let stats = drain::<DB>(&queue).await;
     assert_eq!((stats.applied, stats.duplicates), (0, 1), "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 1, "the replay changed nothing");
 }
 
+backends!(fn a_replay_older_than_the_retention_applies_again);
 /// The seed's pitfall, "pruning too early", on purpose. The operator declared a 12-hour replay
 /// window, so a one-day retention covers the horizon (about 12 h 10 m) and passes the check.
 /// Then they replay a dead letter three days later, outside the window they declared: the
 /// guard no longer holds the key, because the prune deleted it as the retention said it could,
 /// and the job applies a second time. The horizon is only as good as what is declared; a replay
 /// after the declared window is exactly the duplicate no retention shorter than it can stop.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_older_than_the_retention_applies_again() {
-    let Some((pool, queue)) = setup("retention_replay_after").await else { return };
-    let dead = applied_then_dead_lettered(&pool, &queue, 3 * DAY).await;
+async fn a_replay_older_than_the_retention_applies_again<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_replay_after").await else {
+        return;
+    };
+    let dead = applied_then_dead_lettered::<DB>(&pool, &queue, 3 * DAY).await;
 
     let config = RetentionConfig {
         keep: DAY,
@@ -117,41 +104,83 @@ async fn a_replay_older_than_the_retention_applies_again() {
         ..RetentionConfig::default()
     };
     let retention = retention(config);
-    assert!(!retention.is_overridden(), "one day covers a 12-hour replay window");
+    assert!(
+        !retention.is_overridden(),
+        "one day covers a 12-hour replay window"
+    );
     let guard = queue.guard(Default::default()).unwrap();
     let report = Pruner::new(&guard, retention).run().await.unwrap().unwrap();
-    assert_eq!(report.guard_rows, 1, "the 3-day-old key is past the 1-day retention");
+    assert_eq!(
+        report.guard_rows, 1,
+        "the 3-day-old key is past the 1-day retention"
+    );
     assert_eq!(guard_rows(&pool).await, 0);
 
     queue.replay(&Replay::Job(dead)).await.unwrap();
-    let stats = drain(&queue).await;
+    let stats = drain::<DB>(&queue).await;
     assert_eq!((stats.applied, stats.duplicates), (1, 0), "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 2, "the credit was applied twice");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden() {
-    let Some((pool, queue)) = setup("retention_refused").await else { return };
-    queue.enqueue_job(&Credit { order: 1, amount: 500 }).await.unwrap();
-    let short = RetentionConfig { keep: Duration::from_secs(3600), ..RetentionConfig::default() };
-    let config = WorkerConfig { retention: short.clone(), ..draining() };
+backends!(fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden);
+async fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_refused").await else {
+        return;
+    };
+    queue
+        .enqueue_job(&Credit {
+            order: 1,
+            amount: 500,
+        })
+        .await
+        .unwrap();
+    let short = RetentionConfig {
+        keep: Duration::from_secs(3600),
+        ..RetentionConfig::default()
+    };
+    let config = WorkerConfig {
+        retention: short.clone(),
+        ..draining()
+    };
     let expected = short.horizon(&config.retry, config.lease);
     // No retries to speak of (a zero backoff), ten 30-second leases, the 7-day replay window,
     // and the replayed job's ten leases again.
     assert_eq!(expected.total(), 7 * DAY + Duration::from_secs(600));
 
-    let worker = Worker::with_config(queue.clone(), config.clone()).unwrap().register::<Credit>();
+    let worker = Worker::with_config(queue.clone(), config.clone())
+        .unwrap()
+        .register::<Credit>();
     let error = worker.run(std::future::pending()).await.unwrap_err();
-    let Error::RetentionTooShort { retention, horizon, breakdown } = &error else {
+    let Error::RetentionTooShort {
+        retention,
+        horizon,
+        breakdown,
+    } = &error
+    else {
         panic!("{error:?}");
     };
-    assert_eq!((*retention, *horizon), (Duration::from_secs(3600), expected.total()));
+    assert_eq!(
+        (*retention, *horizon),
+        (Duration::from_secs(3600), expected.total())
+    );
     assert_eq!(breakdown, &expected.to_string());
     let message = error.to_string();
-    for needle in ["guard retention 1h is shorter", "replay window 7d", "at least 7d 10m", "override"] {
-        assert!(message.contains(needle), "{needle:?} missing from: {message}");
+    for needle in [
+        "guard retention 1h is shorter",
+        "replay window 7d",
+        "at least 7d 10m",
+        "override",
+    ] {
+        assert!(
+            message.contains(needle),
+            "{needle:?} missing from: {message}"
+        );
     }
-    assert_eq!(queue.counts().await.unwrap().available, 1, "the worker did not start");
+    assert_eq!(
+        queue.counts().await.unwrap().available,
+        1,
+        "the worker did not start"
+    );
     assert_eq!(ledger_rows(&pool).await, 0);
     // Nor can a pruner be built with it.
     assert!(matches!(
@@ -160,23 +189,32 @@ async fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden() {
     ));
 
     let overridden = WorkerConfig {
-        retention: RetentionConfig { override_horizon: true, ..short },
+        retention: RetentionConfig {
+            override_horizon: true,
+            ..short
+        },
         ..config
     };
-    let worker = Worker::with_config(queue.clone(), overridden).unwrap().register::<Credit>();
+    let worker = Worker::with_config(queue.clone(), overridden)
+        .unwrap()
+        .register::<Credit>();
     assert!(worker.retention().unwrap().is_overridden());
     let stats = worker.run(std::future::pending()).await.unwrap();
     assert_eq!(stats.applied, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pruning_deletes_old_rows_in_batches_and_keeps_the_rest() {
-    let Some(pool) = DB::open("retention_batches", 4).await else { return };
+backends!(fn pruning_deletes_old_rows_in_batches_and_keeps_the_rest);
+async fn pruning_deletes_old_rows_in_batches_and_keeps_the_rest<DB: Aging>() {
+    let Some(pool) = DB::open("retention_batches", 4).await else {
+        return;
+    };
     let guard = Guard::<DB>::new(pool.clone());
     guard.migrate().await.unwrap();
     for order in 0..20 {
         let key = JobKey::new("credit", [format!("order-{order}")]).unwrap();
-        let outcome = guard.run(&key, async |conn| Ok(DB::insert_ledger(conn, 7, 1).await?)).await;
+        let outcome = guard
+            .run(&key, async |conn| Ok(DB::insert_ledger(conn, 7, 1).await?))
+            .await;
         assert!(outcome.unwrap().is_applied());
     }
     DB::insert_guard_rows(&pool, "old", 250, 30 * DAY).await;
@@ -204,29 +242,50 @@ async fn pruning_deletes_old_rows_in_batches_and_keeps_the_rest() {
     assert_eq!((report.guard_rows, report.batches), (250, 3), "{report:?}");
     assert_eq!(seen, [100, 200, 250]);
     let oldest = report.oldest_age.unwrap();
-    assert!(oldest > 12 * DAY && oldest < 14 * DAY, "the 13-day-old rows are the oldest: {oldest:?}");
+    assert!(
+        oldest > 12 * DAY && oldest < 14 * DAY,
+        "the 13-day-old rows are the oldest: {oldest:?}"
+    );
     assert_eq!(guard_rows(&pool).await, 27);
     assert_eq!(pruner.plan().await.unwrap().guard_rows, 0);
 
     // Stopped after its first batch, a run keeps what it deleted.
     DB::insert_guard_rows(&pool, "old", 250, 30 * DAY).await;
-    let report = pruner.run_with(|_| ControlFlow::Break(())).await.unwrap().unwrap();
+    let report = pruner
+        .run_with(|_| ControlFlow::Break(()))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((report.guard_rows, report.batches), (100, 1));
     assert_eq!(guard_rows(&pool).await, 177);
 }
 
 /// Steps by state: done, started, attention.
-async fn step_states(pool: &sqlx::Pool<DB>) -> (i64, i64, i64) {
+async fn step_states<DB: Aging>(pool: &sqlx::Pool<DB>) -> (i64, i64, i64) {
     (
-        DB::count(pool, "select count(*) from jobguard_steps where state = 'done'").await,
-        DB::count(pool, "select count(*) from jobguard_steps where state = 'started'").await,
-        DB::count(pool, "select count(*) from jobguard_steps where state = 'attention'").await,
+        DB::count(
+            pool,
+            "select count(*) from jobguard_steps where state = 'done'",
+        )
+        .await,
+        DB::count(
+            pool,
+            "select count(*) from jobguard_steps where state = 'started'",
+        )
+        .await,
+        DB::count(
+            pool,
+            "select count(*) from jobguard_steps where state = 'attention'",
+        )
+        .await,
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn done_steps_are_pruned_and_started_or_attention_steps_survive() {
-    let Some(pool) = DB::open("retention_steps", 4).await else { return };
+backends!(fn done_steps_are_pruned_and_started_or_attention_steps_survive);
+async fn done_steps_are_pruned_and_started_or_attention_steps_survive<DB: Aging>() {
+    let Some(pool) = DB::open("retention_steps", 4).await else {
+        return;
+    };
     let guard = Guard::<DB>::new(pool.clone());
     guard.migrate().await.unwrap();
     let steps = Steps::<DB>::new(pool.clone());
@@ -235,7 +294,12 @@ async fn done_steps_are_pruned_and_started_or_attention_steps_survive() {
 
     // done
     let done = steps
-        .run(&key("p-1"), "transfer", async || Ok("tr-1".to_owned()), async || Ok(Reconciled::NotDone))
+        .run(
+            &key("p-1"),
+            "transfer",
+            async || Ok("tr-1".to_owned()),
+            async || Ok(Reconciled::NotDone),
+        )
         .await
         .unwrap();
     assert!(done.called());
@@ -250,7 +314,11 @@ async fn done_steps_are_pruned_and_started_or_attention_steps_survive() {
         },
         async || Ok(Reconciled::NotDone),
     );
-    assert!(tokio::time::timeout(Duration::from_millis(200), in_call).await.is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), in_call)
+            .await
+            .is_err()
+    );
     // attention: the call failed, then the reconciler could not tell
     let failed = steps
         .run(
@@ -269,32 +337,46 @@ async fn done_steps_are_pruned_and_started_or_attention_steps_survive() {
             async || Ok(Reconciled::Unknown("the lookup is down".into())),
         )
         .await;
-    assert!(matches!(unknown, Err(Error::StepNeedsAttention { .. })), "{unknown:?}");
+    assert!(
+        matches!(unknown, Err(Error::StepNeedsAttention { .. })),
+        "{unknown:?}"
+    );
 
     // All three a month old, and one more done step from today.
     DB::age_steps(&pool, 30 * DAY).await;
     steps
-        .run(&key("p-4"), "transfer", async || Ok("tr-4".to_owned()), async || Ok(Reconciled::NotDone))
+        .run(
+            &key("p-4"),
+            "transfer",
+            async || Ok("tr-4".to_owned()),
+            async || Ok(Reconciled::NotDone),
+        )
         .await
         .unwrap();
-    assert_eq!(step_states(&pool).await, (2, 1, 1));
+    assert_eq!(step_states::<DB>(&pool).await, (2, 1, 1));
 
     let pruner = Pruner::new(&guard, retention(RetentionConfig::default())).steps(steps.clone());
     assert_eq!(pruner.plan().await.unwrap().step_rows, 1);
     let report = pruner.run().await.unwrap().unwrap();
     assert_eq!(report.step_rows, 1, "{report:?}");
-    assert_eq!(step_states(&pool).await, (1, 1, 1), "only the month-old done step went");
+    assert_eq!(
+        step_states::<DB>(&pool).await,
+        (1, 1, 1),
+        "only the month-old done step went"
+    );
     let attention = steps.attention(10).await.unwrap();
     assert_eq!(attention.len(), 1);
     assert_eq!(attention[0].key, "payout:p-3");
 }
 
+backends!(fn a_second_pruner_skips_while_the_first_runs);
 /// Only one pruner runs on a table at a time: a second pruner on its own pool (on PostgreSQL,
 /// another session, as another process would be) asked while the first is between batches
 /// finds the table taken and deletes nothing; once the first is done, it runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_pruner_skips_while_the_first_runs() {
-    let Some(pool) = DB::open("retention_one_pruner", 4).await else { return };
+async fn a_second_pruner_skips_while_the_first_runs<DB: Aging>() {
+    let Some(pool) = DB::open("retention_one_pruner", 4).await else {
+        return;
+    };
     let guard = Guard::<DB>::new(pool.clone());
     guard.migrate().await.unwrap();
     DB::insert_guard_rows(&pool, "old", 30, 30 * DAY).await;
@@ -304,7 +386,9 @@ async fn a_second_pruner_skips_while_the_first_runs() {
         .await
         .unwrap();
     let other_guard = Guard::<DB>::new(other_pool);
-    let first = Pruner::new(&guard, retention(RetentionConfig::default())).batch(10).pause(Duration::ZERO);
+    let first = Pruner::new(&guard, retention(RetentionConfig::default()))
+        .batch(10)
+        .pause(Duration::ZERO);
     let second = Pruner::new(&other_guard, retention(RetentionConfig::default()));
 
     let mut meanwhile = None;
@@ -312,7 +396,9 @@ async fn a_second_pruner_skips_while_the_first_runs() {
         .run_with(|_| {
             if meanwhile.is_none() {
                 let handle = tokio::runtime::Handle::current();
-                meanwhile = Some(tokio::task::block_in_place(|| handle.block_on(second.run())));
+                meanwhile = Some(tokio::task::block_in_place(|| {
+                    handle.block_on(second.run())
+                }));
             }
             ControlFlow::Continue(())
         })
@@ -322,15 +408,21 @@ async fn a_second_pruner_skips_while_the_first_runs() {
     assert!(matches!(meanwhile, Some(Ok(None))), "{meanwhile:?}");
     assert_eq!(report.guard_rows, 30);
     let after = second.run().await.unwrap();
-    assert_eq!(after.map(|report| report.guard_rows), Some(0), "the table is free again");
+    assert_eq!(
+        after.map(|report| report.guard_rows),
+        Some(0),
+        "the table is free again"
+    );
 }
 
+backends!(fn two_workers_prune_on_schedule_one_at_a_time);
 /// Two workers prune on a schedule that fires every second; each prune of the 300 old rows
 /// takes at least three seconds (30 batches, 100 ms apart). Whichever worker starts first holds
 /// the table, and the other's rounds meanwhile are skipped instead of pruning alongside.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_prune_on_schedule_one_at_a_time() {
-    let Some((pool, queue)) = setup("retention_two_workers").await else { return };
+async fn two_workers_prune_on_schedule_one_at_a_time<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_two_workers").await else {
+        return;
+    };
     DB::insert_guard_rows(&pool, "old", 300, 30 * DAY).await;
     let other_pool = sqlx::pool::PoolOptions::<DB>::new()
         .max_connections(8)
@@ -351,17 +443,34 @@ async fn two_workers_prune_on_schedule_one_at_a_time() {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut running = Vec::new();
     for queue in [queue.clone(), Queue::new(other_pool)] {
-        let worker = Worker::with_config(queue, config.clone()).unwrap().register::<Credit>();
+        let worker = Worker::with_config(queue, config.clone())
+            .unwrap()
+            .register::<Credit>();
         let mut stopped = stopped.clone();
         running.push(tokio::spawn(worker.run(async move {
             let _ = stopped.wait_for(|stop| *stop).await;
         })));
     }
     // The workers run jobs meanwhile.
-    queue.enqueue_job(&Credit { order: 1, amount: 500 }).await.unwrap();
+    queue
+        .enqueue_job(&Credit {
+            order: 1,
+            amount: 500,
+        })
+        .await
+        .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while DB::count(&pool, "select count(*) from processed_jobs where kind = 'old'").await > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the old rows were never pruned");
+    while DB::count(
+        &pool,
+        "select count(*) from processed_jobs where kind = 'old'",
+    )
+    .await
+        > 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the old rows were never pruned"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.send(true).unwrap();
@@ -373,29 +482,52 @@ async fn two_workers_prune_on_schedule_one_at_a_time() {
     let skipped: u64 = stats.iter().map(|s| s.prunes_skipped).sum();
     let applied: u64 = stats.iter().map(|s| s.applied).sum();
     assert_eq!(pruned, 300, "{stats:?}");
-    assert!(skipped >= 1, "no round found the table taken: both pruned at once? {stats:?}");
+    assert!(
+        skipped >= 1,
+        "no round found the table taken: both pruned at once? {stats:?}"
+    );
     assert_eq!(applied, 1, "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 1);
 }
 
+backends!(fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay);
 /// Completed jobs go after `keep_completed` and dead ones after `keep_dead`, by when they
 /// finished, in batches; jobs that wait or run stay whatever their age, and so do finished
 /// jobs younger than their retention.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay() {
-    let Some((pool, queue)) = setup("retention_jobs").await else { return };
+async fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_jobs").await else {
+        return;
+    };
     for order in 1..=4 {
-        queue.enqueue_job(&Credit { order, amount: 100 }).await.unwrap();
+        queue
+            .enqueue_job(&Credit { order, amount: 100 })
+            .await
+            .unwrap();
     }
-    assert_eq!(drain(&queue).await.applied, 4);
+    assert_eq!(drain::<DB>(&queue).await.applied, 4);
     // A dead job, and a job that waits (scheduled for tomorrow).
-    let dead = queue.enqueue_job(&Credit { order: 5, amount: 100 }).await.unwrap();
-    let leased = queue.fetch("default", 1, Duration::from_secs(30)).await.unwrap();
+    let dead = queue
+        .enqueue_job(&Credit {
+            order: 5,
+            amount: 100,
+        })
+        .await
+        .unwrap();
+    let leased = queue
+        .fetch("default", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(leased[0].lease.job_id, dead.id);
-    queue.dead_letter(leased[0].lease, "dead-lettered by hand").await.unwrap();
+    queue
+        .dead_letter(leased[0].lease, "dead-lettered by hand")
+        .await
+        .unwrap();
     let waiting = jobguard::queue::NewJob::new(
         JobKey::new("credit", ["order-6"]).unwrap(),
-        &Credit { order: 6, amount: 100 },
+        &Credit {
+            order: 6,
+            amount: 100,
+        },
     )
     .unwrap()
     .kind("credit")
@@ -405,8 +537,14 @@ async fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay() {
     // Every job two days older: finished two days ago, or created two days ago.
     DB::age_jobs(&pool, 2 * DAY).await;
     // One fresh completed job.
-    queue.enqueue_job(&Credit { order: 7, amount: 100 }).await.unwrap();
-    assert_eq!(drain(&queue).await.applied, 1);
+    queue
+        .enqueue_job(&Credit {
+            order: 7,
+            amount: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(drain::<DB>(&queue).await.applied, 1);
 
     let config = RetentionConfig {
         keep_completed: DAY,
@@ -414,62 +552,128 @@ async fn finished_jobs_are_pruned_after_their_retention_and_live_ones_stay() {
         ..RetentionConfig::default()
     };
     // A dead-job retention shorter than the replay window is refused.
-    let short = RetentionConfig { keep_dead: DAY, ..config.clone() };
+    let short = RetentionConfig {
+        keep_dead: DAY,
+        ..config.clone()
+    };
     let worker = draining();
     let error = short.validate(&worker.retry, worker.lease).unwrap_err();
-    assert!(matches!(error, Error::DeadRetentionTooShort { .. }), "{error:?}");
-    let config = RetentionConfig { replay_window: DAY, ..config };
+    assert!(
+        matches!(error, Error::DeadRetentionTooShort { .. }),
+        "{error:?}"
+    );
+    let config = RetentionConfig {
+        replay_window: DAY,
+        ..config
+    };
 
     let guard = queue.guard(Default::default()).unwrap();
-    let pruner = Pruner::new(&guard, retention(config.clone())).jobs(&queue).batch(3).pause(Duration::ZERO);
+    let pruner = Pruner::new(&guard, retention(config.clone()))
+        .jobs(&queue)
+        .batch(3)
+        .pause(Duration::ZERO);
     let plan = pruner.plan().await.unwrap();
     assert_eq!((plan.completed_jobs, plan.dead_jobs), (4, 0), "{plan:?}");
     let report = pruner.run().await.unwrap().unwrap();
-    assert_eq!((report.completed_jobs, report.dead_jobs), (4, 0), "{report:?}");
+    assert_eq!(
+        (report.completed_jobs, report.dead_jobs),
+        (4, 0),
+        "{report:?}"
+    );
     // Batches of three: guard 1, then completed 3 + 1, then dead 1.
     assert_eq!(report.batches, 4, "{report:?}");
     let counts = queue.counts().await.unwrap();
-    assert_eq!((counts.available, counts.completed, counts.dead), (1, 1, 1), "{counts:?}");
+    assert_eq!(
+        (counts.available, counts.completed, counts.dead),
+        (1, 1, 1),
+        "{counts:?}"
+    );
 
     // Two days more: the dead job is past three days; the fresh completed job is past one.
     DB::age_jobs(&pool, 2 * DAY).await;
     let report = pruner.run().await.unwrap().unwrap();
-    assert_eq!((report.completed_jobs, report.dead_jobs), (1, 1), "{report:?}");
+    assert_eq!(
+        (report.completed_jobs, report.dead_jobs),
+        (1, 1),
+        "{report:?}"
+    );
     let counts = queue.counts().await.unwrap();
-    assert_eq!((counts.available, counts.completed, counts.dead), (1, 0, 0), "{counts:?}");
-    assert_eq!(ledger_rows(&pool).await, 5, "pruning jobs touches no effect");
+    assert_eq!(
+        (counts.available, counts.completed, counts.dead),
+        (1, 0, 0),
+        "{counts:?}"
+    );
+    assert_eq!(
+        ledger_rows(&pool).await,
+        5,
+        "pruning jobs touches no effect"
+    );
 
     // Zero keeps no completed job at all; the guard still remembers every key.
-    queue.enqueue_job(&Credit { order: 8, amount: 100 }).await.unwrap();
-    assert_eq!(drain(&queue).await.applied, 1);
-    let now = RetentionConfig { keep_completed: Duration::ZERO, ..config };
-    let report = Pruner::new(&guard, retention(now)).jobs(&queue).run().await.unwrap().unwrap();
+    queue
+        .enqueue_job(&Credit {
+            order: 8,
+            amount: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(drain::<DB>(&queue).await.applied, 1);
+    let now = RetentionConfig {
+        keep_completed: Duration::ZERO,
+        ..config
+    };
+    let report = Pruner::new(&guard, retention(now))
+        .jobs(&queue)
+        .run()
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(report.completed_jobs, 1, "{report:?}");
     assert_eq!(queue.counts().await.unwrap().completed, 0);
     assert_eq!(guard_rows(&pool).await, 6);
-    queue.enqueue_job(&Credit { order: 8, amount: 100 }).await.unwrap();
-    let stats = drain(&queue).await;
-    assert_eq!((stats.applied, stats.duplicates), (0, 1), "the guard row stops it: {stats:?}");
+    queue
+        .enqueue_job(&Credit {
+            order: 8,
+            amount: 100,
+        })
+        .await
+        .unwrap();
+    let stats = drain::<DB>(&queue).await;
+    assert_eq!(
+        (stats.applied, stats.duplicates),
+        (0, 1),
+        "the guard row stops it: {stats:?}"
+    );
 }
 
+backends!(fn the_scheduled_prune_deletes_finished_jobs);
 /// The worker's scheduled prune deletes finished jobs too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_scheduled_prune_deletes_finished_jobs() {
-    let Some((pool, queue)) = setup("retention_scheduled_jobs").await else { return };
+async fn the_scheduled_prune_deletes_finished_jobs<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_scheduled_jobs").await else {
+        return;
+    };
     for order in 1..=3 {
-        queue.enqueue_job(&Credit { order, amount: 100 }).await.unwrap();
+        queue
+            .enqueue_job(&Credit { order, amount: 100 })
+            .await
+            .unwrap();
     }
     let config = WorkerConfig {
         concurrency: 2,
         poll_interval: Duration::from_millis(50),
-        retention: RetentionConfig { keep_completed: Duration::ZERO, ..RetentionConfig::default() },
+        retention: RetentionConfig {
+            keep_completed: Duration::ZERO,
+            ..RetentionConfig::default()
+        },
         prune: PruneConfig {
             schedule: Some(PruneSchedule::new("* * * * * *").unwrap()),
             ..PruneConfig::default()
         },
         ..WorkerConfig::default()
     };
-    let worker = Worker::with_config(queue.clone(), config).unwrap().register::<Credit>();
+    let worker = Worker::with_config(queue.clone(), config)
+        .unwrap()
+        .register::<Credit>();
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let running = tokio::spawn(worker.run(async move {
         let _ = stopped.wait_for(|stop| *stop).await;
@@ -481,33 +685,54 @@ async fn the_scheduled_prune_deletes_finished_jobs() {
         if applied == 3 && counts.completed == 0 && counts.available == 0 && counts.running == 0 {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "never pruned: {counts:?}, {applied} applied");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never pruned: {counts:?}, {applied} applied"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.send(true).unwrap();
     let stats = running.await.unwrap().unwrap();
     assert_eq!(stats.applied, 3, "{stats:?}");
-    assert_eq!(DB::count(&pool, "select count(*) from jobguard_jobs").await, 0);
+    assert_eq!(
+        DB::count(&pool, "select count(*) from jobguard_jobs").await,
+        0
+    );
 }
 
+backends!(fn counts_stay_bounded_on_a_large_table);
 /// Finished jobs above the cap are estimated, live ones counted exactly, and the finished
 /// states are read from their own index (the plan never reads the whole table).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn counts_stay_bounded_on_a_large_table() {
-    let Some((pool, queue)) = setup("retention_counts").await else { return };
+async fn counts_stay_bounded_on_a_large_table<DB: Aging>() {
+    let Some((pool, queue)) = setup::<DB>("retention_counts").await else {
+        return;
+    };
     let cap = jobguard::queue::TERMINAL_COUNT_CAP;
     DB::insert_finished_jobs(&pool, "completed", cap + 5_000).await;
     DB::insert_finished_jobs(&pool, "dead", 3).await;
-    queue.enqueue_job(&Credit { order: 1, amount: 100 }).await.unwrap();
+    queue
+        .enqueue_job(&Credit {
+            order: 1,
+            amount: 100,
+        })
+        .await
+        .unwrap();
     DB::analyze(&pool).await;
     let counts = queue.counts().await.unwrap();
-    assert_eq!((counts.available, counts.running, counts.dead), (1, 0, 3), "{counts:?}");
+    assert_eq!(
+        (counts.available, counts.running, counts.dead),
+        (1, 0, 3),
+        "{counts:?}"
+    );
     assert!(counts.is_estimated(), "{counts:?}");
     assert!(counts.completed >= cap, "{counts:?}");
     assert!(counts.completed < 2 * cap, "{counts:?}");
 
     let plan = DB::explain(&pool, queue.counts_statement()).await;
-    assert!(!DB::full_scan(&plan), "a state is counted by scanning the table:\n{plan}");
+    assert!(
+        !DB::full_scan(&plan),
+        "a state is counted by scanning the table:\n{plan}"
+    );
 }
 
 /// A charge at a provider with idempotency keys, whose record fails (fatally) while `broken`
@@ -523,7 +748,7 @@ struct ChargeContext {
     broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl jobguard::external::ExternalJob<DB> for RecordedCharge {
+impl<DB: Aging> jobguard::external::ExternalJob<DB> for RecordedCharge {
     const KIND: &'static str = "charge";
     const STEP: &'static str = "create-charge";
     type Context = ChargeContext;
@@ -548,7 +773,7 @@ impl jobguard::external::ExternalJob<DB> for RecordedCharge {
     async fn record(
         &self,
         context: &ChargeContext,
-        conn: &mut Conn,
+        conn: &mut DB::Connection,
         charge: &Self::Output,
     ) -> Result<(), JobError> {
         if context.broken.load(std::sync::atomic::Ordering::SeqCst) {
@@ -559,6 +784,7 @@ impl jobguard::external::ExternalJob<DB> for RecordedCharge {
     }
 }
 
+backends!(fn a_replay_after_the_provider_forgot_the_key_charges_twice_and_is_refused);
 /// The double charge, end to end: a provider that forgets idempotency keys after a
 /// few seconds (Stripe: 24 hours), a worker whose charge was made but not recorded, the dead
 /// job replayed. Replayed while the provider still remembers the key, the charge comes back
@@ -566,21 +792,30 @@ impl jobguard::external::ExternalJob<DB> for RecordedCharge {
 /// again: two charges for one order. The retention check refuses the configuration that
 /// allows that (a replay window past the provider key lifetime), and the worker does not
 /// start with it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_after_the_provider_forgot_the_key_charges_twice_and_is_refused() {
+async fn a_replay_after_the_provider_forgot_the_key_charges_twice_and_is_refused<DB: Aging>() {
     use jobguard_provider::{Provider, ProviderClient, ProviderConfig};
-    let Some((pool, queue)) = setup("retention_provider_ttl").await else { return };
+    let Some((pool, queue)) = setup::<DB>("retention_provider_ttl").await else {
+        return;
+    };
     let key_ttl = Duration::from_secs(3);
-    let provider = Provider::start(ProviderConfig { key_ttl: Some(key_ttl), ..ProviderConfig::default() })
-        .await
-        .unwrap();
+    let provider = Provider::start(ProviderConfig {
+        key_ttl: Some(key_ttl),
+        ..ProviderConfig::default()
+    })
+    .await
+    .unwrap();
     let broken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let context = || ChargeContext {
         client: ProviderClient::new(provider.url()),
         broken: broken.clone(),
     };
     let charges_of = |order: &str| {
-        provider.provider().charges().into_iter().filter(|charge| charge.order == order).count()
+        provider
+            .provider()
+            .charges()
+            .into_iter()
+            .filter(|charge| charge.order == order)
+            .count()
     };
 
     // The operator's declaration: a provider keeping keys `key_ttl`, an hour of replay.
@@ -589,18 +824,28 @@ async fn a_replay_after_the_provider_forgot_the_key_charges_twice_and_is_refused
         provider_key_lifetime: key_ttl,
         ..RetentionConfig::default()
     };
-    let refused = WorkerConfig { retention: declared.clone(), ..draining() };
+    let refused = WorkerConfig {
+        retention: declared.clone(),
+        ..draining()
+    };
     let worker = Worker::with_config(queue.clone(), refused)
         .unwrap()
         .register_external::<RecordedCharge>(context());
     let error = worker.run(std::future::pending()).await.unwrap_err();
-    let Error::ProviderKeyLifetimeTooShort { provider_key_lifetime, .. } = &error else {
+    let Error::ProviderKeyLifetimeTooShort {
+        provider_key_lifetime,
+        ..
+    } = &error
+    else {
         panic!("{error:?}");
     };
     assert_eq!(*provider_key_lifetime, key_ttl);
     let message = error.to_string();
     for needle in ["provider key lifetime 3s", "replay window 1h"] {
-        assert!(message.contains(needle), "{needle:?} missing from: {message}");
+        assert!(
+            message.contains(needle),
+            "{needle:?} missing from: {message}"
+        );
     }
 
     // What happens without the check (no provider declared): two charges die unrecorded.
@@ -610,33 +855,70 @@ async fn a_replay_after_the_provider_forgot_the_key_charges_twice_and_is_refused
             .register_external::<RecordedCharge>(context())
     };
     for order in ["order-early", "order-late"] {
-        queue.enqueue_external(&RecordedCharge { order: order.into(), amount: 500 }).await.unwrap();
+        queue
+            .enqueue_external(&RecordedCharge {
+                order: order.into(),
+                amount: 500,
+            })
+            .await
+            .unwrap();
     }
     let stats = worker().run(std::future::pending()).await.unwrap();
     assert_eq!((stats.applied, stats.dead), (0, 2), "{stats:?}");
-    assert_eq!((charges_of("order-early"), charges_of("order-late")), (1, 1));
+    assert_eq!(
+        (charges_of("order-early"), charges_of("order-late")),
+        (1, 1)
+    );
     let dead = queue.list(Some(JobState::Dead), None, 10).await.unwrap();
     let id_of = |order: &str| {
-        dead.iter().find(|job| job.payload["order"] == order).map(|job| job.id).unwrap()
+        dead.iter()
+            .find(|job| job.payload["order"] == order)
+            .map(|job| job.id)
+            .unwrap()
     };
     broken.store(false, std::sync::atomic::Ordering::SeqCst);
 
     // Replayed at once, within the key's lifetime: the provider answers with the first charge.
-    assert_eq!(queue.replay(&Replay::Job(id_of("order-early"))).await.unwrap().len(), 1);
+    assert_eq!(
+        queue
+            .replay(&Replay::Job(id_of("order-early")))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let stats = worker().run(std::future::pending()).await.unwrap();
     assert_eq!(stats.applied, 1, "{stats:?}");
-    assert_eq!(charges_of("order-early"), 1, "the key was remembered: one charge");
+    assert_eq!(
+        charges_of("order-early"),
+        1,
+        "the key was remembered: one charge"
+    );
 
     // Replayed after the provider forgot the key: the same key charges a second time.
     tokio::time::sleep(key_ttl + Duration::from_millis(500)).await;
-    assert_eq!(queue.replay(&Replay::Job(id_of("order-late"))).await.unwrap().len(), 1);
+    assert_eq!(
+        queue
+            .replay(&Replay::Job(id_of("order-late")))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let stats = worker().run(std::future::pending()).await.unwrap();
     assert_eq!(stats.applied, 1, "{stats:?}");
     assert_eq!(charges_of("order-late"), 2, "the customer paid twice");
-    assert_eq!(ledger_rows(&pool).await, 2, "each order recorded once, one of them charged twice");
+    assert_eq!(
+        ledger_rows(&pool).await,
+        2,
+        "each order recorded once, one of them charged twice"
+    );
 
     // A replay window that keeps every repeat inside the key's lifetime passes the check.
-    let fits = RetentionConfig { replay_window: Duration::from_secs(1), ..declared };
+    let fits = RetentionConfig {
+        replay_window: Duration::from_secs(1),
+        ..declared
+    };
     let mut tight = draining();
     tight.lease = Duration::from_millis(100);
     tight.retry.max_attempts = 1;

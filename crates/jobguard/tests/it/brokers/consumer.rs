@@ -1,21 +1,21 @@
-// The broker consumer suite, included by `tests/brokers.rs` once per database backend and
-// broker, with `DB` set to the backend's type and `Broker` to a `TestBroker`: every test runs
-// against the real broker and the real database, on a queue or stream and a schema or file of
-// its own.
+//! The broker consumer suite, run once per database backend and broker (`brokers!`): every
+//! test runs against the real broker and the real database, on a queue or stream and a schema
+//! or file of its own.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt as _;
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Envelope};
-use jobguard::{Backend, Guard, Job, JobError, JobKey, KeyError, Outcome};
+use jobguard::{Guard, Job, JobError, JobKey, KeyError, Outcome};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::Pool;
 
+use super::{Settings, TestBroker};
 use crate::common::{TestDb, ledger_rows, ledger_total};
-use crate::{Settings, TestBroker};
 
 /// The longest a consumer runs in a test before the test fails: a guard against hangs only.
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -50,12 +50,15 @@ impl Credit {
         }
     }
 
+    /// The job's envelope, the same on every backend.
     fn body(&self) -> Vec<u8> {
-        Envelope::for_job::<DB, _>(self).unwrap().to_bytes()
+        Envelope::for_job::<sqlx::Sqlite, _>(self)
+            .unwrap()
+            .to_bytes()
     }
 }
 
-impl Job<DB> for Credit {
+impl<DB: TestDb> Job<DB> for Credit {
     const KIND: &'static str = "credit";
 
     fn key(&self) -> Result<JobKey, KeyError> {
@@ -70,32 +73,54 @@ impl Job<DB> for Credit {
         }
         DB::insert_ledger(conn, 1, self.amount).await?;
         if self.order.starts_with("doomed") {
-            DOOMED_RUNS.fetch_add(1, Ordering::SeqCst);
+            *lock_doomed_runs()
+                .entry((DB::BACKEND, self.order.clone()))
+                .or_default() += 1;
         }
         tokio::time::sleep(Duration::from_millis(self.hold_ms)).await;
         Ok(())
     }
 }
 
-/// How many times a `doomed-*` credit started running in this module.
-static DOOMED_RUNS: AtomicUsize = AtomicUsize::new(0);
+/// How many times each `doomed-*` credit started running, by backend and order: the tests of
+/// every backend and broker run at once in this process.
+static DOOMED_RUNS: Mutex<BTreeMap<(&'static str, String), usize>> = Mutex::new(BTreeMap::new());
+
+fn lock_doomed_runs() -> std::sync::MutexGuard<'static, BTreeMap<(&'static str, String), usize>> {
+    DOOMED_RUNS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn doomed_runs<DB: TestDb>(order: &str) -> usize {
+    lock_doomed_runs()
+        .get(&(DB::BACKEND, order.to_owned()))
+        .copied()
+        .unwrap_or(0)
+}
 
 /// The test's broker URL, queue or stream name, and database.
-struct Fixture {
+struct Fixture<DB: TestDb, Broker: TestBroker> {
     url: String,
     name: String,
     pool: Pool<DB>,
+    broker: PhantomData<Broker>,
 }
 
-impl Fixture {
-    async fn new(test: &str) -> Option<Fixture> {
+impl<DB: TestDb, Broker: TestBroker> Fixture<DB, Broker> {
+    async fn new(test: &str) -> Option<Self> {
         let url = Broker::url()?;
         let pool = DB::open(&format!("b_{}_{test}", Broker::NAME), 16).await?;
         // The process id keeps two test runs on one broker (two checkouts, two CI jobs) off
         // each other's queues and streams.
         let name = format!("{}-{test}-{}", DB::BACKEND, std::process::id());
         Broker::reset(&url, &name).await;
-        Some(Fixture { url, name, pool })
+        Some(Fixture {
+            url,
+            name,
+            pool,
+            broker: PhantomData,
+        })
     }
 
     async fn source(&self, settings: Settings) -> <Broker as TestBroker>::Source {
@@ -141,11 +166,11 @@ fn settled(settings: Settings) -> Duration {
     settings.redelivery * 2 + Duration::from_secs(1)
 }
 
+brokers!(fn applies_each_key_once_and_acknowledges_the_duplicates);
 /// Every message published three times, copies next to each other: each key is applied once,
 /// the other deliveries are duplicates, and everything is acknowledged.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applies_each_key_once_and_acknowledges_the_duplicates() {
-    let Some(fixture) = Fixture::new("once").await else {
+async fn applies_each_key_once_and_acknowledges_the_duplicates<DB: TestDb, Broker: TestBroker>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("once").await else {
         return;
     };
     let credits: Vec<Credit> = (0..20).map(|n| Credit::new(n, 100 + n as i64)).collect();
@@ -179,11 +204,11 @@ async fn applies_each_key_once_and_acknowledges_the_duplicates() {
     fixture.cleanup().await;
 }
 
+brokers!(fn a_commit_whose_ack_is_lost_comes_back_as_a_duplicate);
 /// A consumer stops after a job committed and before its ack, and never acks: the broker
 /// delivers the message again, the guard reports a duplicate, and it is acknowledged.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_whose_ack_is_lost_comes_back_as_a_duplicate() {
-    let Some(fixture) = Fixture::new("lost_ack").await else {
+async fn a_commit_whose_ack_is_lost_comes_back_as_a_duplicate<DB: TestDb, Broker: TestBroker>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("lost_ack").await else {
         return;
     };
     fixture.publish(vec![Credit::new(1, 500).body()]).await;
@@ -233,11 +258,11 @@ async fn a_commit_whose_ack_is_lost_comes_back_as_a_duplicate() {
     fixture.cleanup().await;
 }
 
+brokers!(fn poison_messages_end_in_the_dead_letters);
 /// Messages that can never run, fatal failures and failures on the last delivery end in the
 /// broker's dead letters; nothing is applied for them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_messages_end_in_the_dead_letters() {
-    let Some(fixture) = Fixture::new("poison").await else {
+async fn poison_messages_end_in_the_dead_letters<DB: TestDb, Broker: TestBroker>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("poison").await else {
         return;
     };
     let key = JobKey::new("credit", ["order-9"]).unwrap();
@@ -282,11 +307,11 @@ async fn poison_messages_end_in_the_dead_letters() {
     fixture.cleanup().await;
 }
 
+brokers!(fn a_key_reused_with_another_payload_is_dead_lettered);
 /// A key first applied with one payload and delivered again with another is refused and
 /// dead-lettered: the same key naming two operations is a producer's bug.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_reused_with_another_payload_is_dead_lettered() {
-    let Some(fixture) = Fixture::new("reused").await else {
+async fn a_key_reused_with_another_payload_is_dead_lettered<DB: TestDb, Broker: TestBroker>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("reused").await else {
         return;
     };
     let first = Credit::new(1, 100);
@@ -306,19 +331,22 @@ async fn a_key_reused_with_another_payload_is_dead_lettered() {
     fixture.cleanup().await;
 }
 
+brokers!(fn an_envelope_key_the_job_does_not_derive_is_dead_lettered);
 /// A producer that builds envelopes by hand, with a fresh key for each publish of the same
 /// credit: the consumer checks each envelope's key against the one the job derives from its
 /// payload, and dead-letters the copies that do not match. Nothing is applied for them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_envelope_key_the_job_does_not_derive_is_dead_lettered() {
-    let Some(fixture) = Fixture::new("foreign_key").await else {
+async fn an_envelope_key_the_job_does_not_derive_is_dead_lettered<
+    DB: TestDb,
+    Broker: TestBroker,
+>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("foreign_key").await else {
         return;
     };
     let credit = Credit::new(1, 100);
     let by_hand: Vec<Vec<u8>> = (0..3)
         .map(|publish| {
             let fresh = JobKey::new("credit", [format!("publish-{publish}")]).unwrap();
-            Envelope::new(Credit::KIND, fresh, &credit)
+            Envelope::new(<Credit as Job<DB>>::KIND, fresh, &credit)
                 .unwrap()
                 .to_bytes()
         })
@@ -330,7 +358,11 @@ async fn an_envelope_key_the_job_does_not_derive_is_dead_lettered() {
     let settings = Settings::default();
     let stats = fixture.drain(settings, Duration::from_secs(1)).await;
     assert_eq!((stats.applied, stats.dead), (1, 3), "{stats:?}");
-    assert_eq!(ledger_rows(&fixture.pool).await, 1, "the credit was applied once");
+    assert_eq!(
+        ledger_rows(&fixture.pool).await,
+        1,
+        "the credit was applied once"
+    );
     let mut dead = Broker::dead_letters(&fixture.url, &fixture.name).await;
     dead.sort();
     let mut expected = by_hand;
@@ -339,12 +371,12 @@ async fn an_envelope_key_the_job_does_not_derive_is_dead_lettered() {
     fixture.cleanup().await;
 }
 
+brokers!(fn messages_waiting_behind_long_jobs_keep_their_deliveries);
 /// More messages than the prefetch, each job running well past AckWait (NATS) or the claim
 /// threshold (Redis): messages waiting for a free slot are not delivered again meanwhile, so
 /// none counts a failed delivery, none is a duplicate and none ends in the dead letters.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn messages_waiting_behind_long_jobs_keep_their_deliveries() {
-    let Some(fixture) = Fixture::new("waiting").await else {
+async fn messages_waiting_behind_long_jobs_keep_their_deliveries<DB: TestDb, Broker: TestBroker>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("waiting").await else {
         return;
     };
     let settings = Settings {
@@ -377,11 +409,11 @@ async fn messages_waiting_behind_long_jobs_keep_their_deliveries() {
     fixture.cleanup().await;
 }
 
+brokers!(fn three_consumers_apply_each_key_once);
 /// Three consumers on one queue or stream, as on three machines, each message published three
 /// times: effects equal distinct keys.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_consumers_apply_each_key_once() {
-    let Some(fixture) = Fixture::new("three").await else {
+async fn three_consumers_apply_each_key_once<DB: TestDb, Broker: TestBroker>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("three").await else {
         return;
     };
     let credits: Vec<Credit> = (0..30).map(|n| Credit::new(n, 10)).collect();
@@ -409,11 +441,11 @@ async fn three_consumers_apply_each_key_once() {
     fixture.cleanup().await;
 }
 
+brokers!(fn a_long_job_keeps_its_message);
 /// A job that runs past AckWait (NATS) or the claim threshold (Redis) keeps its message with
 /// progress updates: the other consumer never gets it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_job_keeps_its_message() {
-    let Some(fixture) = Fixture::new("long").await else {
+async fn a_long_job_keeps_its_message<DB: TestDb, Broker: TestBroker>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("long").await else {
         return;
     };
     let settings = Settings {
@@ -439,15 +471,15 @@ async fn a_long_job_keeps_its_message() {
     fixture.cleanup().await;
 }
 
+brokers!(fn a_message_whose_consumers_keep_dying_is_dead_lettered);
 /// A message whose consumer dies while running it, on every delivery, ends in the dead
 /// letters once its deliveries run out, though no consumer ever settled it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_whose_consumers_keep_dying_is_dead_lettered() {
-    let Some(fixture) = Fixture::new("dying").await else {
+async fn a_message_whose_consumers_keep_dying_is_dead_lettered<DB: TestDb, Broker: TestBroker>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("dying").await else {
         return;
     };
     let doomed = Credit {
-        order: "doomed-1".into(),
+        order: format!("doomed-{}", Broker::NAME),
         hold_ms: 600_000,
         ..Credit::new(1, 100)
     };
@@ -455,7 +487,7 @@ async fn a_message_whose_consumers_keep_dying_is_dead_lettered() {
     let settings = Settings::default();
     for death in 1..=settings.max_deliveries as usize {
         let started = async {
-            while DOOMED_RUNS.load(Ordering::SeqCst) < death {
+            while doomed_runs::<DB>(&doomed.order) < death {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };

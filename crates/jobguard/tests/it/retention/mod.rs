@@ -3,19 +3,17 @@
 //! the seed's pitfall, "pruning too early". The conformance tests are in `suite/retention.rs`;
 //! the metrics tests, which need a thread-local recorder, are here.
 
-mod common;
-
 use std::future::Future;
 use std::time::Duration;
 
 use jobguard::metrics::{DUPLICATE_AGE_SECONDS, GUARD_OLDEST_AGE_SECONDS, PRUNED_ROWS_TOTAL};
 use jobguard::{Guard, JobKey, Pruner, RetentionConfig, RetryPolicy};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshot};
+use metrics_util::debugging::{DebugValue, Snapshot};
 use sqlx::Pool;
 use sqlx::postgres::Postgres;
 use sqlx::sqlite::Sqlite;
 
-use common::TestDb;
+use crate::common::{self, TestDb};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
@@ -233,15 +231,7 @@ impl Aging for Sqlite {
     }
 }
 
-mod postgres {
-    type DB = sqlx::Postgres;
-    include!("suite/retention.rs");
-}
-
-mod sqlite {
-    type DB = sqlx::Sqlite;
-    include!("suite/retention.rs");
-}
+mod prune;
 
 /// A key applied, its row aged two days, delivered again; then five 30-day-old rows pruned.
 async fn age_and_prune<DB: Aging>(test: &str) -> Option<()> {
@@ -278,14 +268,9 @@ async fn age_and_prune<DB: Aging>(test: &str) -> Option<()> {
 
 /// Runs [`age_and_prune`] with a fresh recorder.
 fn recorded<DB: Aging>(test: &str) -> Option<Snapshot> {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    metrics::with_local_recorder(&recorder, || runtime.block_on(age_and_prune::<DB>(test)))?;
-    Some(snapshotter.snapshot())
+    let (ran, snapshot) = common::recorded(age_and_prune::<DB>(test));
+    ran?;
+    Some(snapshot)
 }
 
 /// The duplicate's age went into the histogram, the prune into the counter, and the gauge says
@@ -327,14 +312,11 @@ fn check_series(snapshot: Snapshot) {
     assert_eq!(pruned, Some(5));
 }
 
-#[test]
-fn duplicate_ages_and_the_memory_horizon_are_recorded_on_sqlite() {
-    check_series(recorded::<Sqlite>("retention_metrics").expect("SQLite is always there"));
-}
-
-#[test]
-fn duplicate_ages_and_the_memory_horizon_are_recorded_on_postgres() {
-    if let Some(snapshot) = recorded::<Postgres>("retention_metrics") {
-        check_series(snapshot);
-    }
+backends!(fn duplicate_ages_and_the_memory_horizon_are_recorded, blocking);
+fn duplicate_ages_and_the_memory_horizon_are_recorded<DB: Aging>() {
+    let Some(snapshot) = recorded::<DB>("retention_metrics") else {
+        assert_ne!(DB::BACKEND, "sqlite", "SQLite is always there");
+        return;
+    };
+    check_series(snapshot);
 }

@@ -1,6 +1,5 @@
-// The outbox's conformance suite, included once per backend by `tests/outbox.rs` with `DB` set
-// to the backend's type: every test runs on real PostgreSQL and real SQLite, and delivers over
-// HTTP to a real receiver, the provider's webhook endpoint.
+//! The outbox's conformance suite: every test runs on real PostgreSQL and real SQLite
+//! (`backends!`), and delivers over HTTP to a real receiver, the provider's webhook endpoint.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -9,9 +8,7 @@ use jobguard::outbox::{
     MessageState, Outbox, OutboxCounts, Relay, RelayConfig, RelayReport, WebhookSink,
 };
 use jobguard::queue::MAX_PAYLOAD_BYTES;
-use jobguard::{
-    Backend, Error, Guard, JobError, JobKey, MessageId, Outcome, RetryPolicy, TableName,
-};
+use jobguard::{Error, Guard, JobError, JobKey, MessageId, Outcome, RetryPolicy, TableName};
 use jobguard_provider::{Provider, ProviderConfig, RunningProvider, WebhookDelivery};
 use serde_json::json;
 use sqlx::Pool;
@@ -26,7 +23,7 @@ type ByTopic = BTreeMap<String, Vec<String>>;
 
 /// A migrated outbox on the test's own database. Test names get a prefix so that they cannot
 /// collide with the other suites' schemas and files.
-async fn open(test: &str) -> Option<(Pool<DB>, Outbox<DB>)> {
+async fn open<DB: TestDb>(test: &str) -> Option<(Pool<DB>, Outbox<DB>)> {
     let pool = DB::open(&format!("o_{test}"), 8).await?;
     let outbox = Outbox::new(pool.clone());
     outbox.migrate().await.expect("migrate the outbox");
@@ -64,7 +61,11 @@ fn quick() -> RelayConfig {
     }
 }
 
-fn relay(outbox: &Outbox<DB>, sink: WebhookSink, config: RelayConfig) -> Relay<DB, WebhookSink> {
+fn relay<DB: TestDb>(
+    outbox: &Outbox<DB>,
+    sink: WebhookSink,
+    config: RelayConfig,
+) -> Relay<DB, WebhookSink> {
     Relay::with_config(outbox.clone(), sink, config).expect("a valid configuration")
 }
 
@@ -82,7 +83,7 @@ fn counts(pending: i64, sent: i64, dead: i64) -> OutboxCounts {
 
 /// Publishes messages `range` of every topic, interleaved across topics, each in a committed
 /// transaction of its own. Returns the ids per topic in publish order.
-async fn publish_interleaved(
+async fn publish_interleaved<DB: TestDb>(
     outbox: &Outbox<DB>,
     topics: &[&str],
     range: std::ops::Range<usize>,
@@ -136,7 +137,7 @@ async fn received(provider: Provider, expected: usize) {
 
 /// Runs `relay` until `provider` received `expected` distinct messages; fails after the
 /// deadline.
-async fn run_until_received(
+async fn run_until_received<DB: TestDb>(
     relay: &Relay<DB, WebhookSink>,
     provider: &Provider,
     expected: usize,
@@ -153,15 +154,15 @@ async fn run_until_received(
     report
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rolled_back_jobs_publish_nothing() {
-    let Some((pool, outbox)) = open("rolled_back_jobs_publish_nothing").await else {
+backends!(fn rolled_back_jobs_publish_nothing);
+async fn rolled_back_jobs_publish_nothing<DB: TestDb>() {
+    let Some((pool, outbox)) = open::<DB>("rolled_back_jobs_publish_nothing").await else {
         return;
     };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
     let running = receiver().await;
-    let relay = relay(&outbox, sink(&running), quick());
+    let relay = relay::<DB>(&outbox, sink(&running), quick());
 
     // A plain transaction that publishes, then rolls back.
     let mut tx = pool.begin().await.unwrap();
@@ -204,16 +205,17 @@ async fn rolled_back_jobs_publish_nothing() {
     assert_eq!(webhooks[0].body, json!({"n": 2}));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn committed_message_is_delivered_under_its_stable_id() {
-    let Some((pool, outbox)) = open("committed_message_is_delivered_under_its_stable_id").await
+backends!(fn committed_message_is_delivered_under_its_stable_id);
+async fn committed_message_is_delivered_under_its_stable_id<DB: TestDb>() {
+    let Some((pool, outbox)) =
+        open::<DB>("committed_message_is_delivered_under_its_stable_id").await
     else {
         return;
     };
     let guard = Guard::new(pool.clone());
     guard.migrate().await.unwrap();
     let running = receiver().await;
-    let relay = relay(&outbox, sink(&running), quick());
+    let relay = relay::<DB>(&outbox, sink(&running), quick());
 
     let job = key("invoice", 8812);
     let payload = json!({"order": 8812, "amount": 500.25, "tags": ["é", "\u{2028}"]});
@@ -270,10 +272,10 @@ async fn committed_message_is_delivered_under_its_stable_id() {
     assert!(row.sent_at.is_some());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_id_with_another_payload_is_refused_and_nothing_is_written() {
+backends!(fn same_id_with_another_payload_is_refused_and_nothing_is_written);
+async fn same_id_with_another_payload_is_refused_and_nothing_is_written<DB: TestDb>() {
     let Some((pool, outbox)) =
-        open("same_id_with_another_payload_is_refused_and_nothing_is_written").await
+        open::<DB>("same_id_with_another_payload_is_refused_and_nothing_is_written").await
     else {
         return;
     };
@@ -338,13 +340,13 @@ async fn same_id_with_another_payload_is_refused_and_nothing_is_written() {
     assert_eq!(first.payload, json!({"v": 1}));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn order_per_topic_holds_through_retries() {
-    let Some((_pool, outbox)) = open("order_per_topic_holds_through_retries").await else {
+backends!(fn order_per_topic_holds_through_retries);
+async fn order_per_topic_holds_through_retries<DB: TestDb>() {
+    let Some((_pool, outbox)) = open::<DB>("order_per_topic_holds_through_retries").await else {
         return;
     };
     let running = receiver().await;
-    let published = publish_interleaved(&outbox, &["alpha", "beta", "gamma"], 0..40).await;
+    let published = publish_interleaved::<DB>(&outbox, &["alpha", "beta", "gamma"], 0..40).await;
     // The receiver answers 503 to the next 7 requests: heads of topics back off and retry.
     running.provider().fail_next_webhooks(7);
     let config = RelayConfig {
@@ -352,9 +354,9 @@ async fn order_per_topic_holds_through_retries() {
         concurrency: 3,
         ..quick()
     };
-    let relay = relay(&outbox, sink(&running), config);
+    let relay = relay::<DB>(&outbox, sink(&running), config);
 
-    let report = run_until_received(&relay, running.provider(), 120).await;
+    let report = run_until_received::<DB>(&relay, running.provider(), 120).await;
 
     let webhooks = running.provider().webhooks();
     assert_eq!(first_receipts(&webhooks), published);
@@ -377,14 +379,15 @@ async fn order_per_topic_holds_through_retries() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_message_is_dead_lettered_and_its_topic_goes_on() {
-    let Some((_pool, outbox)) = open("poison_message_is_dead_lettered_and_its_topic_goes_on").await
+backends!(fn poison_message_is_dead_lettered_and_its_topic_goes_on);
+async fn poison_message_is_dead_lettered_and_its_topic_goes_on<DB: TestDb>() {
+    let Some((_pool, outbox)) =
+        open::<DB>("poison_message_is_dead_lettered_and_its_topic_goes_on").await
     else {
         return;
     };
     let running = receiver().await;
-    let relay = relay(&outbox, sink(&running), quick());
+    let relay = relay::<DB>(&outbox, sink(&running), quick());
     let m1 = outbox
         .publish(&key("o", 1), "orders", &json!({"n": 1}))
         .await
@@ -433,9 +436,9 @@ async fn poison_message_is_dead_lettered_and_its_topic_goes_on() {
     assert_eq!(outbox.replay_dead(None).await.unwrap(), [m2]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_down_loses_nothing() {
-    let Some((_pool, outbox)) = open("sink_down_loses_nothing").await else {
+backends!(fn sink_down_loses_nothing);
+async fn sink_down_loses_nothing<DB: TestDb>() {
+    let Some((_pool, outbox)) = open::<DB>("sink_down_loses_nothing").await else {
         return;
     };
     // A port nothing listens on: connections are refused.
@@ -443,8 +446,8 @@ async fn sink_down_loses_nothing() {
     let addr = listener.local_addr().unwrap();
     drop(listener);
     let sink = WebhookSink::new(&webhooks_url(&format!("http://{addr}"))).unwrap();
-    let relay = relay(&outbox, sink, quick());
-    let published = publish_interleaved(&outbox, &["a", "b"], 0..5).await;
+    let relay = relay::<DB>(&outbox, sink, quick());
+    let published = publish_interleaved::<DB>(&outbox, &["a", "b"], 0..5).await;
 
     let report = relay.run_once().await.unwrap();
     assert_eq!(
@@ -472,34 +475,34 @@ async fn sink_down_loses_nothing() {
         let _ = stopped.await;
     }));
 
-    run_until_received(&relay, &provider, 10).await;
+    run_until_received::<DB>(&relay, &provider, 10).await;
     assert_eq!(first_receipts(&provider.webhooks()), published);
     assert_eq!(outbox.counts().await.unwrap(), counts(0, 10, 0));
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_relays_deliver_everything_in_order() {
-    let Some((pool, outbox)) = open("two_relays_deliver_everything_in_order").await else {
+backends!(fn two_relays_deliver_everything_in_order, worker_threads = 4);
+async fn two_relays_deliver_everything_in_order<DB: TestDb>() {
+    let Some((pool, outbox)) = open::<DB>("two_relays_deliver_everything_in_order").await else {
         return;
     };
     let running = receiver().await;
     let topics = ["t1", "t2", "t3", "t4"];
-    let mut published = publish_interleaved(&outbox, &topics, 0..30).await;
+    let mut published = publish_interleaved::<DB>(&outbox, &topics, 0..30).await;
     // Two relays as two processes would run them: each its own outbox handle and lease token.
-    let first = relay(&Outbox::new(pool.clone()), sink(&running), quick());
-    let second = relay(&Outbox::new(pool.clone()), sink(&running), quick());
+    let first = relay::<DB>(&Outbox::new(pool.clone()), sink(&running), quick());
+    let second = relay::<DB>(&Outbox::new(pool.clone()), sink(&running), quick());
     let provider = running.provider().clone();
 
     // More messages arrive while the relays run, and the first relay stops half way.
     let publisher = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        publish_interleaved(&outbox, &topics, 30..50).await
+        publish_interleaved::<DB>(&outbox, &topics, 30..50).await
     };
     let (first_report, second_report, more) = tokio::join!(
         first.run(received(provider.clone(), 100)),
-        run_until_received(&second, &provider, 200),
+        run_until_received::<DB>(&second, &provider, 200),
         publisher,
     );
     for (topic, ids) in more {
@@ -515,15 +518,15 @@ async fn two_relays_deliver_everything_in_order() {
     assert_eq!(outbox.counts().await.unwrap(), counts(0, 200, 0));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_relay_holds_the_lease_at_a_time() {
-    let Some((pool, outbox)) = open("one_relay_holds_the_lease_at_a_time").await else {
+backends!(fn one_relay_holds_the_lease_at_a_time);
+async fn one_relay_holds_the_lease_at_a_time<DB: TestDb>() {
+    let Some((pool, outbox)) = open::<DB>("one_relay_holds_the_lease_at_a_time").await else {
         return;
     };
     let running = receiver().await;
     // `quick()` leases for 2 s: long enough for the steps below on a slow machine.
-    let first = relay(&outbox, sink(&running), quick());
-    let second = relay(&Outbox::new(pool.clone()), sink(&running), quick());
+    let first = relay::<DB>(&outbox, sink(&running), quick());
+    let second = relay::<DB>(&Outbox::new(pool.clone()), sink(&running), quick());
     outbox.publish(&key("l", 1), "t", &json!({})).await.unwrap();
 
     assert_eq!(first.run_once().await.unwrap().delivered, 1);
@@ -550,9 +553,9 @@ async fn one_relay_holds_the_lease_at_a_time() {
     assert_eq!(running.provider().webhooks().len(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_outbox_on_a_table_of_its_own() {
-    let Some((pool, _outbox)) = open("an_outbox_on_a_table_of_its_own").await else {
+backends!(fn an_outbox_on_a_table_of_its_own);
+async fn an_outbox_on_a_table_of_its_own<DB: TestDb>() {
+    let Some((pool, _outbox)) = open::<DB>("an_outbox_on_a_table_of_its_own").await else {
         return;
     };
     let running = receiver().await;
@@ -568,7 +571,7 @@ async fn an_outbox_on_a_table_of_its_own() {
         Outbox::new(pool.clone()).counts().await.unwrap(),
         counts(0, 0, 0)
     );
-    let report = relay(&events, sink(&running), quick())
+    let report = relay::<DB>(&events, sink(&running), quick())
         .drain()
         .await
         .unwrap();
@@ -593,7 +596,7 @@ async fn an_outbox_on_a_table_of_its_own() {
         .publish(&key("e", 2), "t", &json!({"e": 2}))
         .await
         .unwrap();
-    let report = relay(&qualified, sink(&running), quick())
+    let report = relay::<DB>(&qualified, sink(&running), quick())
         .drain()
         .await
         .unwrap();
@@ -601,15 +604,15 @@ async fn an_outbox_on_a_table_of_its_own() {
     assert_eq!(running.provider().webhooks().len(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prune_deletes_only_old_sent_messages() {
-    let Some((_pool, outbox)) = open("prune_deletes_only_old_sent_messages").await else {
+backends!(fn prune_deletes_only_old_sent_messages);
+async fn prune_deletes_only_old_sent_messages<DB: TestDb>() {
+    let Some((_pool, outbox)) = open::<DB>("prune_deletes_only_old_sent_messages").await else {
         return;
     };
     let running = receiver().await;
-    publish_interleaved(&outbox, &["t"], 0..2).await;
+    publish_interleaved::<DB>(&outbox, &["t"], 0..2).await;
     assert_eq!(
-        relay(&outbox, sink(&running), quick())
+        relay::<DB>(&outbox, sink(&running), quick())
             .drain()
             .await
             .unwrap()

@@ -4,8 +4,6 @@
 //!
 //! Every test has its own schema and fails (rather than hangs) within [`TEST_TIMEOUT`].
 
-mod common;
-
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,7 +14,7 @@ use jobguard::{Claim, Error, GuardConfig, JobError, JobKey, Outcome, PgGuard};
 use sqlx::postgres::{PgPool, PgPoolOptions, PgSslMode, Postgres};
 use sqlx::{Executor, PgConnection};
 
-use common::{TestDb, guard_rows, ledger_rows};
+use crate::common::{TestDb, guard_rows, ledger_rows};
 
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -535,14 +533,17 @@ use proxy::{Fault, Proxy};
 /// A pool straight to the test's schema (for checks), a proxy in front of PostgreSQL, and a
 /// pool of `connections` through the proxy.
 async fn proxied(test: &str, connections: u32) -> Option<(PgPool, Proxy, PgPool)> {
-    let options = common::postgres_options(&format!("pf_{test}")).await?;
+    let options = crate::common::postgres_options(&format!("pf_{test}")).await?;
     let direct = PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options.clone())
         .await
         .expect("connect to the test schema");
-    direct.execute(common::LEDGER).await.expect("create ledger");
+    direct
+        .execute(crate::common::LEDGER)
+        .await
+        .expect("create ledger");
 
     let host = options.get_host();
     assert!(

@@ -3,16 +3,14 @@
 //! The recorder is thread-local (`metrics::with_local_recorder`), so each test runs everything
 //! on a current-thread runtime inside `block_on`.
 
-mod common;
-
 use std::collections::BTreeMap;
 
 use jobguard::metrics::OUTCOMES_TOTAL;
 use jobguard::{Guard, JobError, JobKey, Outcome};
 use metrics_util::MetricKind;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshot};
+use metrics_util::debugging::{DebugValue, Snapshot};
 
-use common::{TestDb, ledger_rows};
+use crate::common::{self, TestDb, ledger_rows};
 
 type Series = BTreeMap<(String, String), u64>;
 
@@ -64,14 +62,9 @@ async fn deliver<DB: TestDb>(test: &str) -> Option<()> {
 
 /// Runs [`deliver`] with a fresh recorder; the outcome series with nonzero values.
 fn recorded<DB: TestDb>(test: &str) -> Option<Series> {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    metrics::with_local_recorder(&recorder, || runtime.block_on(deliver::<DB>(test)))?;
-    Some(outcome_series(snapshotter.snapshot()))
+    let (ran, snapshot) = common::recorded(deliver::<DB>(test));
+    ran?;
+    Some(outcome_series(snapshot))
 }
 
 fn outcome_series(snapshot: Snapshot) -> Series {
@@ -114,15 +107,10 @@ fn expected() -> Series {
     .collect()
 }
 
-#[test]
-fn outcomes_are_counted_per_kind_on_sqlite() {
-    let series = recorded::<sqlx::Sqlite>("metrics_outcomes").expect("SQLite is always there");
-    assert_eq!(series, expected());
-}
-
-#[test]
-fn outcomes_are_counted_per_kind_on_postgres() {
-    let Some(series) = recorded::<sqlx::Postgres>("metrics_outcomes") else {
+backends!(fn outcomes_are_counted_per_kind, blocking);
+fn outcomes_are_counted_per_kind<DB: TestDb>() {
+    let Some(series) = recorded::<DB>("metrics_outcomes") else {
+        assert_ne!(DB::BACKEND, "sqlite", "SQLite is always there");
         return;
     };
     assert_eq!(series, expected());

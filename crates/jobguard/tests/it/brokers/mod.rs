@@ -1,14 +1,11 @@
 //! The broker consumers and outbox sinks against real RabbitMQ, NATS JetStream and Redis: the
-//! consumer suite (`suite/broker.rs`) runs once per broker and database backend, and the outbox
+//! consumer suite (`consumer.rs`) runs once per broker and database backend, and the outbox
 //! tests once per broker.
 //!
 //! Each broker's URL comes from `JOBGUARD_TEST_AMQP_URL`, `JOBGUARD_TEST_NATS_URL` or
 //! `JOBGUARD_TEST_REDIS_URL` (scripts/test sets them), else the broker's default port on
 //! 127.0.0.1. A broker that does not answer skips its tests with a message, except with
 //! `CI=true`, where it fails them. Every test uses queues, streams and subjects of its own.
-#![cfg(all(feature = "rabbitmq", feature = "nats", feature = "redis"))]
-
-mod common;
 
 use std::future::Future;
 use std::time::Duration;
@@ -22,7 +19,7 @@ use jobguard::{Guard, JobError, JobKey, MessageId};
 use serde_json::{Value, json};
 use sqlx::Sqlite;
 
-use common::TestDb;
+use crate::common::{TestDb, reachable};
 
 /// How a test wants its source set up.
 #[derive(Clone, Copy, Debug)]
@@ -103,54 +100,6 @@ impl Publish for RedisSink {
     async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
         self.publish(to, envelope).await.expect("publish");
     }
-}
-
-/// The URL in `var`, else `default`, when something answers there; `None` (skip) otherwise,
-/// or a failed test with `CI=true`.
-fn reachable(var: &str, default: &str, port: u16) -> Option<String> {
-    let url = std::env::var(var)
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| default.to_owned());
-    let host_port = url
-        .split_once("://")
-        .map_or(url.as_str(), |(_, rest)| rest)
-        .rsplit('@')
-        .next()
-        .unwrap_or_default()
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    let address = if host_port.contains(':') {
-        host_port
-    } else {
-        format!("{host_port}:{port}")
-    };
-    let answers = std::net::ToSocketAddrs::to_socket_addrs(&address)
-        .ok()
-        .and_then(|mut addresses| addresses.next())
-        .is_some_and(|address| {
-            std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).is_ok()
-        });
-    if answers {
-        return Some(url);
-    }
-    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-        panic!("CI=true but nothing answers at {address} ({var}): run the tests with scripts/test");
-    }
-    // Straight to the process's stderr: `eprintln!` is captured by the test harness and
-    // shown only for failing tests, so a skip would pass unseen.
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!(
-            "SKIPPED {}: nothing answers at {address}, so this broker test did not run (start the \
-             broker or set {var}; with CI=true it fails instead)\n",
-            std::thread::current().name().unwrap_or("a test")
-        )
-        .as_bytes(),
-    );
-    None
 }
 
 struct Rabbit;
@@ -662,41 +611,31 @@ async fn rabbitmq_counts_every_requeue_of_a_failing_message() {
     Rabbit::reset(&url, name).await;
 }
 
-mod postgres_rabbitmq {
-    type DB = sqlx::Postgres;
-    type Broker = crate::Rabbit;
-    include!("suite/broker.rs");
+/// Stamps out one `#[tokio::test]` per database backend and broker over a generic
+/// `async fn name<DB: TestDb, Broker: TestBroker>()`: `brokers!(fn name);` gives the tests
+/// `name::postgres_rabbitmq`, `name::sqlite_rabbitmq`, and so on for NATS and Redis.
+macro_rules! brokers {
+    (fn $name:ident) => {
+        mod $name {
+            use crate::brokers::{Nats, Rabbit, Redis};
+
+            brokers!(@test $name, postgres_rabbitmq, sqlx::Postgres, Rabbit);
+            brokers!(@test $name, sqlite_rabbitmq, sqlx::Sqlite, Rabbit);
+            brokers!(@test $name, postgres_nats, sqlx::Postgres, Nats);
+            brokers!(@test $name, sqlite_nats, sqlx::Sqlite, Nats);
+            brokers!(@test $name, postgres_redis, sqlx::Postgres, Redis);
+            brokers!(@test $name, sqlite_redis, sqlx::Sqlite, Redis);
+        }
+    };
+    (@test $name:ident, $test:ident, $db:ty, $broker:ty) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            super::$name::<$db, $broker>().await;
+        }
+    };
 }
 
-mod sqlite_rabbitmq {
-    type DB = sqlx::Sqlite;
-    type Broker = crate::Rabbit;
-    include!("suite/broker.rs");
-}
-
-mod postgres_nats {
-    type DB = sqlx::Postgres;
-    type Broker = crate::Nats;
-    include!("suite/broker.rs");
-}
-
-mod sqlite_nats {
-    type DB = sqlx::Sqlite;
-    type Broker = crate::Nats;
-    include!("suite/broker.rs");
-}
-
-mod postgres_redis {
-    type DB = sqlx::Postgres;
-    type Broker = crate::Redis;
-    include!("suite/broker.rs");
-}
-
-mod sqlite_redis {
-    type DB = sqlx::Sqlite;
-    type Broker = crate::Redis;
-    include!("suite/broker.rs");
-}
+mod consumer;
 
 /// The outbox relayed to the broker: a committed job's message arrives with its stable id, a
 /// rolled-back job's never does; a job envelope published twice with one id arrives once where
