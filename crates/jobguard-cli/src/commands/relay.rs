@@ -10,10 +10,12 @@ use jobguard::outbox::{Outbox, OutboxCounts, Relay, RelayConfig, RelayReport, We
 use jobguard::worker::shutdown_signal;
 use jobguard::{Backend, RetryPolicy};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, parse_duration, table};
+use crate::args::{Target, parse_duration};
 use crate::database::{Database, redact};
+use crate::on_pool;
+use crate::report::table;
 
 /// Arguments of `jobguard relay`.
 #[derive(Args, Debug)]
@@ -83,10 +85,7 @@ pub async fn relay(args: RelayArgs) -> anyhow::Result<ExitCode> {
     let sink = WebhookSink::new(&args.webhook_url)?;
     // Deliveries mark their messages on connections of their own, one per topic at a time.
     let connections = args.concurrency.min(16) + 2;
-    match super::connect(&args.target.database_url, connections).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, sink, config, args).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, sink, config, args).await,
-    }
+    on_pool!(Database::connect(&args.target.database_url, connections).await?, pool => run(pool, sink, config, args).await)
 }
 
 async fn run<DB: Backend>(

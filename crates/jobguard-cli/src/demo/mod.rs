@@ -1,4 +1,16 @@
 //! `jobguard demo`: the seed's experiment, naive against guarded, with a verdict.
+//!
+//! The experiment itself is in [`experiment`] and its tables in [`ledger`]; the at-least-once
+//! failures made to happen through the job queue in [`scenarios`], the charge jobs against a
+//! payment provider in [`charge`], and the experiment through a real broker in [`broker`].
+//! Their fault hooks (processes killed before an ack or a commit) run only in the hidden
+//! processes these start.
+
+pub mod broker;
+pub mod charge;
+pub mod experiment;
+pub mod ledger;
+pub mod scenarios;
 
 use std::time::Instant;
 
@@ -7,9 +19,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sqlx::Pool;
 
-use crate::experiment::{self, RunReport, Shape};
-use crate::ledger::LedgerDb;
-use crate::scenarios::Scenario;
+use experiment::{RunReport, Shape};
+use ledger::LedgerDb;
+use scenarios::Scenario;
 
 /// The demo's result, as printed by `--json`.
 #[derive(Debug, Serialize)]
@@ -46,7 +58,7 @@ pub async fn run<DB: LedgerDb>(
 ) -> anyhow::Result<DemoReport> {
     let started = Instant::now();
     let guard = DB::reset(pool).await?;
-    let credits = experiment::credits(&shape)?;
+    let credits = experiment::credits(&shape);
     let progress = progress_bar(&shape, show_progress);
 
     progress.set_message("naive");

@@ -14,13 +14,15 @@ use jobguard::steps::StepConfig;
 use jobguard::worker::shutdown_signal;
 use jobguard::{Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
 use super::retention::{DeclaredWindows, JobKeeping, retention_config, retry_policy};
-use super::{Target, parse_duration, table};
-use crate::charges::PaymentTables;
+use crate::args::{Target, parse_duration};
+use crate::builtin_jobs::charges::PaymentTables;
+use crate::builtin_jobs::{self, ExampleDb};
 use crate::database::{Database, redact};
-use crate::jobs::{self, ExampleDb};
+use crate::on_pool;
+use crate::report::table;
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -116,10 +118,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     // Each running job holds a connection for its transaction; heartbeats, retries and the
     // next fetch need a few more, and the relay a few of its own.
     let connections = args.concurrency + 4 + if sink.is_some() { 4 } else { 0 };
-    match super::connect(&args.target.database_url, connections).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, sink, args).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, sink, args).await,
-    }
+    on_pool!(Database::connect(&args.target.database_url, connections).await?, pool => run(pool, sink, args).await)
 }
 
 async fn run<DB: ExampleDb>(
@@ -146,7 +145,7 @@ async fn run<DB: ExampleDb>(
         ..WorkerConfig::default()
     };
     let queue = Queue::new(pool.clone());
-    let worker = jobs::register(Worker::with_config(queue.clone(), config)?);
+    let worker = builtin_jobs::register(Worker::with_config(queue.clone(), config)?);
     // Refused before anything is created or started.
     let retention = worker.retention()?;
     queue
@@ -158,7 +157,7 @@ async fn run<DB: ExampleDb>(
         .migrate()
         .await
         .with_context(|| format!("cannot create the guard's table in {database}"))?;
-    jobs::migrate(&pool)
+    builtin_jobs::migrate(&pool)
         .await
         .with_context(|| format!("cannot create the built-in jobs' tables in {database}"))?;
 
@@ -200,7 +199,7 @@ async fn run<DB: ExampleDb>(
             args.queue,
             DB::BACKEND,
             args.concurrency,
-            jobs::KINDS.join(", "),
+            builtin_jobs::KINDS.join(", "),
             match &args.relay_webhook_url {
                 Some(url) => format!(", outbox relayed to {url}"),
                 None => String::new(),

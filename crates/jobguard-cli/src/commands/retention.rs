@@ -13,7 +13,8 @@ use jobguard::retention::{Horizon, RetentionConfig, format_duration};
 use jobguard::{Retention, RetryPolicy};
 use serde::Serialize;
 
-use super::{parse_duration, table};
+use crate::args::parse_duration;
+use crate::report::table;
 
 /// What the horizon declares beyond the worker's own retries: shared by `jobguard worker`,
 /// `prune` and `retention`.

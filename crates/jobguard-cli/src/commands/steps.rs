@@ -8,10 +8,12 @@ use comfy_table::Cell;
 use jobguard::steps::{AttentionStep, Resolution, StepConfig, Steps};
 use jobguard::{Backend, JobKey, TableName};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, table};
+use crate::args::Target;
 use crate::database::{Database, redact};
+use crate::on_pool;
+use crate::report::table;
 
 #[derive(Subcommand, Debug)]
 pub enum StepsCommand {
@@ -66,10 +68,7 @@ pub async fn steps(command: StepsCommand) -> anyhow::Result<ExitCode> {
         StepsCommand::Resolve(args) => (&args.target.database_url, &args.table),
     };
     let table = TableName::new(table)?;
-    match super::connect(url, 2).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, table, &command).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, table, &command).await,
-    }
+    on_pool!(Database::connect(url, 2).await?, pool => run(pool, table, &command).await)
 }
 
 async fn run<DB: Backend>(

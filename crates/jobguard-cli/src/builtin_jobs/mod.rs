@@ -4,7 +4,12 @@
 //!   `jobguard_ledger`, the effect that must not repeat;
 //! - `noop` {id}, key `noop:<id>`: does nothing, for benchmarks;
 //! - `fail` {id, fatal}, key `fail:<id>`: always fails, retryably or fatally, to show retries
-//!   and dead letters.
+//!   and dead letters;
+//! - the charge jobs `charge`, `charge-keyless` and `charge-naive`, in [`charges`].
+//!
+//! The demo and the benchmarks run the same [`Credit`] on tables of their own.
+
+pub mod charges;
 
 use std::future::Future;
 
@@ -19,7 +24,7 @@ use sqlx::postgres::Postgres;
 use sqlx::sqlite::Sqlite;
 use sqlx::{Executor, Pool};
 
-use crate::charges::{self, ChargeKeyed, ChargeKeyless, ChargeNaive, PaymentTables, Payments};
+use charges::{ChargeKeyed, ChargeKeyless, ChargeNaive, PaymentTables, Payments};
 
 /// The table the `credit` job appends to. Nothing else in the database is touched.
 pub const LEDGER: &str = "jobguard_ledger";

@@ -8,10 +8,12 @@ use comfy_table::{Cell, CellAlignment};
 use jobguard::queue::{JobRow, JobState, Replay};
 use jobguard::{Backend, Queue};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, read_error, table, time};
-use crate::database::{Database, redact};
+use crate::args::Target;
+use crate::database::{Database, is_missing_table, read_error, redact};
+use crate::on_pool;
+use crate::report::{table, time};
 
 #[derive(Subcommand, Debug)]
 pub enum DeadCommand {
@@ -60,10 +62,7 @@ pub async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
         DeadCommand::List(args) => &args.target.database_url,
         DeadCommand::Replay(args) => &args.target.database_url,
     };
-    match super::connect(url, 2).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, &command).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, &command).await,
-    }
+    on_pool!(Database::connect(url, 2).await?, pool => run(pool, &command).await)
 }
 
 async fn run<DB: Backend>(pool: Pool<DB>, command: &DeadCommand) -> anyhow::Result<ExitCode> {
@@ -123,7 +122,7 @@ async fn replay<DB: Backend>(queue: &Queue<DB>, args: &ReplayArgs) -> anyhow::Re
         (None, None) => Replay::All,
     };
     let replayed = match queue.replay(&which).await {
-        Err(error) if super::is_missing_table(&error) => return Err(read_error(error, &database)),
+        Err(error) if is_missing_table(&error) => return Err(read_error(error, &database)),
         result => result.with_context(|| format!("cannot replay dead jobs in {database}"))?,
     };
     if let (Some(id), true) = (args.id, replayed.is_empty()) {

@@ -16,11 +16,13 @@ use jobguard::queue::{Counts, JobState};
 use jobguard::steps::Steps;
 use jobguard::{Backend, Guard, Queue};
 use serde::{Deserialize, Serialize};
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, is_missing_table, shorten, table, time};
-use crate::database::{Database, redact};
-use crate::serve::Token;
+use crate::args::Target;
+use crate::args::Token;
+use crate::database::{Database, is_missing_table, redact};
+use crate::on_pool;
+use crate::report::{shorten, table, time};
 
 /// Dead letters listed, newest first.
 pub const DEAD_LETTERS_SHOWN: u32 = 50;
@@ -304,10 +306,7 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
         Some(url) => from_serve(url, args.token.as_ref()).await?,
         None => {
             let database = redact(&args.target.database_url);
-            match super::connect(&args.target.database_url, 2).await? {
-                Database::Postgres(pool) => read::<Postgres>(pool, &database).await?,
-                Database::Sqlite(pool) => read::<Sqlite>(pool, &database).await?,
-            }
+            on_pool!(Database::connect(&args.target.database_url, 2).await?, pool => read(pool, &database).await?)
         }
     };
     if args.target.json {

@@ -8,10 +8,12 @@ use comfy_table::{Cell, CellAlignment};
 use jobguard::Backend;
 use jobguard::outbox::{MessageId, MessageRow, MessageState, Outbox, OutboxCounts};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, shorten, table, time};
-use crate::database::{Database, redact};
+use crate::args::Target;
+use crate::database::{Database, is_missing_table, redact};
+use crate::on_pool;
+use crate::report::{shorten, table, time};
 
 #[derive(Subcommand, Debug)]
 pub enum OutboxCommand {
@@ -70,10 +72,7 @@ pub async fn outbox(command: OutboxCommand) -> anyhow::Result<ExitCode> {
         OutboxCommand::List(args) => &args.target.database_url,
         OutboxCommand::Replay(args) => &args.target.database_url,
     };
-    match super::connect(url, 2).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, &command).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, &command).await,
-    }
+    on_pool!(Database::connect(url, 2).await?, pool => run(pool, &command).await)
 }
 
 async fn run<DB: Backend>(pool: Pool<DB>, command: &OutboxCommand) -> anyhow::Result<ExitCode> {
@@ -87,7 +86,7 @@ async fn run<DB: Backend>(pool: Pool<DB>, command: &OutboxCommand) -> anyhow::Re
 }
 
 fn missing(error: jobguard::Error, database: &str) -> anyhow::Error {
-    if super::is_missing_table(&error) {
+    if is_missing_table(&error) {
         anyhow::anyhow!(
             "there is no outbox in {database} yet (table `jobguard_outbox` is missing): check \
              --database-url; jobs create it when they first publish after `Outbox::migrate`"
@@ -151,7 +150,7 @@ async fn replay<DB: Backend>(outbox: &Outbox<DB>, args: &ReplayArgs) -> anyhow::
         None => None,
     };
     let replayed = match outbox.replay_dead(id.as_ref()).await {
-        Err(error) if super::is_missing_table(&error) => return Err(missing(error, &database)),
+        Err(error) if is_missing_table(&error) => return Err(missing(error, &database)),
         result => result.with_context(|| format!("cannot replay dead messages in {database}"))?,
     };
     if let (Some(id), true) = (&id, replayed.is_empty()) {
