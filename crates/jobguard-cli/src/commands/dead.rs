@@ -13,7 +13,7 @@ use sqlx::Pool;
 use crate::args::Target;
 use crate::database::{Database, is_missing_table, read_error, redact};
 use crate::on_pool;
-use crate::report::{table, time};
+use crate::report::{self, table, time};
 
 #[derive(Subcommand, Debug)]
 pub enum DeadCommand {
@@ -81,11 +81,9 @@ async fn list<DB: Backend>(queue: &Queue<DB>, args: &DeadListArgs) -> anyhow::Re
         .list(Some(JobState::Dead), args.kind.as_deref(), args.limit)
         .await
         .map_err(|error| read_error(error, &database))?;
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&jobs)?);
-    } else {
-        print!("{}", render(&jobs, args.kind.as_deref()));
-    }
+    report::print(&jobs, args.target.json, |jobs| {
+        render(jobs, args.kind.as_deref())
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -131,22 +129,22 @@ async fn replay<DB: Backend>(queue: &Queue<DB>, args: &ReplayArgs) -> anyhow::Re
              waiting or running (see `jobguard jobs`)"
         );
     }
-    if args.target.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&ReplayReport { replayed })?
-        );
-    } else if replayed.is_empty() {
-        println!("no dead jobs to replay");
-    } else {
-        let ids: Vec<String> = replayed.iter().map(i64::to_string).collect();
-        println!(
-            "replayed {} dead job{}: {}\nthey run on the next `jobguard worker`; a key the guard \
-             already applied completes as a duplicate",
-            replayed.len(),
-            if replayed.len() == 1 { "" } else { "s" },
-            ids.join(", ")
-        );
-    }
+    report::print(
+        &ReplayReport { replayed },
+        args.target.json,
+        |ReplayReport { replayed }| {
+            if replayed.is_empty() {
+                return "no dead jobs to replay\n".to_owned();
+            }
+            let ids: Vec<String> = replayed.iter().map(i64::to_string).collect();
+            format!(
+                "replayed {} dead job{}: {}\nthey run on the next `jobguard worker`; a key the guard \
+             already applied completes as a duplicate\n",
+                replayed.len(),
+                if replayed.len() == 1 { "" } else { "s" },
+                ids.join(", ")
+            )
+        },
+    )?;
     Ok(ExitCode::SUCCESS)
 }

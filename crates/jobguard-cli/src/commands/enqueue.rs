@@ -15,6 +15,7 @@ use crate::args::{Target, parse_duration};
 use crate::builtin_jobs;
 use crate::database::{Database, is_missing_table, redact};
 use crate::on_pool;
+use crate::report;
 
 #[derive(Args, Debug)]
 pub struct EnqueueArgs {
@@ -143,19 +144,20 @@ async fn run<DB: Backend>(
             args.kind
         );
     }
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else if report.inserted {
-        println!(
-            "enqueued job {} ({}) on queue `{}`",
-            report.id, report.key, report.queue
-        );
-    } else {
-        println!(
-            "job {} ({}) is already waiting or running: not enqueued again (inserted: false)",
-            report.id, report.key
-        );
-    }
+    report::print(&report, args.target.json, |report| {
+        if report.inserted {
+            format!(
+                "enqueued job {} ({}) on queue `{}`\n",
+                report.id, report.key, report.queue
+            )
+        } else {
+            format!(
+                "job {} ({}) is already waiting or running: not enqueued again (inserted: \
+                 false)\n",
+                report.id, report.key
+            )
+        }
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

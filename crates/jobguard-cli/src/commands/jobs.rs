@@ -13,7 +13,7 @@ use sqlx::Pool;
 use crate::args::Target;
 use crate::database::{Database, read_error, redact};
 use crate::on_pool;
-use crate::report::{shorten, table, time};
+use crate::report::{self, shorten, table, time};
 
 #[derive(Args, Debug)]
 pub struct JobsArgs {
@@ -60,11 +60,7 @@ async fn run<DB: Backend>(pool: Pool<DB>, args: &JobsArgs) -> anyhow::Result<Exi
         .map_err(|error| read_error(error, &database))?;
     pool.close().await;
     let report = JobsReport { counts, jobs };
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", render(&report, args));
-    }
+    report::print(&report, args.target.json, |report| render(report, args))?;
     Ok(ExitCode::SUCCESS)
 }
 

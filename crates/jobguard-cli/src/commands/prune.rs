@@ -21,6 +21,7 @@ use super::retention::{DeclaredWindows, JobKeeping, WorkerTiming, retention_conf
 use crate::args::{Target, parse_duration};
 use crate::database::{Database, is_missing_table, redact};
 use crate::on_pool;
+use crate::report;
 
 /// Arguments of `jobguard prune`.
 #[derive(Args, Debug)]
@@ -178,11 +179,9 @@ async fn run<DB: Backend>(
         output.seconds = report.elapsed.as_secs_f64();
         output.oldest_age_seconds = report.oldest_age.map(|age| age.as_secs_f64());
     }
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&output)?);
-    } else {
-        print!("{}", render(&output, &retention));
-    }
+    report::print(&output, args.target.json, |output| {
+        render(output, &retention)
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -15,7 +15,7 @@ use sqlx::Pool;
 use crate::args::{Target, parse_duration};
 use crate::database::{Database, redact};
 use crate::on_pool;
-use crate::report::table;
+use crate::report::{self, table};
 
 /// Arguments of `jobguard relay`.
 #[derive(Args, Debug)]
@@ -131,18 +131,16 @@ async fn run<DB: Backend>(
         seconds: started.elapsed().as_secs_f64(),
     };
     pool.close().await;
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&run)?);
-    } else {
-        print!(
+    report::print(&run, args.target.json, |run| {
+        format!(
             "relay stopped after {:.2} s\n{}\noutbox now: {} pending, {} sent, {} dead\n",
             run.seconds,
             render(&run.report),
             outbox.pending,
             outbox.sent,
             outbox.dead
-        );
-    }
+        )
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -22,7 +22,7 @@ use crate::args::Target;
 use crate::args::Token;
 use crate::database::{Database, is_missing_table, redact};
 use crate::on_pool;
-use crate::report::{shorten, table, time};
+use crate::report::{self, shorten, table, time};
 
 /// Dead letters listed, newest first.
 pub const DEAD_LETTERS_SHOWN: u32 = 50;
@@ -309,11 +309,7 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
             on_pool!(Database::connect(&args.target.database_url, 2).await?, pool => read(pool, &database).await?)
         }
     };
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&figures)?);
-    } else {
-        print!("{}", render(&figures));
-    }
+    report::print(&figures, args.target.json, render)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -22,7 +22,7 @@ use crate::builtin_jobs::charges::PaymentTables;
 use crate::builtin_jobs::{self, ExampleDb};
 use crate::database::{Database, redact};
 use crate::on_pool;
-use crate::report::table;
+use crate::report::{self, table};
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -247,11 +247,7 @@ async fn run<DB: ExampleDb>(
         seconds: started.elapsed().as_secs_f64(),
     };
     pool.close().await;
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", render(&report));
-    }
+    report::print(&report, args.target.json, render)?;
     Ok(ExitCode::SUCCESS)
 }
 
