@@ -3,7 +3,7 @@
 //! This file parses the command line and dispatches to [`commands`], one file per command.
 //! Below them: [`builtin_jobs`], the jobs `jobguard worker` runs; [`demo`] and [`bench`], which
 //! only the `demo`, `bench` and hidden scenario commands reach; and the helpers every command
-//! shares: [`args`], [`database`], [`broker`] and [`report`].
+//! shares: [`args`], [`database`], [`broker`], [`figures`] and [`report`].
 
 mod args;
 mod bench;
@@ -12,6 +12,7 @@ mod builtin_jobs;
 mod commands;
 mod database;
 mod demo;
+mod figures;
 mod report;
 
 use std::process::ExitCode;

@@ -41,10 +41,10 @@ use serde_json::json;
 use sqlx::Pool;
 use subtle::ConstantTimeEq as _;
 
-use super::stats::{Figures, KindTotals, OutcomeFigures, Tables, WindowFigures};
 use crate::args::{Token, parse_duration};
 use crate::builtin_jobs::{self, ExampleDb};
 use crate::database::{DEFAULT_URL, Database, redact};
+use crate::figures::{Figures, KindTotals, OutcomeFigures, Tables, WindowFigures};
 use crate::on_pool;
 
 /// The dashboard: one page, its script and styles inline, nothing fetched from elsewhere.
