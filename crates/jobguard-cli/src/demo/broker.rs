@@ -318,33 +318,13 @@ async fn run_on<DB: LedgerDb>(
         experiment::read_back(pool, &mut run, mode == Mode::Guarded).await?;
         runs.push(run);
     }
-    let guarded = runs.pop().expect("two runs");
-    let naive = runs.pop().expect("two runs");
-    let expected_balance_total = experiment::expected_total(&credits);
-    let exactly_once = guarded.effects == shape.jobs as i64
-        && guarded.applied == shape.jobs
-        && guarded.failed == 0
-        && guarded.balance_total == expected_balance_total;
+    let runs = runs.try_into().expect("two runs");
+    let demo = DemoReport::of_experiment::<DB>(database, shape, &credits, runs, started);
     Ok(BrokerDemoReport {
         broker,
         broker_url: redact(url),
         killed_consumers: 1,
-        demo: DemoReport {
-            backend: DB::BACKEND,
-            database,
-            scenario: None,
-            scenario_description: None,
-            jobs: shape.jobs,
-            deliveries: shape.deliveries,
-            concurrency: shape.concurrency,
-            expected_balance_total,
-            naive,
-            guarded,
-            keyless: None,
-            provider_charges: None,
-            exactly_once,
-            seconds: started.elapsed().as_secs_f64(),
-        },
+        demo,
     })
 }
 

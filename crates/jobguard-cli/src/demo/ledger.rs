@@ -170,6 +170,31 @@ where
     Ok(())
 }
 
+/// The ledger statements whose text and binding are the same on both backends, expanded in
+/// each `impl LedgerDb`, where the backend's types are concrete.
+macro_rules! ledger_statements {
+    () => {
+        async fn append(
+            conn: &mut Self::Connection,
+            ledger: Ledger,
+            account: i64,
+            amount: i64,
+        ) -> sqlx::Result<()> {
+            append_to::<Self>(conn, ledger, account, amount).await
+        }
+
+        async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
+            let sql = format!(
+                "select count(*), cast(coalesce(sum(amount), 0) as bigint) from {}",
+                ledger.table()
+            );
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .fetch_one(pool)
+                .await
+        }
+    };
+}
+
 impl LedgerDb for Postgres {
     async fn reset(pool: &Pool<Self>) -> anyhow::Result<Guard<Self>> {
         recreate(pool.begin().await?, pool, "bigserial primary key").await
@@ -179,24 +204,7 @@ impl LedgerDb for Postgres {
         pool.begin().await
     }
 
-    async fn append(
-        conn: &mut Self::Connection,
-        ledger: Ledger,
-        account: i64,
-        amount: i64,
-    ) -> sqlx::Result<()> {
-        append_to::<Self>(conn, ledger, account, amount).await
-    }
-
-    async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
-        let sql = format!(
-            "select count(*), cast(coalesce(sum(amount), 0) as bigint) from {}",
-            ledger.table()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .fetch_one(pool)
-            .await
-    }
+    ledger_statements!();
 }
 
 impl LedgerDb for Sqlite {
@@ -214,22 +222,5 @@ impl LedgerDb for Sqlite {
         pool.begin_with("begin immediate").await
     }
 
-    async fn append(
-        conn: &mut Self::Connection,
-        ledger: Ledger,
-        account: i64,
-        amount: i64,
-    ) -> sqlx::Result<()> {
-        append_to::<Self>(conn, ledger, account, amount).await
-    }
-
-    async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
-        let sql = format!(
-            "select count(*), cast(coalesce(sum(amount), 0) as bigint) from {}",
-            ledger.table()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .fetch_one(pool)
-            .await
-    }
+    ledger_statements!();
 }

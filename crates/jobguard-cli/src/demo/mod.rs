@@ -19,6 +19,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sqlx::Pool;
 
+use crate::builtin_jobs::Credit;
 use experiment::{RunReport, Shape};
 use ledger::LedgerDb;
 use scenarios::Scenario;
@@ -69,27 +70,45 @@ pub async fn run<DB: LedgerDb>(
     experiment::read_back(pool, &mut guarded, true).await?;
     progress.finish_and_clear();
 
-    let expected_balance_total = experiment::expected_total(&credits);
-    let exactly_once = guarded.effects == shape.jobs as i64
-        && guarded.applied == shape.jobs
-        && guarded.failed == 0
-        && guarded.balance_total == expected_balance_total;
-    Ok(DemoReport {
-        backend: DB::BACKEND,
-        database,
-        scenario: None,
-        scenario_description: None,
-        jobs: shape.jobs,
-        deliveries: shape.deliveries,
-        concurrency: shape.concurrency,
-        expected_balance_total,
-        naive,
-        guarded,
-        keyless: None,
-        provider_charges: None,
-        exactly_once,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    let runs = [naive, guarded];
+    Ok(DemoReport::of_experiment::<DB>(
+        database, shape, &credits, runs, started,
+    ))
+}
+
+impl DemoReport {
+    /// The report of the seed's experiment of `shape` over `credits`, from its naive and its
+    /// guarded run: exactly once when the guarded run wrote one effect per job, applied each
+    /// job once, failed none, and its balances add up.
+    pub fn of_experiment<DB: LedgerDb>(
+        database: String,
+        shape: Shape,
+        credits: &[Credit],
+        [naive, guarded]: [RunReport; 2],
+        started: Instant,
+    ) -> DemoReport {
+        let expected_balance_total = experiment::expected_total(credits);
+        let exactly_once = guarded.effects == shape.jobs as i64
+            && guarded.applied == shape.jobs
+            && guarded.failed == 0
+            && guarded.balance_total == expected_balance_total;
+        DemoReport {
+            backend: DB::BACKEND,
+            database,
+            scenario: None,
+            scenario_description: None,
+            jobs: shape.jobs,
+            deliveries: shape.deliveries,
+            concurrency: shape.concurrency,
+            expected_balance_total,
+            naive,
+            guarded,
+            keyless: None,
+            provider_charges: None,
+            exactly_once,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
 }
 
 /// A progress bar on the terminal for runs long enough to need one; hidden otherwise.
