@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::SystemTime;
 
-use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
+use comfy_table::{Cell, CellAlignment, ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
 use serde::Serialize;
 
 /// Prints `report` as pretty JSON when `json`, else the text `render` makes of it.
@@ -44,6 +44,19 @@ pub fn table(header: &[&str]) -> Table {
         .load_preset(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic)
         .set_header(header);
+    table
+}
+
+/// A table of counts by outcome, each with what it means: `header` names the three columns.
+pub fn outcomes(header: [&str; 3], rows: &[(&str, u64, &str)]) -> Table {
+    let mut table = table(&header);
+    for &(name, n, meaning) in rows {
+        table.add_row(vec![
+            Cell::new(name),
+            Cell::new(n).set_alignment(CellAlignment::Right),
+            Cell::new(meaning),
+        ]);
+    }
     table
 }
 

@@ -212,10 +212,24 @@ pub trait ExampleDb: Backend {
 /// The table the charge jobs record in.
 pub const CHARGES: &str = "jobguard_charges";
 
-/// The charge statements whose text and binding are the same on both backends, expanded in
-/// each `impl ExampleDb`, where the backend's types are concrete.
-macro_rules! charge_statements {
+/// The statements whose text and binding are the same on both backends, expanded in each
+/// `impl ExampleDb`, where the backend's types are concrete.
+macro_rules! same_statements {
     () => {
+        async fn append_credit(
+            conn: &mut Self::Connection,
+            credit: &Credit,
+            key: &str,
+        ) -> sqlx::Result<()> {
+            sqlx::query(APPEND)
+                .bind(credit.account)
+                .bind(credit.amount)
+                .bind(key)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
         async fn record_charge(
             conn: &mut Self::Connection,
             table: &TableName,
@@ -280,21 +294,7 @@ impl ExampleDb for Postgres {
         tx.commit().await
     }
 
-    async fn append_credit(
-        conn: &mut Self::Connection,
-        credit: &Credit,
-        key: &str,
-    ) -> sqlx::Result<()> {
-        sqlx::query(APPEND)
-            .bind(credit.account)
-            .bind(credit.amount)
-            .bind(key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    charge_statements!();
+    same_statements!();
 
     async fn create_charges(pool: &Pool<Self>, table: &TableName) -> sqlx::Result<()> {
         let mut tx = pool.begin().await?;
@@ -332,21 +332,7 @@ impl ExampleDb for Sqlite {
         tx.commit().await
     }
 
-    async fn append_credit(
-        conn: &mut Self::Connection,
-        credit: &Credit,
-        key: &str,
-    ) -> sqlx::Result<()> {
-        sqlx::query(APPEND)
-            .bind(credit.account)
-            .bind(credit.amount)
-            .bind(key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    charge_statements!();
+    same_statements!();
 
     async fn create_charges(pool: &Pool<Self>, table: &TableName) -> sqlx::Result<()> {
         let mut tx = pool.begin_with("begin immediate").await?;

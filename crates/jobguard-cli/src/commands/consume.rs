@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use comfy_table::{Cell, CellAlignment};
 use futures::future::BoxFuture;
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Source};
 use jobguard::worker::shutdown_signal;
@@ -20,7 +19,7 @@ use crate::broker::{Broker, Endpoint, URL_ENV};
 use crate::builtin_jobs::{self, Credit, ExampleDb, Fail, Noop};
 use crate::database::{Database, redact};
 use crate::on_pool;
-use crate::report::{self, table};
+use crate::report;
 
 /// What runs between a job's commit and its message's acknowledgement.
 pub type BeforeAck = Arc<dyn Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -182,37 +181,33 @@ async fn consume<DB: ExampleDb>(
 
 fn render(report: &ConsumeReport) -> String {
     let stats = &report.stats;
-    let mut table = table(&["outcome", "messages", "meaning"]);
-    for (name, n, meaning) in [
-        (
-            "applied",
-            stats.applied,
-            "effect committed with the guard row, then acked",
-        ),
-        (
-            "duplicates",
-            stats.duplicates,
-            "key already applied: acked, effect skipped",
-        ),
-        ("failed", stats.failed, "given back for another delivery"),
-        ("dead", stats.dead, "sent to the broker's dead letters"),
-        (
-            "unacked",
-            stats.unacked,
-            "the broker did not take the ack: comes again as a duplicate",
-        ),
-        (
-            "released",
-            stats.released,
-            "still running at shutdown: rolled back, left to the broker",
-        ),
-    ] {
-        table.add_row(vec![
-            Cell::new(name),
-            Cell::new(n).set_alignment(CellAlignment::Right),
-            Cell::new(meaning),
-        ]);
-    }
+    let table = report::outcomes(
+        ["outcome", "messages", "meaning"],
+        &[
+            (
+                "applied",
+                stats.applied,
+                "effect committed with the guard row, then acked",
+            ),
+            (
+                "duplicates",
+                stats.duplicates,
+                "key already applied: acked, effect skipped",
+            ),
+            ("failed", stats.failed, "given back for another delivery"),
+            ("dead", stats.dead, "sent to the broker's dead letters"),
+            (
+                "unacked",
+                stats.unacked,
+                "the broker did not take the ack: comes again as a duplicate",
+            ),
+            (
+                "released",
+                stats.released,
+                "still running at shutdown: rolled back, left to the broker",
+            ),
+        ],
+    );
     format!(
         "consumer stopped after {:.2} s on `{}` ({})\n{table}\n",
         report.seconds,

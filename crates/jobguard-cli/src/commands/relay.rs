@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use comfy_table::{Cell, CellAlignment};
 use jobguard::outbox::{Outbox, OutboxCounts, Relay, RelayConfig, RelayReport, WebhookSink};
 use jobguard::worker::shutdown_signal;
 use jobguard::{Backend, RetryPolicy};
@@ -15,7 +14,7 @@ use sqlx::Pool;
 use crate::args::{Target, parse_duration};
 use crate::database::{Database, redact};
 use crate::on_pool;
-use crate::report::{self, table};
+use crate::report;
 
 /// Arguments of `jobguard relay`.
 #[derive(Args, Debug)]
@@ -186,25 +185,21 @@ pub async fn drain<DB: Backend>(relay: &Relay<DB, WebhookSink>) -> anyhow::Resul
 
 /// The report as a table, in the style of the worker's.
 pub fn render(report: &RelayReport) -> comfy_table::Table {
-    let mut table = table(&["messages", "count", "meaning"]);
-    for (name, n, meaning) in [
-        ("delivered", report.delivered, "confirmed by the webhook"),
-        (
-            "retried",
-            report.retried,
-            "failed, tried again after a backoff",
-        ),
-        (
-            "dead",
-            report.dead,
-            "refused or out of attempts: dead-lettered",
-        ),
-    ] {
-        table.add_row(vec![
-            Cell::new(name),
-            Cell::new(n).set_alignment(CellAlignment::Right),
-            Cell::new(meaning),
-        ]);
-    }
+    let table = report::outcomes(
+        ["messages", "count", "meaning"],
+        &[
+            ("delivered", report.delivered, "confirmed by the webhook"),
+            (
+                "retried",
+                report.retried,
+                "failed, tried again after a backoff",
+            ),
+            (
+                "dead",
+                report.dead,
+                "refused or out of attempts: dead-lettered",
+            ),
+        ],
+    );
     table
 }

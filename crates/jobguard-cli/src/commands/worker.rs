@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use comfy_table::{Cell, CellAlignment};
 use futures::FutureExt as _;
 use jobguard::outbox::{RelayConfig, RelayReport, WebhookSink};
 use jobguard::retention::{PruneConfig, PruneSchedule, format_duration};
@@ -22,7 +21,7 @@ use crate::builtin_jobs::charges::PaymentTables;
 use crate::builtin_jobs::{self, ExampleDb};
 use crate::database::{Database, redact};
 use crate::on_pool;
-use crate::report::{self, table};
+use crate::report;
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -253,42 +252,38 @@ async fn run<DB: ExampleDb>(
 
 fn render(report: &WorkerReport) -> String {
     let stats = &report.stats;
-    let mut table = table(&["outcome", "jobs", "meaning"]);
-    for (name, n, meaning) in [
-        (
-            "applied",
-            stats.applied,
-            "effect committed with the guard row",
-        ),
-        (
-            "duplicates",
-            stats.duplicates,
-            "key already applied: completed, effect skipped",
-        ),
-        ("failed", stats.failed, "attempt failed, will run again"),
-        (
-            "dead",
-            stats.dead,
-            "dead-lettered: see `jobguard dead list`",
-        ),
-        (
-            "fenced",
-            stats.fenced,
-            "lease lost to another worker: rolled back",
-        ),
-        ("released", stats.released, "given back at shutdown"),
-        (
-            "pruned",
-            stats.pruned,
-            "guard rows and done steps past --keep, deleted on schedule",
-        ),
-    ] {
-        table.add_row(vec![
-            Cell::new(name),
-            Cell::new(n).set_alignment(CellAlignment::Right),
-            Cell::new(meaning),
-        ]);
-    }
+    let table = report::outcomes(
+        ["outcome", "jobs", "meaning"],
+        &[
+            (
+                "applied",
+                stats.applied,
+                "effect committed with the guard row",
+            ),
+            (
+                "duplicates",
+                stats.duplicates,
+                "key already applied: completed, effect skipped",
+            ),
+            ("failed", stats.failed, "attempt failed, will run again"),
+            (
+                "dead",
+                stats.dead,
+                "dead-lettered: see `jobguard dead list`",
+            ),
+            (
+                "fenced",
+                stats.fenced,
+                "lease lost to another worker: rolled back",
+            ),
+            ("released", stats.released, "given back at shutdown"),
+            (
+                "pruned",
+                stats.pruned,
+                "guard rows and done steps past --keep, deleted on schedule",
+            ),
+        ],
+    );
     let relay = match &report.relay {
         Some(relay) => format!("outbox relay\n{}\n", super::relay::render(relay)),
         None => String::new(),
