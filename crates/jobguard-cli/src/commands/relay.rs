@@ -185,7 +185,7 @@ pub async fn drain<DB: Backend>(relay: &Relay<DB, WebhookSink>) -> anyhow::Resul
 
 /// The report as a table, in the style of the worker's.
 pub fn render(report: &RelayReport) -> comfy_table::Table {
-    let table = report::outcomes(
+    report::outcomes(
         ["messages", "count", "meaning"],
         &[
             ("delivered", report.delivered, "confirmed by the webhook"),
@@ -200,6 +200,5 @@ pub fn render(report: &RelayReport) -> comfy_table::Table {
                 "refused or out of attempts: dead-lettered",
             ),
         ],
-    );
-    table
+    )
 }
