@@ -1,4 +1,7 @@
 //! Opening the database a command runs on, from a URL: PostgreSQL or an embedded SQLite file.
+//!
+//! Every command opens its database with [`Database::connect`] and runs its generic body on
+//! whichever pool it got with [`on_pool!`](crate::on_pool).
 
 use std::time::Duration;
 
@@ -18,7 +21,24 @@ pub enum Database {
 
 impl Database {
     /// Connects with a pool of `connections`, with errors that say what to do.
+    ///
+    /// Two processes opening a new SQLite file at the same moment (a worker and an enqueue
+    /// started together) race to switch it to WAL, and the loser fails at once with "database
+    /// is locked" whatever the busy timeout; opening again then succeeds.
     pub async fn connect(url: &str, connections: u32) -> anyhow::Result<Self> {
+        let mut tries = 0;
+        loop {
+            match Self::open(url, connections).await {
+                Err(error) if tries < 10 && is_locked(&error) => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn open(url: &str, connections: u32) -> anyhow::Result<Self> {
         let shown = redact(url);
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let hint = || {
@@ -59,3 +79,47 @@ impl Database {
 /// The URL with its secrets replaced, for output and logs: the library's, shared with the
 /// broker clients.
 pub use jobguard::broker::redact;
+
+/// Runs `$body` with `$pool` bound to the pool of whichever backend `$database` holds: the
+/// body's generic code is compiled once per backend.
+#[macro_export]
+macro_rules! on_pool {
+    ($database:expr, $pool:ident => $body:expr) => {
+        match $database {
+            $crate::database::Database::Postgres($pool) => $body,
+            $crate::database::Database::Sqlite($pool) => $body,
+        }
+    };
+}
+
+/// Whether SQLite answered SQLITE_BUSY ("database is locked").
+fn is_locked(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::Database(db)) if db.code().as_deref() == Some("5")
+        )
+    })
+}
+
+/// Whether the error says the table read does not exist yet.
+pub fn is_missing_table(error: &jobguard::Error) -> bool {
+    let jobguard::Error::Database(sqlx::Error::Database(db)) = error else {
+        return false;
+    };
+    // PostgreSQL's undefined_table, SQLite's generic error with its message.
+    db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
+}
+
+/// A read on the queue, with a clear error when there is no queue yet.
+pub fn read_error(error: jobguard::Error, database: &str) -> anyhow::Error {
+    if is_missing_table(&error) {
+        anyhow::anyhow!(
+            "there is no job queue in {database} yet (table `{}` is missing): check \
+             --database-url, or create it with `jobguard enqueue` or `jobguard worker`",
+            jobguard::Queue::<sqlx::Sqlite>::DEFAULT_TABLE
+        )
+    } else {
+        anyhow::Error::new(error).context(format!("cannot read the job queue in {database}"))
+    }
+}

@@ -19,14 +19,10 @@ use serde::{Deserialize, Serialize};
 use sqlx::Pool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::demo::DemoReport;
-use crate::experiment::{self, RunReport, Shape};
-use crate::ledger::{Credit, LedgerDb, credit_guarded, credit_naive};
-
-/// The queue table of the naive run.
-pub const NAIVE_JOBS: &str = "jobguard_demo_jobs_naive";
-/// The queue table of the guarded run.
-pub const GUARDED_JOBS: &str = "jobguard_demo_jobs_guarded";
+use super::DemoReport;
+use super::experiment::{self, RunReport, Shape};
+use super::ledger::{GUARDED_JOBS, LedgerDb, NAIVE_JOBS, credit_guarded, credit_naive};
+use crate::builtin_jobs::{Credit, Example};
 
 /// What a worker process prints right after a job's effect committed and before it
 /// acknowledges the job; the demo kills it there.
@@ -168,7 +164,7 @@ pub async fn run<DB: LedgerDb>(
         jobs,
         deliveries: 1,
         concurrency: 1,
-    })?;
+    });
     let mut runs = Vec::new();
     for mode in [Mode::Naive, Mode::Guarded] {
         let queue = queue_for(pool, mode).await?;
@@ -191,7 +187,7 @@ pub async fn run<DB: LedgerDb>(
                 lease_expiry(pool, &queue, mode, &guard).await?
             }
             Scenario::DoubleEnqueue => double_enqueue(pool, &queue, &credits, mode, &guard).await?,
-            Scenario::Charge => bail!("the charge scenario runs in charge_demo"),
+            Scenario::Charge => bail!("the charge scenario runs in demo::charge"),
         };
         let mut report = RunReport {
             deliveries: tally.deliveries,
@@ -205,16 +201,7 @@ pub async fn run<DB: LedgerDb>(
         experiment::read_back(pool, &mut report, mode == Mode::Guarded).await?;
         runs.push(report);
     }
-    let guarded = runs.pop().expect("two runs");
-    let naive = runs.pop().expect("two runs");
-    let expected_balance_total = experiment::expected_total(&credits);
-    let exactly_once =
-        guarded.effects == jobs as i64 && guarded.balance_total == expected_balance_total;
-    Ok(DemoReport {
-        backend: DB::BACKEND,
-        database,
-        scenario: Some(scenario),
-        scenario_description: Some(scenario.describe()),
+    let shape = Shape {
         jobs,
         deliveries: if scenario == Scenario::DoubleEnqueue {
             2
@@ -226,14 +213,16 @@ pub async fn run<DB: LedgerDb>(
         } else {
             1
         },
-        expected_balance_total,
-        naive,
-        guarded,
-        keyless: None,
-        provider_charges: None,
-        exactly_once,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    };
+    let runs = runs.try_into().expect("two runs");
+    let mut report = DemoReport::of_experiment::<DB>(database, shape, &credits, runs, started);
+    report.scenario = Some(scenario);
+    report.scenario_description = Some(scenario.describe());
+    // Deliveries fail here on purpose (a caller times out) and the queue retries them: the
+    // verdict is the ledger's alone.
+    report.exactly_once = report.guarded.effects == jobs as i64
+        && report.guarded.balance_total == report.expected_balance_total;
+    Ok(report)
 }
 
 async fn queue_for<DB: LedgerDb>(pool: &Pool<DB>, mode: Mode) -> anyhow::Result<Queue<DB>> {
@@ -250,7 +239,7 @@ async fn queue_for<DB: LedgerDb>(pool: &Pool<DB>, mode: Mode) -> anyhow::Result<
 /// about; the guarded producer by the business operation.
 fn job_for(credit: &Credit, mode: Mode) -> anyhow::Result<NewJob> {
     let key = match mode {
-        Mode::Guarded => credit.key.clone(),
+        Mode::Guarded => credit.job_key()?,
         Mode::Naive => {
             use std::hash::{BuildHasher, RandomState};
             let random = RandomState::new().hash_one(Instant::now());
@@ -323,7 +312,7 @@ pub async fn worker_process<DB: LedgerDb>(
     args: &WorkerArgs,
 ) -> anyhow::Result<()> {
     let queue = queue_for(pool, args.mode).await?;
-    let guard = crate::ledger::guard_for(pool)?;
+    let guard = super::ledger::guard_for(pool)?;
     let faults = Faults {
         crash_before_ack: args.crash_before_ack,
         report_each: true,

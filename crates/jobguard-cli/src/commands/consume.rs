@@ -2,24 +2,27 @@
 //! Streams) through the guard until Ctrl-C, or until idle.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use comfy_table::{Cell, CellAlignment};
-use futures::FutureExt as _;
+use futures::future::BoxFuture;
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Source};
 use jobguard::worker::shutdown_signal;
 use jobguard::{Guard, JobKey, Outcome};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, parse_duration, table};
-use crate::broker_demo::{self, Broker, CRASH_POINT, Endpoint, URL_ENV, report_line};
+use crate::args::{Target, parse_duration};
+use crate::broker::{Broker, Endpoint, URL_ENV};
+use crate::builtin_jobs::{self, Credit, ExampleDb, Fail, Noop};
 use crate::database::{Database, redact};
-use crate::jobs::{self, Credit, ExampleDb, Fail, Noop};
-use crate::ledger::LedgerDb;
-use crate::scenarios::Mode;
+use crate::on_pool;
+use crate::report;
+
+/// What runs between a job's commit and its message's acknowledgement.
+pub type BeforeAck = Arc<dyn Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Arguments of `jobguard consume`.
 #[derive(Args, Debug)]
@@ -57,13 +60,6 @@ pub struct ConsumeArgs {
     /// Stop once no message has arrived for this long and no job is running.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     until_idle: Option<Duration>,
-    /// After the first job's commit, print JOBGUARD_CRASH_POINT and wait to be killed, never
-    /// acknowledging its message (for fault tests and the demo).
-    #[arg(long, hide = true)]
-    crash_after_commit: bool,
-    /// Run the demo's credit job on the demo's tables instead of the built-in jobs.
-    #[arg(long, hide = true, value_enum)]
-    demo: Option<Mode>,
     #[command(flatten)]
     target: Target,
 }
@@ -81,60 +77,56 @@ struct ConsumeReport {
     seconds: f64,
 }
 
-/// Runs `jobguard consume`.
-pub async fn consume(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
-    if args.redelivery < Duration::from_millis(300) {
-        bail!(
-            "--redelivery {} is too short: running jobs renew it every third of it; use at \
-             least 300ms, and longer than a job can stall",
-            humantime::format_duration(args.redelivery)
-        );
+impl ConsumeArgs {
+    /// The queue to consume from, checked.
+    pub fn endpoint(&self) -> anyhow::Result<Endpoint> {
+        if self.redelivery < Duration::from_millis(300) {
+            bail!(
+                "--redelivery {} is too short: running jobs renew it every third of it; use at \
+                 least 300ms, and longer than a job can stall",
+                humantime::format_duration(self.redelivery)
+            );
+        }
+        Ok(Endpoint {
+            broker: self.broker,
+            url: self
+                .url
+                .clone()
+                .unwrap_or_else(|| self.broker.default_url().to_owned()),
+            queue: self.queue.clone(),
+            prefetch: self.prefetch as usize,
+            max_deliveries: self.max_deliveries,
+            redelivery: self.redelivery,
+        })
     }
-    let endpoint = Endpoint {
-        broker: args.broker,
-        url: args
-            .url
-            .clone()
-            .unwrap_or_else(|| args.broker.default_url().to_owned()),
-        queue: args.queue.clone(),
-        prefetch: args.prefetch as usize,
-        max_deliveries: args.max_deliveries,
-        redelivery: args.redelivery,
-    };
-    let connections = args.prefetch + 4;
-    match super::connect(&args.target.database_url, connections).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, endpoint, args).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, endpoint, args).await,
+
+    /// The database the jobs run on.
+    pub fn database_url(&self) -> &str {
+        &self.target.database_url
+    }
+
+    /// Connections in the pool: one per job running at once, and a few to spare.
+    pub fn connections(&self) -> u32 {
+        self.prefetch + 4
     }
 }
 
-async fn run<DB: ExampleDb + LedgerDb>(
+/// Runs `jobguard consume`; `before_ack`, when given, runs between each job's commit and its
+/// message's acknowledgement.
+pub async fn run(args: ConsumeArgs, before_ack: Option<BeforeAck>) -> anyhow::Result<ExitCode> {
+    let endpoint = args.endpoint()?;
+    let database = Database::connect(args.database_url(), args.connections()).await?;
+    on_pool!(database, pool => consume(pool, endpoint, args, before_ack).await)
+}
+
+async fn consume<DB: ExampleDb>(
     pool: Pool<DB>,
     endpoint: Endpoint,
     args: ConsumeArgs,
+    before_ack: Option<BeforeAck>,
 ) -> anyhow::Result<ExitCode> {
     let database = redact(&args.target.database_url);
-    let source = endpoint.source().await.with_context(|| {
-        format!(
-            "cannot consume `{}` from {} at {}",
-            endpoint.queue,
-            endpoint.broker.name(),
-            redact(&endpoint.url)
-        )
-    })?;
-    match args.demo {
-        Some(Mode::Naive) => {
-            broker_demo::naive_consumer(&pool, source, usize::MAX, args.crash_after_commit).await?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        Some(Mode::Guarded) => {
-            let consumer = broker_demo::guarded_consumer(&pool, args.crash_after_commit, None)?;
-            consumer.run(source, shutdown_signal()).await?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        None => {}
-    }
-
+    let source = endpoint.subscribe().await?;
     let config = ConsumerConfig {
         retry_delay: args.retry_delay,
         shutdown_timeout: args.shutdown_timeout,
@@ -144,20 +136,15 @@ async fn run<DB: ExampleDb + LedgerDb>(
         .register::<Credit>()
         .register::<Noop>()
         .register::<Fail>();
-    if args.crash_after_commit {
-        consumer = consumer.before_ack(|key: &JobKey, outcome: &Outcome<()>| {
-            if outcome.is_applied() {
-                report_line(&format!("{CRASH_POINT} {key}"));
-                return std::future::pending().boxed();
-            }
-            std::future::ready(()).boxed()
-        });
+    if let Some(hook) = before_ack {
+        consumer =
+            consumer.before_ack(move |key: &JobKey, outcome: &Outcome<()>| hook(key, outcome));
     }
     consumer
         .migrate()
         .await
         .with_context(|| format!("cannot create the guard's table in {database}"))?;
-    jobs::migrate(&pool)
+    builtin_jobs::migrate(&pool)
         .await
         .with_context(|| format!("cannot create the built-in jobs' tables in {database}"))?;
 
@@ -188,47 +175,39 @@ async fn run<DB: ExampleDb + LedgerDb>(
         seconds: started.elapsed().as_secs_f64(),
     };
     pool.close().await;
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", render(&report));
-    }
+    report::print(&report, args.target.json, render)?;
     Ok(ExitCode::SUCCESS)
 }
 
 fn render(report: &ConsumeReport) -> String {
     let stats = &report.stats;
-    let mut table = table(&["outcome", "messages", "meaning"]);
-    for (name, n, meaning) in [
-        (
-            "applied",
-            stats.applied,
-            "effect committed with the guard row, then acked",
-        ),
-        (
-            "duplicates",
-            stats.duplicates,
-            "key already applied: acked, effect skipped",
-        ),
-        ("failed", stats.failed, "given back for another delivery"),
-        ("dead", stats.dead, "sent to the broker's dead letters"),
-        (
-            "unacked",
-            stats.unacked,
-            "the broker did not take the ack: comes again as a duplicate",
-        ),
-        (
-            "released",
-            stats.released,
-            "still running at shutdown: rolled back, left to the broker",
-        ),
-    ] {
-        table.add_row(vec![
-            Cell::new(name),
-            Cell::new(n).set_alignment(CellAlignment::Right),
-            Cell::new(meaning),
-        ]);
-    }
+    let table = report::outcomes(
+        ["outcome", "messages", "meaning"],
+        &[
+            (
+                "applied",
+                stats.applied,
+                "effect committed with the guard row, then acked",
+            ),
+            (
+                "duplicates",
+                stats.duplicates,
+                "key already applied: acked, effect skipped",
+            ),
+            ("failed", stats.failed, "given back for another delivery"),
+            ("dead", stats.dead, "sent to the broker's dead letters"),
+            (
+                "unacked",
+                stats.unacked,
+                "the broker did not take the ack: comes again as a duplicate",
+            ),
+            (
+                "released",
+                stats.released,
+                "still running at shutdown: rolled back, left to the broker",
+            ),
+        ],
+    );
     format!(
         "consumer stopped after {:.2} s on `{}` ({})\n{table}\n",
         report.seconds,

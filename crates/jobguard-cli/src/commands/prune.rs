@@ -15,11 +15,13 @@ use jobguard::retention::{PrunePlan, PruneReport, format_duration};
 use jobguard::steps::{StepConfig, Steps};
 use jobguard::{Backend, Guard, Pruner, Queue, Retention, TableName};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
 use super::retention::{DeclaredWindows, JobKeeping, WorkerTiming, retention_config};
-use super::{Target, is_missing_table, parse_duration};
-use crate::database::{Database, redact};
+use crate::args::{Target, parse_duration};
+use crate::database::{Database, is_missing_table, redact};
+use crate::on_pool;
+use crate::report;
 
 /// Arguments of `jobguard prune`.
 #[derive(Args, Debug)]
@@ -97,10 +99,7 @@ pub async fn prune(args: PruneArgs) -> anyhow::Result<ExitCode> {
     let steps_table = TableName::new(&args.steps_table).context("invalid --steps-table")?;
     let jobs_table = TableName::new(&args.jobs_table).context("invalid --jobs-table")?;
     let tables = (steps_table, jobs_table);
-    match super::connect(&args.target.database_url, 4).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, retention, tables, args).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, retention, tables, args).await,
-    }
+    on_pool!(Database::connect(&args.target.database_url, 4).await?, pool => run(pool, retention, tables, args).await)
 }
 
 async fn run<DB: Backend>(
@@ -180,11 +179,9 @@ async fn run<DB: Backend>(
         output.seconds = report.elapsed.as_secs_f64();
         output.oldest_age_seconds = report.oldest_age.map(|age| age.as_secs_f64());
     }
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&output)?);
-    } else {
-        print!("{}", render(&output, &retention));
-    }
+    report::print(&output, args.target.json, |output| {
+        render(output, &retention)
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -8,10 +8,12 @@ use comfy_table::{Cell, CellAlignment};
 use jobguard::Backend;
 use jobguard::outbox::{MessageId, MessageRow, MessageState, Outbox, OutboxCounts};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, shorten, table, time};
-use crate::database::{Database, redact};
+use crate::args::Target;
+use crate::database::{Database, is_missing_table, redact};
+use crate::on_pool;
+use crate::report::{self, shorten, table, time};
 
 #[derive(Subcommand, Debug)]
 pub enum OutboxCommand {
@@ -70,10 +72,7 @@ pub async fn outbox(command: OutboxCommand) -> anyhow::Result<ExitCode> {
         OutboxCommand::List(args) => &args.target.database_url,
         OutboxCommand::Replay(args) => &args.target.database_url,
     };
-    match super::connect(url, 2).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, &command).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, &command).await,
-    }
+    on_pool!(Database::connect(url, 2).await?, pool => run(pool, &command).await)
 }
 
 async fn run<DB: Backend>(pool: Pool<DB>, command: &OutboxCommand) -> anyhow::Result<ExitCode> {
@@ -86,8 +85,34 @@ async fn run<DB: Backend>(pool: Pool<DB>, command: &OutboxCommand) -> anyhow::Re
     code
 }
 
+fn render(listing: &Listing, database: &str) -> String {
+    let counts = &listing.counts;
+    let mut out = format!(
+        "outbox in {database}: {} pending, {} sent, {} dead\n",
+        counts.pending, counts.sent, counts.dead
+    );
+    if listing.messages.is_empty() {
+        return out;
+    }
+    let mut table = table(&["id", "state", "attempts", "published (UTC)", "last error"]);
+    for message in &listing.messages {
+        table.add_row(vec![
+            Cell::new(message.id.as_str()),
+            Cell::new(message.state.as_str()),
+            Cell::new(message.attempts).set_alignment(CellAlignment::Right),
+            Cell::new(time(message.created_at)),
+            Cell::new(shorten(message.last_error.as_deref().unwrap_or(""), 80)),
+        ]);
+    }
+    out += &format!("{table}\n");
+    if counts.dead > 0 {
+        out += "replay dead messages with `jobguard outbox replay --id ID` or `--all`\n";
+    }
+    out
+}
+
 fn missing(error: jobguard::Error, database: &str) -> anyhow::Error {
-    if super::is_missing_table(&error) {
+    if is_missing_table(&error) {
         anyhow::anyhow!(
             "there is no outbox in {database} yet (table `jobguard_outbox` is missing): check \
              --database-url; jobs create it when they first publish after `Outbox::migrate`"
@@ -110,32 +135,9 @@ async fn list<DB: Backend>(outbox: &Outbox<DB>, args: &ListArgs) -> anyhow::Resu
         .await
         .map_err(|e| missing(e, &database))?;
     let listing = Listing { counts, messages };
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&listing)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let counts = &listing.counts;
-    println!(
-        "outbox in {database}: {} pending, {} sent, {} dead",
-        counts.pending, counts.sent, counts.dead
-    );
-    if listing.messages.is_empty() {
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut table = table(&["id", "state", "attempts", "published (UTC)", "last error"]);
-    for message in &listing.messages {
-        table.add_row(vec![
-            Cell::new(message.id.as_str()),
-            Cell::new(message.state.as_str()),
-            Cell::new(message.attempts).set_alignment(CellAlignment::Right),
-            Cell::new(time(message.created_at)),
-            Cell::new(shorten(message.last_error.as_deref().unwrap_or(""), 80)),
-        ]);
-    }
-    println!("{table}");
-    if counts.dead > 0 {
-        println!("replay dead messages with `jobguard outbox replay --id ID` or `--all`");
-    }
+    report::print(&listing, args.target.json, |listing| {
+        render(listing, &database)
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -151,22 +153,26 @@ async fn replay<DB: Backend>(outbox: &Outbox<DB>, args: &ReplayArgs) -> anyhow::
         None => None,
     };
     let replayed = match outbox.replay_dead(id.as_ref()).await {
-        Err(error) if super::is_missing_table(&error) => return Err(missing(error, &database)),
+        Err(error) if is_missing_table(&error) => return Err(missing(error, &database)),
         result => result.with_context(|| format!("cannot replay dead messages in {database}"))?,
     };
     if let (Some(id), true) = (&id, replayed.is_empty()) {
         bail!("message `{id}` was not replayed: no dead message has that id");
     }
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&Replayed { replayed })?);
-    } else if replayed.is_empty() {
-        println!("no dead messages to replay");
-    } else {
-        println!(
-            "replayed {} dead message{}; the next relay delivers them, with the same ids",
-            replayed.len(),
-            if replayed.len() == 1 { "" } else { "s" }
-        );
-    }
+    report::print(
+        &Replayed { replayed },
+        args.target.json,
+        |Replayed { replayed }| {
+            if replayed.is_empty() {
+                "no dead messages to replay\n".to_owned()
+            } else {
+                format!(
+                    "replayed {} dead message{}; the next relay delivers them, with the same ids\n",
+                    replayed.len(),
+                    if replayed.len() == 1 { "" } else { "s" }
+                )
+            }
+        },
+    )?;
     Ok(ExitCode::SUCCESS)
 }

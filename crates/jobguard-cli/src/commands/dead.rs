@@ -8,10 +8,12 @@ use comfy_table::{Cell, CellAlignment};
 use jobguard::queue::{JobRow, JobState, Replay};
 use jobguard::{Backend, Queue};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, read_error, table, time};
-use crate::database::{Database, redact};
+use crate::args::Target;
+use crate::database::{Database, is_missing_table, read_error, redact};
+use crate::on_pool;
+use crate::report::{self, table, time};
 
 #[derive(Subcommand, Debug)]
 pub enum DeadCommand {
@@ -60,10 +62,7 @@ pub async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
         DeadCommand::List(args) => &args.target.database_url,
         DeadCommand::Replay(args) => &args.target.database_url,
     };
-    match super::connect(url, 2).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, &command).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, &command).await,
-    }
+    on_pool!(Database::connect(url, 2).await?, pool => run(pool, &command).await)
 }
 
 async fn run<DB: Backend>(pool: Pool<DB>, command: &DeadCommand) -> anyhow::Result<ExitCode> {
@@ -82,11 +81,9 @@ async fn list<DB: Backend>(queue: &Queue<DB>, args: &DeadListArgs) -> anyhow::Re
         .list(Some(JobState::Dead), args.kind.as_deref(), args.limit)
         .await
         .map_err(|error| read_error(error, &database))?;
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&jobs)?);
-    } else {
-        print!("{}", render(&jobs, args.kind.as_deref()));
-    }
+    report::print(&jobs, args.target.json, |jobs| {
+        render(jobs, args.kind.as_deref())
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -123,7 +120,7 @@ async fn replay<DB: Backend>(queue: &Queue<DB>, args: &ReplayArgs) -> anyhow::Re
         (None, None) => Replay::All,
     };
     let replayed = match queue.replay(&which).await {
-        Err(error) if super::is_missing_table(&error) => return Err(read_error(error, &database)),
+        Err(error) if is_missing_table(&error) => return Err(read_error(error, &database)),
         result => result.with_context(|| format!("cannot replay dead jobs in {database}"))?,
     };
     if let (Some(id), true) = (args.id, replayed.is_empty()) {
@@ -132,22 +129,22 @@ async fn replay<DB: Backend>(queue: &Queue<DB>, args: &ReplayArgs) -> anyhow::Re
              waiting or running (see `jobguard jobs`)"
         );
     }
-    if args.target.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&ReplayReport { replayed })?
-        );
-    } else if replayed.is_empty() {
-        println!("no dead jobs to replay");
-    } else {
-        let ids: Vec<String> = replayed.iter().map(i64::to_string).collect();
-        println!(
-            "replayed {} dead job{}: {}\nthey run on the next `jobguard worker`; a key the guard \
-             already applied completes as a duplicate",
-            replayed.len(),
-            if replayed.len() == 1 { "" } else { "s" },
-            ids.join(", ")
-        );
-    }
+    report::print(
+        &ReplayReport { replayed },
+        args.target.json,
+        |ReplayReport { replayed }| {
+            if replayed.is_empty() {
+                return "no dead jobs to replay\n".to_owned();
+            }
+            let ids: Vec<String> = replayed.iter().map(i64::to_string).collect();
+            format!(
+                "replayed {} dead job{}: {}\nthey run on the next `jobguard worker`; a key the guard \
+             already applied completes as a duplicate\n",
+                replayed.len(),
+                if replayed.len() == 1 { "" } else { "s" },
+                ids.join(", ")
+            )
+        },
+    )?;
     Ok(ExitCode::SUCCESS)
 }

@@ -10,8 +10,11 @@
 //!
 //! Workers find the provider at `JOBGUARD_PROVIDER_URL` (see `jobguard provider`).
 
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
 
 use jobguard::external::{ApiKey, ExternalJob};
 use jobguard::steps::{Reconciled, StepConfig, Steps};
@@ -19,15 +22,14 @@ use jobguard::{JobError, JobKey, KeyError, TableName, Worker};
 use jobguard_provider::{Charge, ProviderClient, ProviderError};
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::{Example, ExampleDb};
+use super::{Example, ExampleDb};
 
 /// Where workers find the payment provider.
 pub const PROVIDER_URL_ENV: &str = "JOBGUARD_PROVIDER_URL";
-/// A directory that turns on the crash of the charge demo: a worker stops after the API call
-/// of every fifth order's first delivery, before the database commit, and waits to be killed.
-pub const CRASH_DIR_ENV: &str = "JOBGUARD_CRASH_AFTER_CALL";
-/// What a worker prints at that point.
-pub const CRASH_POINT: &str = "JOBGUARD_CRASH_POINT";
+
+/// What runs after a charge job's call to the provider and before its database commit, with
+/// the order: the charge demo's worker process stops there to be killed.
+pub type AfterCall = Arc<dyn Fn(&str) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// An order to charge. The same payload for the three kinds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,7 +98,7 @@ pub struct PaymentTables {
 impl Default for PaymentTables {
     fn default() -> Self {
         PaymentTables {
-            charges: TableName::new(crate::jobs::CHARGES).expect("a valid table name"),
+            charges: TableName::new(super::CHARGES).expect("a valid table name"),
             steps: TableName::new("jobguard_steps").expect("a valid table name"),
         }
     }
@@ -120,17 +122,16 @@ pub async fn migrate<DB: ExampleDb>(
     .with_context(|| format!("cannot create the step ledger `{}`", tables.steps))
 }
 
-/// What the charge jobs share: the provider's client, the step ledger, the crash switch.
+/// What the charge jobs share: the provider's client, the step ledger, the hook after a call.
 pub struct Payments<DB: ExampleDb> {
     client: Option<ProviderClient>,
     steps: Steps<DB>,
     charges: TableName,
-    crash_dir: Option<PathBuf>,
+    after_call: Option<AfterCall>,
 }
 
 impl<DB: ExampleDb> Payments<DB> {
-    /// The provider from `JOBGUARD_PROVIDER_URL`, the demo's crash from
-    /// `JOBGUARD_CRASH_AFTER_CALL`.
+    /// The provider from `JOBGUARD_PROVIDER_URL`.
     pub fn from_env(pool: sqlx::Pool<DB>, tables: PaymentTables, step_lease: Duration) -> Self {
         let client = std::env::var(PROVIDER_URL_ENV)
             .ok()
@@ -141,8 +142,14 @@ impl<DB: ExampleDb> Payments<DB> {
             client,
             steps: Steps::with_config(pool, config),
             charges: tables.charges,
-            crash_dir: std::env::var_os(CRASH_DIR_ENV).map(PathBuf::from),
+            after_call: None,
         }
+    }
+
+    /// Runs `hook` after each call to the provider, before the job's database commit.
+    pub fn after_call(mut self, hook: AfterCall) -> Self {
+        self.after_call = Some(hook);
+        self
     }
 
     fn client(&self) -> Result<&ProviderClient, JobError> {
@@ -154,28 +161,12 @@ impl<DB: ExampleDb> Payments<DB> {
         })
     }
 
-    /// The demo's crash: after the first API call of every fifth order, before the commit.
-    async fn maybe_crash(&self, order: &str) {
-        let Some(dir) = &self.crash_dir else { return };
-        let every_fifth = order
-            .rsplit('-')
-            .next()
-            .and_then(|n| n.parse::<u64>().ok())
-            .is_some_and(|n| n % 5 == 0);
-        let marker = dir.join(order.replace('/', "_"));
-        if !every_fifth || marker.exists() {
-            return;
+    /// What runs between the provider's answer and the database commit.
+    fn called(&self, order: &str) -> BoxFuture<'static, ()> {
+        match &self.after_call {
+            Some(hook) => hook(order),
+            None => std::future::ready(()).boxed(),
         }
-        if std::fs::write(&marker, b"").is_err() {
-            return;
-        }
-        {
-            use std::io::Write;
-            let mut stdout = std::io::stdout().lock();
-            let _ = writeln!(stdout, "{CRASH_POINT} {order}");
-            let _ = stdout.flush();
-        }
-        std::future::pending::<()>().await;
     }
 }
 
@@ -226,7 +217,7 @@ impl<DB: ExampleDb> ExternalJob<DB> for ChargeKeyed {
             .create_charge(&self.0.order, self.0.amount, Some(api_key.as_str()))
             .await
             .map_err(provider_error)?;
-        payments.maybe_crash(&self.0.order).await;
+        payments.called(&self.0.order).await;
         Ok(charge)
     }
 }
@@ -241,7 +232,7 @@ impl<DB: ExampleDb> ExternalJob<DB> for ChargeNaive {
             .create_charge_keyless(&self.0.order, self.0.amount)
             .await
             .map_err(provider_error)?;
-        payments.maybe_crash(&self.0.order).await;
+        payments.called(&self.0.order).await;
         Ok(charge)
     }
 }
@@ -264,7 +255,7 @@ impl<DB: ExampleDb> ExternalJob<DB> for ChargeKeyless {
                         .create_charge_keyless(order, self.0.amount)
                         .await
                         .map_err(provider_error)?;
-                    payments.maybe_crash(order).await;
+                    payments.called(order).await;
                     Ok(charge)
                 },
                 async || match client.find_charges(order).await {
@@ -298,7 +289,7 @@ pub fn register<DB: ExampleDb>(worker: Worker<DB>, payments: Payments<DB>) -> Wo
         client: payments.client.clone(),
         steps: payments.steps.clone(),
         charges: payments.charges.clone(),
-        crash_dir: payments.crash_dir.clone(),
+        after_call: payments.after_call.clone(),
     };
     worker
         .register_external::<ChargeNaive>(clone(&payments))

@@ -1,7 +1,7 @@
 //! `jobguard demo --scenario charge`: charge jobs against a payment provider over HTTP, with
 //! worker processes killed after the API call and before the database commit.
 //!
-//! The same orders are charged three ways (see [`crate::charges`]): naive, with the provider's
+//! The same orders are charged three ways (see [`crate::builtin_jobs::charges`]): naive, with the provider's
 //! idempotency key, and keyless behind a started/done step with reconciliation. The provider
 //! runs in this process and counts the charges it made; the worker processes run the real
 //! [`Worker`](jobguard::Worker), and every fifth order's first delivery stops right after the
@@ -10,11 +10,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
+use futures::FutureExt as _;
 use jobguard::queue::NewJob;
 use jobguard::{GuardConfig, JobKey, Queue, RetryPolicy, TableName, Worker, WorkerConfig};
 use jobguard_provider::{Provider, ProviderConfig};
@@ -22,13 +24,19 @@ use serde::{Deserialize, Serialize};
 use sqlx::Pool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::charges::{
-    self, CRASH_DIR_ENV, CRASH_POINT, ChargeOrder, PROVIDER_URL_ENV, PaymentTables, Payments,
+use super::DemoReport;
+use super::experiment::RunReport;
+use super::scenarios::Scenario;
+use crate::builtin_jobs::ExampleDb;
+use crate::builtin_jobs::charges::{
+    self, AfterCall, ChargeOrder, PROVIDER_URL_ENV, PaymentTables, Payments,
 };
-use crate::demo::DemoReport;
-use crate::experiment::RunReport;
-use crate::jobs::ExampleDb;
-use crate::scenarios::Scenario;
+
+/// A directory that turns on the crash of a charge worker process: it stops after the API call
+/// of every fifth order's first delivery, before the database commit, and waits to be killed.
+const CRASH_DIR_ENV: &str = "JOBGUARD_CRASH_AFTER_CALL";
+/// What a worker process prints at that point.
+const CRASH_POINT: &str = "JOBGUARD_CRASH_POINT";
 
 /// What a worker process prints when it stops, with its counts as JSON.
 const STATS: &str = "JOBGUARD_STATS";
@@ -85,7 +93,10 @@ impl ChargeWorkerArgs {
     }
 }
 
-fn worker<DB: ExampleDb>(pool: &Pool<DB>) -> anyhow::Result<(Queue<DB>, Worker<DB>)> {
+fn worker<DB: ExampleDb>(
+    pool: &Pool<DB>,
+    after_call: Option<AfterCall>,
+) -> anyhow::Result<(Queue<DB>, Worker<DB>)> {
     let (jobs, guard, payment_tables) = tables();
     let queue = Queue::with_table(pool.clone(), jobs)?;
     let config = WorkerConfig {
@@ -101,7 +112,10 @@ fn worker<DB: ExampleDb>(pool: &Pool<DB>) -> anyhow::Result<(Queue<DB>, Worker<D
         guard: GuardConfig::default().table(guard),
         ..WorkerConfig::default()
     };
-    let payments = Payments::from_env(pool.clone(), payment_tables, LEASE);
+    let mut payments = Payments::from_env(pool.clone(), payment_tables, LEASE);
+    if let Some(hook) = after_call {
+        payments = payments.after_call(hook);
+    }
     let worker = charges::register(Worker::with_config(queue.clone(), config)?, payments);
     Ok((queue, worker))
 }
@@ -109,10 +123,35 @@ fn worker<DB: ExampleDb>(pool: &Pool<DB>) -> anyhow::Result<(Queue<DB>, Worker<D
 /// `jobguard charge-worker`: runs the demo's charge jobs until none is available, then prints
 /// its counts.
 pub async fn worker_process<DB: ExampleDb>(pool: &Pool<DB>) -> anyhow::Result<()> {
-    let (_queue, worker) = worker(pool)?;
+    let crash = std::env::var_os(CRASH_DIR_ENV).map(|dir| crash_after_call(PathBuf::from(dir)));
+    let (_queue, worker) = worker(pool, crash)?;
     let stats = worker.run(jobguard::worker::shutdown_signal()).await?;
     println!("{STATS} {}", serde_json::to_string(&stats)?);
     Ok(())
+}
+
+/// The demo's crash: after the first API call of every fifth order, before the commit, the
+/// worker prints [`CRASH_POINT`] and waits to be killed. A marker file in `dir` per order
+/// makes it once per order, across worker processes.
+fn crash_after_call(dir: PathBuf) -> AfterCall {
+    Arc::new(move |order: &str| {
+        let every_fifth = order
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n % 5 == 0);
+        let marker = dir.join(order.replace('/', "_"));
+        if !every_fifth || marker.exists() || std::fs::write(&marker, b"").is_err() {
+            return std::future::ready(()).boxed();
+        }
+        {
+            use std::io::Write;
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "{CRASH_POINT} {order}");
+            let _ = stdout.flush();
+        }
+        std::future::pending().boxed()
+    })
 }
 
 /// Runs the three ways of charging `jobs` orders and reports what the provider charged.
@@ -123,7 +162,7 @@ pub async fn run<DB: ExampleDb>(
     jobs: usize,
 ) -> anyhow::Result<DemoReport> {
     let started = Instant::now();
-    let (_queue, setup) = worker(pool)?;
+    let (_queue, setup) = worker(pool, None)?;
     setup.migrate().await?;
     let (jobs_table, guard_table, payment_tables) = tables();
     charges::migrate(pool, &payment_tables).await?;
@@ -186,7 +225,7 @@ async fn run_mode<DB: ExampleDb>(
     let provider = Provider::start(ProviderConfig::default())
         .await
         .context("start the payment provider")?;
-    let (queue, _worker) = worker(pool)?;
+    let (queue, _worker) = worker(pool, None)?;
     for order in orders {
         let key = JobKey::new(mode.kind(), [&order.order])?;
         queue

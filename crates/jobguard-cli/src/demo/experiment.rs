@@ -11,7 +11,8 @@ use jobguard::{Guard, Outcome};
 use serde::Serialize;
 use sqlx::Pool;
 
-use crate::ledger::{Credit, Ledger, LedgerDb};
+use super::ledger::{self, Ledger, LedgerDb};
+use crate::builtin_jobs::Credit;
 
 /// The experiment's size.
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -55,12 +56,8 @@ pub struct RunReport {
 }
 
 /// The credits of the experiment, one per job.
-pub fn credits(shape: &Shape) -> anyhow::Result<Arc<Vec<Credit>>> {
-    Ok(Arc::new(
-        (0..shape.jobs)
-            .map(Credit::for_order)
-            .collect::<anyhow::Result<_>>()?,
-    ))
+pub fn credits(shape: &Shape) -> Arc<Vec<Credit>> {
+    Arc::new((0..shape.jobs).map(ledger::credit_for_order).collect())
 }
 
 /// The total every balance should add up to when each job is applied once.
@@ -79,7 +76,7 @@ pub async fn run_naive<DB: LedgerDb>(
     let report = deliver_all(credits, shape, progress, move |credit| {
         let pool = pool.clone();
         async move {
-            crate::ledger::credit_naive(&pool, &credit)
+            ledger::credit_naive(&pool, &credit)
                 .await
                 .map(Outcome::Applied)
                 .map_err(Into::into)
@@ -99,7 +96,7 @@ pub async fn run_guarded<DB: LedgerDb>(
     let guard = guard.clone();
     let report = deliver_all(credits, shape, progress, move |credit| {
         let guard = guard.clone();
-        async move { crate::ledger::credit_guarded(&guard, credit).await }
+        async move { ledger::credit_guarded(&guard, credit).await }
     })
     .await;
     Ok(report)

@@ -29,8 +29,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{ConnectOptions, Executor, PgPool, Postgres};
 
+use crate::args::parse_duration;
 use crate::database::{DEFAULT_URL, Database, redact};
-use crate::ops::parse_duration;
+use crate::report;
 
 const JOBS: &str = "jobguard_bench_prune_jobs";
 const GUARD: &str = "jobguard_bench_prune_guard";
@@ -204,11 +205,7 @@ pub async fn run(args: BenchPruneArgs) -> anyhow::Result<std::process::ExitCode>
         table_size,
         jobs_table,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", render(&report));
-    }
+    report::print(&report, args.json, render)?;
     Ok(std::process::ExitCode::SUCCESS)
 }
 

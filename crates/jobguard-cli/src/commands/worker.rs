@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use comfy_table::{Cell, CellAlignment};
 use futures::FutureExt as _;
 use jobguard::outbox::{RelayConfig, RelayReport, WebhookSink};
 use jobguard::retention::{PruneConfig, PruneSchedule, format_duration};
@@ -14,13 +13,15 @@ use jobguard::steps::StepConfig;
 use jobguard::worker::shutdown_signal;
 use jobguard::{Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
 use super::retention::{DeclaredWindows, JobKeeping, retention_config, retry_policy};
-use super::{Target, parse_duration, table};
-use crate::charges::PaymentTables;
+use crate::args::{Target, parse_duration};
+use crate::builtin_jobs::charges::PaymentTables;
+use crate::builtin_jobs::{self, ExampleDb};
 use crate::database::{Database, redact};
-use crate::jobs::{self, ExampleDb};
+use crate::on_pool;
+use crate::report;
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -116,10 +117,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     // Each running job holds a connection for its transaction; heartbeats, retries and the
     // next fetch need a few more, and the relay a few of its own.
     let connections = args.concurrency + 4 + if sink.is_some() { 4 } else { 0 };
-    match super::connect(&args.target.database_url, connections).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, sink, args).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, sink, args).await,
-    }
+    on_pool!(Database::connect(&args.target.database_url, connections).await?, pool => run(pool, sink, args).await)
 }
 
 async fn run<DB: ExampleDb>(
@@ -146,7 +144,7 @@ async fn run<DB: ExampleDb>(
         ..WorkerConfig::default()
     };
     let queue = Queue::new(pool.clone());
-    let worker = jobs::register(Worker::with_config(queue.clone(), config)?);
+    let worker = builtin_jobs::register(Worker::with_config(queue.clone(), config)?);
     // Refused before anything is created or started.
     let retention = worker.retention()?;
     queue
@@ -158,7 +156,7 @@ async fn run<DB: ExampleDb>(
         .migrate()
         .await
         .with_context(|| format!("cannot create the guard's table in {database}"))?;
-    jobs::migrate(&pool)
+    builtin_jobs::migrate(&pool)
         .await
         .with_context(|| format!("cannot create the built-in jobs' tables in {database}"))?;
 
@@ -200,7 +198,7 @@ async fn run<DB: ExampleDb>(
             args.queue,
             DB::BACKEND,
             args.concurrency,
-            jobs::KINDS.join(", "),
+            builtin_jobs::KINDS.join(", "),
             match &args.relay_webhook_url {
                 Some(url) => format!(", outbox relayed to {url}"),
                 None => String::new(),
@@ -248,52 +246,44 @@ async fn run<DB: ExampleDb>(
         seconds: started.elapsed().as_secs_f64(),
     };
     pool.close().await;
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", render(&report));
-    }
+    report::print(&report, args.target.json, render)?;
     Ok(ExitCode::SUCCESS)
 }
 
 fn render(report: &WorkerReport) -> String {
     let stats = &report.stats;
-    let mut table = table(&["outcome", "jobs", "meaning"]);
-    for (name, n, meaning) in [
-        (
-            "applied",
-            stats.applied,
-            "effect committed with the guard row",
-        ),
-        (
-            "duplicates",
-            stats.duplicates,
-            "key already applied: completed, effect skipped",
-        ),
-        ("failed", stats.failed, "attempt failed, will run again"),
-        (
-            "dead",
-            stats.dead,
-            "dead-lettered: see `jobguard dead list`",
-        ),
-        (
-            "fenced",
-            stats.fenced,
-            "lease lost to another worker: rolled back",
-        ),
-        ("released", stats.released, "given back at shutdown"),
-        (
-            "pruned",
-            stats.pruned,
-            "guard rows and done steps past --keep, deleted on schedule",
-        ),
-    ] {
-        table.add_row(vec![
-            Cell::new(name),
-            Cell::new(n).set_alignment(CellAlignment::Right),
-            Cell::new(meaning),
-        ]);
-    }
+    let table = report::outcomes(
+        ["outcome", "jobs", "meaning"],
+        &[
+            (
+                "applied",
+                stats.applied,
+                "effect committed with the guard row",
+            ),
+            (
+                "duplicates",
+                stats.duplicates,
+                "key already applied: completed, effect skipped",
+            ),
+            ("failed", stats.failed, "attempt failed, will run again"),
+            (
+                "dead",
+                stats.dead,
+                "dead-lettered: see `jobguard dead list`",
+            ),
+            (
+                "fenced",
+                stats.fenced,
+                "lease lost to another worker: rolled back",
+            ),
+            ("released", stats.released, "given back at shutdown"),
+            (
+                "pruned",
+                stats.pruned,
+                "guard rows and done steps past --keep, deleted on schedule",
+            ),
+        ],
+    );
     let relay = match &report.relay {
         Some(relay) => format!("outbox relay\n{}\n", super::relay::render(relay)),
         None => String::new(),

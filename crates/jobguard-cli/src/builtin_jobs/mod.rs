@@ -4,7 +4,12 @@
 //!   `jobguard_ledger`, the effect that must not repeat;
 //! - `noop` {id}, key `noop:<id>`: does nothing, for benchmarks;
 //! - `fail` {id, fatal}, key `fail:<id>`: always fails, retryably or fatally, to show retries
-//!   and dead letters.
+//!   and dead letters;
+//! - the charge jobs `charge`, `charge-keyless` and `charge-naive`, in [`charges`].
+//!
+//! The demo and the benchmarks run the same [`Credit`] on tables of their own.
+
+pub mod charges;
 
 use std::future::Future;
 
@@ -19,7 +24,7 @@ use sqlx::postgres::Postgres;
 use sqlx::sqlite::Sqlite;
 use sqlx::{Executor, Pool};
 
-use crate::charges::{self, ChargeKeyed, ChargeKeyless, ChargeNaive, PaymentTables, Payments};
+use charges::{ChargeKeyed, ChargeKeyless, ChargeNaive, PaymentTables, Payments};
 
 /// The table the `credit` job appends to. Nothing else in the database is touched.
 pub const LEDGER: &str = "jobguard_ledger";
@@ -207,10 +212,24 @@ pub trait ExampleDb: Backend {
 /// The table the charge jobs record in.
 pub const CHARGES: &str = "jobguard_charges";
 
-/// The charge statements whose text and binding are the same on both backends, expanded in
-/// each `impl ExampleDb`, where the backend's types are concrete.
-macro_rules! charge_statements {
+/// The statements whose text and binding are the same on both backends, expanded in each
+/// `impl ExampleDb`, where the backend's types are concrete.
+macro_rules! same_statements {
     () => {
+        async fn append_credit(
+            conn: &mut Self::Connection,
+            credit: &Credit,
+            key: &str,
+        ) -> sqlx::Result<()> {
+            sqlx::query(APPEND)
+                .bind(credit.account)
+                .bind(credit.amount)
+                .bind(key)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
         async fn record_charge(
             conn: &mut Self::Connection,
             table: &TableName,
@@ -275,21 +294,7 @@ impl ExampleDb for Postgres {
         tx.commit().await
     }
 
-    async fn append_credit(
-        conn: &mut Self::Connection,
-        credit: &Credit,
-        key: &str,
-    ) -> sqlx::Result<()> {
-        sqlx::query(APPEND)
-            .bind(credit.account)
-            .bind(credit.amount)
-            .bind(key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    charge_statements!();
+    same_statements!();
 
     async fn create_charges(pool: &Pool<Self>, table: &TableName) -> sqlx::Result<()> {
         let mut tx = pool.begin().await?;
@@ -327,21 +332,7 @@ impl ExampleDb for Sqlite {
         tx.commit().await
     }
 
-    async fn append_credit(
-        conn: &mut Self::Connection,
-        credit: &Credit,
-        key: &str,
-    ) -> sqlx::Result<()> {
-        sqlx::query(APPEND)
-            .bind(credit.account)
-            .bind(credit.amount)
-            .bind(key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    charge_statements!();
+    same_statements!();
 
     async fn create_charges(pool: &Pool<Self>, table: &TableName) -> sqlx::Result<()> {
         let mut tx = pool.begin_with("begin immediate").await?;

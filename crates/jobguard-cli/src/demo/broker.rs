@@ -1,5 +1,5 @@
-//! `jobguard demo --broker NAME`: the seed's experiment through a real broker, and the broker
-//! plumbing `jobguard consume` shares with it.
+//! `jobguard demo --broker NAME`: the seed's experiment through a real broker, and the demo's
+//! side of the hidden `jobguard consume --demo MODE --crash-after-commit` it starts.
 //!
 //! Each of N credit jobs is published D times to a queue (RabbitMQ), a stream (NATS JetStream)
 //! or a stream (Redis) of the demo's own, as a producer retrying its publishes would. One
@@ -14,278 +14,34 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use clap::ValueEnum;
 use futures::FutureExt as _;
-use jobguard::broker::nats::{self, NatsConfig, NatsDelivery, NatsSink, NatsSource};
-use jobguard::broker::rabbitmq::{self, RabbitConfig, RabbitDelivery, RabbitSink, RabbitSource};
-use jobguard::broker::redis::{self, RedisConfig, RedisDelivery, RedisSink, RedisSource};
+use futures::future::BoxFuture;
+use jobguard::broker::nats::NatsSink;
+use jobguard::broker::rabbitmq::RabbitSink;
+use jobguard::broker::redis::RedisSink;
 use jobguard::broker::{Consumer, ConsumerConfig, Delivery, Envelope, Source};
+use jobguard::worker::shutdown_signal;
 use jobguard::{Job, JobError, JobKey, KeyError, Outcome};
 use serde::{Deserialize, Serialize};
 use sqlx::Pool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Semaphore;
 
+use super::DemoReport;
+use super::experiment::{self, RunReport, Shape};
+use super::ledger::{self, Ledger, LedgerDb};
+use super::scenarios::Mode;
+use crate::broker::{Broker, BrokerSource, Endpoint, URL_ENV};
+use crate::builtin_jobs::{Credit, Example};
 use crate::database::{Database, redact};
-use crate::demo::DemoReport;
-use crate::experiment::{self, RunReport, Shape};
-use crate::ledger::{Credit, Ledger, LedgerDb};
-use crate::scenarios::Mode;
+use crate::{on_pool, report};
 
 /// What a consumer process prints right after a job committed and before its ack; the process
 /// that started it kills it there.
 pub const CRASH_POINT: &str = "JOBGUARD_CRASH_POINT";
 
-/// Where the demo and `jobguard consume` find the broker unless told otherwise.
-pub const URL_ENV: &str = "JOBGUARD_BROKER_URL";
-
 /// The longest the demo waits for its deliveries before it fails.
 const DEADLINE: Duration = Duration::from_secs(180);
-
-/// A broker the demo runs through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Broker {
-    /// RabbitMQ on amqp://127.0.0.1:5672.
-    Rabbitmq,
-    /// NATS JetStream on nats://127.0.0.1:4222.
-    Nats,
-    /// Redis Streams on redis://127.0.0.1:6379.
-    Redis,
-}
-
-impl Broker {
-    /// The broker's name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Broker::Rabbitmq => "rabbitmq",
-            Broker::Nats => "nats",
-            Broker::Redis => "redis",
-        }
-    }
-
-    /// Where the broker listens on this machine by default.
-    pub fn default_url(self) -> &'static str {
-        match self {
-            Broker::Rabbitmq => "amqp://127.0.0.1:5672",
-            Broker::Nats => "nats://127.0.0.1:4222",
-            Broker::Redis => "redis://127.0.0.1:6379",
-        }
-    }
-
-    fn title(self) -> &'static str {
-        match self {
-            Broker::Rabbitmq => "RabbitMQ",
-            Broker::Nats => "NATS JetStream",
-            Broker::Redis => "Redis Streams",
-        }
-    }
-}
-
-/// A queue on a broker and how a consumer takes from it.
-#[derive(Clone, Debug)]
-pub struct Endpoint {
-    pub broker: Broker,
-    pub url: String,
-    /// The RabbitMQ queue, the NATS subject (its stream named after it in capitals), or the
-    /// Redis stream.
-    pub queue: String,
-    pub prefetch: usize,
-    pub max_deliveries: u32,
-    /// NATS AckWait; the Redis claim threshold. RabbitMQ redelivers when the connection drops.
-    pub redelivery: Duration,
-}
-
-impl Endpoint {
-    fn rabbitmq(&self) -> RabbitConfig {
-        RabbitConfig {
-            prefetch: u16::try_from(self.prefetch).unwrap_or(u16::MAX),
-            max_deliveries: self.max_deliveries,
-            ..RabbitConfig::new(self.queue.clone())
-        }
-    }
-
-    fn nats(&self) -> NatsConfig {
-        let stream: String = self
-            .queue
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_uppercase()
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        NatsConfig {
-            prefetch: self.prefetch,
-            max_deliveries: self.max_deliveries,
-            ack_wait: self.redelivery,
-            ..NatsConfig::new(stream, self.queue.clone())
-        }
-    }
-
-    fn redis(&self) -> RedisConfig {
-        RedisConfig {
-            prefetch: self.prefetch,
-            max_deliveries: self.max_deliveries,
-            claim_idle: self.redelivery,
-            ..RedisConfig::new(self.queue.clone())
-        }
-    }
-
-    /// A source on the queue, which is declared when missing; it consumes from its first
-    /// receive.
-    pub async fn source(&self) -> anyhow::Result<BrokerSource> {
-        Ok(match self.broker {
-            Broker::Rabbitmq => BrokerSource::Rabbitmq(Box::new(
-                RabbitSource::connect(&self.url, self.rabbitmq()).await?,
-            )),
-            Broker::Nats => {
-                BrokerSource::Nats(Box::new(NatsSource::connect(&self.url, self.nats()).await?))
-            }
-            Broker::Redis => BrokerSource::Redis(Box::new(
-                RedisSource::connect(&self.url, self.redis()).await?,
-            )),
-        })
-    }
-
-    /// Deletes the queue and its dead letters.
-    pub async fn remove(&self) -> anyhow::Result<()> {
-        match self.broker {
-            Broker::Rabbitmq => rabbitmq::remove(&self.url, &self.rabbitmq()).await?,
-            Broker::Nats => nats::remove(&self.url, &self.nats()).await?,
-            Broker::Redis => redis::remove(&self.url, &self.redis()).await?,
-        }
-        Ok(())
-    }
-
-    /// Publishes every body, without the broker's deduplication: each copy arrives.
-    async fn publish_copies(&self, envelopes: &[Envelope]) -> anyhow::Result<()> {
-        match self.broker {
-            Broker::Rabbitmq => {
-                let sink = RabbitSink::connect(&self.url, "").await?;
-                for envelope in envelopes {
-                    sink.publish(&self.queue, envelope).await?;
-                }
-                sink.close().await;
-            }
-            Broker::Nats => {
-                let sink = NatsSink::connect(&self.url).await?.without_message_ids();
-                for envelope in envelopes {
-                    sink.publish(&self.queue, envelope).await?;
-                }
-            }
-            Broker::Redis => {
-                let sink = RedisSink::connect(&self.url)
-                    .await?
-                    .dedupe_window(Duration::ZERO);
-                for envelope in envelopes {
-                    sink.publish(&self.queue, envelope).await?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A source on any of the brokers (boxed: their sizes differ by a kilobyte).
-pub enum BrokerSource {
-    Rabbitmq(Box<RabbitSource>),
-    Nats(Box<NatsSource>),
-    Redis(Box<RedisSource>),
-}
-
-/// A message from any of the brokers.
-pub enum BrokerDelivery {
-    Rabbitmq(RabbitDelivery),
-    Nats(NatsDelivery),
-    Redis(RedisDelivery),
-}
-
-/// Runs the same expression on whichever broker's value `$value` holds.
-macro_rules! each {
-    ($value:expr, $enum:ident, $inner:ident => $body:expr) => {
-        match $value {
-            $enum::Rabbitmq($inner) => $body,
-            $enum::Nats($inner) => $body,
-            $enum::Redis($inner) => $body,
-        }
-    };
-}
-
-impl Source for BrokerSource {
-    type Delivery = BrokerDelivery;
-
-    fn broker(&self) -> &'static str {
-        each!(self, BrokerSource, source => source.broker())
-    }
-
-    fn prefetch(&self) -> usize {
-        each!(self, BrokerSource, source => source.prefetch())
-    }
-
-    fn max_deliveries(&self) -> u32 {
-        each!(self, BrokerSource, source => source.max_deliveries())
-    }
-
-    fn progress_interval(&self) -> Option<Duration> {
-        each!(self, BrokerSource, source => source.progress_interval())
-    }
-
-    async fn receive(&mut self, max: usize) -> jobguard::Result<Vec<BrokerDelivery>> {
-        Ok(match self {
-            BrokerSource::Rabbitmq(source) => source
-                .receive(max)
-                .await?
-                .into_iter()
-                .map(BrokerDelivery::Rabbitmq)
-                .collect(),
-            BrokerSource::Nats(source) => source
-                .receive(max)
-                .await?
-                .into_iter()
-                .map(BrokerDelivery::Nats)
-                .collect(),
-            BrokerSource::Redis(source) => source
-                .receive(max)
-                .await?
-                .into_iter()
-                .map(BrokerDelivery::Redis)
-                .collect(),
-        })
-    }
-
-    async fn close(self) {
-        each!(self, BrokerSource, source => (*source).close().await)
-    }
-}
-
-impl Delivery for BrokerDelivery {
-    fn body(&self) -> &[u8] {
-        each!(self, BrokerDelivery, delivery => delivery.body())
-    }
-
-    fn attempt(&self) -> u32 {
-        each!(self, BrokerDelivery, delivery => delivery.attempt())
-    }
-
-    async fn ack(self) -> jobguard::Result<()> {
-        each!(self, BrokerDelivery, delivery => delivery.ack().await)
-    }
-
-    async fn retry(self, delay: Duration) -> jobguard::Result<()> {
-        each!(self, BrokerDelivery, delivery => delivery.retry(delay).await)
-    }
-
-    async fn dead_letter(self, reason: String) -> jobguard::Result<()> {
-        each!(self, BrokerDelivery, delivery => delivery.dead_letter(reason).await)
-    }
-
-    async fn progress(&self) -> jobguard::Result<()> {
-        each!(self, BrokerDelivery, delivery => delivery.progress().await)
-    }
-}
 
 /// The demo's guarded credit job: appends to the guarded ledger, through the consumer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -296,7 +52,7 @@ impl<DB: LedgerDb> Job<DB> for DemoCredit {
     const KIND: &'static str = "credit";
 
     fn key(&self) -> Result<JobKey, KeyError> {
-        Ok(self.0.key.clone())
+        self.0.job_key()
     }
 
     async fn run(&self, conn: &mut DB::Connection) -> Result<(), JobError> {
@@ -307,16 +63,48 @@ impl<DB: LedgerDb> Job<DB> for DemoCredit {
 
 /// Prints `line` for the process that started this one, at once: this process may be killed
 /// right after.
-pub fn report_line(line: &str) {
+fn report_line(line: &str) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{line}");
     let _ = stdout.flush();
 }
 
+/// What `jobguard consume --crash-after-commit` runs between a job's commit and its ack: after
+/// the first applied job, it prints [`CRASH_POINT`] and waits there to be killed, never
+/// acknowledging the message.
+pub fn crash_after_commit(key: &JobKey, outcome: &Outcome<()>) -> BoxFuture<'static, ()> {
+    if outcome.is_applied() {
+        report_line(&format!("{CRASH_POINT} {key}"));
+        return std::future::pending().boxed();
+    }
+    std::future::ready(()).boxed()
+}
+
+/// `jobguard consume --demo MODE`: the demo's naive or guarded consumer on `pool`'s demo tables,
+/// from `endpoint`, until Ctrl-C; with `crash`, until killed after its first commit.
+pub async fn consume<DB: LedgerDb>(
+    pool: &Pool<DB>,
+    endpoint: &Endpoint,
+    mode: Mode,
+    crash: bool,
+) -> anyhow::Result<()> {
+    let source = endpoint.subscribe().await?;
+    match mode {
+        Mode::Naive => {
+            naive_consumer(pool, source, usize::MAX, crash).await?;
+        }
+        Mode::Guarded => {
+            let consumer = guarded_consumer(pool, crash, None)?;
+            consumer.run(source, shutdown_signal()).await?;
+        }
+    }
+    Ok(())
+}
+
 /// The guarded consumer of the demo's credits on `pool`'s demo tables. With `crash`, it prints
 /// [`CRASH_POINT`] after its first commit and waits there to be killed.
-pub fn guarded_consumer<DB: LedgerDb>(
+fn guarded_consumer<DB: LedgerDb>(
     pool: &Pool<DB>,
     crash: bool,
     settled: Option<Arc<Settled>>,
@@ -326,12 +114,11 @@ pub fn guarded_consumer<DB: LedgerDb>(
         shutdown_timeout: Duration::from_secs(10),
         stop_when_idle_for: None,
     };
-    let consumer = Consumer::with_config(crate::ledger::guard_for(pool)?, config)
+    let consumer = Consumer::with_config(ledger::guard_for(pool)?, config)
         .register::<DemoCredit>()
         .before_ack(move |key: &JobKey, outcome: &Outcome<()>| {
-            if crash && outcome.is_applied() {
-                report_line(&format!("{CRASH_POINT} {key}"));
-                return std::future::pending().boxed();
+            if crash {
+                return crash_after_commit(key, outcome);
             }
             if let Some(settled) = &settled {
                 settled.one();
@@ -342,7 +129,7 @@ pub fn guarded_consumer<DB: LedgerDb>(
 }
 
 /// Counts settled deliveries, and says when all expected have been.
-pub struct Settled {
+struct Settled {
     count: AtomicUsize,
     expected: usize,
     done: tokio::sync::Notify,
@@ -371,7 +158,7 @@ impl Settled {
 /// The naive consumer: appends every delivery's credit to the naive ledger, then acks. With
 /// `crash`, it prints [`CRASH_POINT`] after its first commit and waits to be killed; otherwise
 /// it returns after `expected` deliveries.
-pub async fn naive_consumer<DB: LedgerDb>(
+async fn naive_consumer<DB: LedgerDb>(
     pool: &Pool<DB>,
     mut source: BrokerSource,
     expected: usize,
@@ -402,9 +189,9 @@ pub async fn naive_consumer<DB: LedgerDb>(
             tasks.spawn(async move {
                 let envelope = Envelope::from_bytes(delivery.body())?;
                 let credit: Credit = serde_json::from_value(envelope.payload)?;
-                crate::ledger::credit_naive(&pool, &credit).await?;
+                ledger::credit_naive(&pool, &credit).await?;
                 if crash {
-                    report_line(&format!("{CRASH_POINT} {}", credit.key));
+                    report_line(&format!("{CRASH_POINT} {}", credit.job_key()?));
                     std::future::pending::<()>().await;
                 }
                 delivery.ack().await?;
@@ -441,31 +228,20 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     let url = std::env::var(URL_ENV).unwrap_or_else(|_| broker.default_url().to_owned());
     let database = redact(database_url);
-    let report = match Database::connect(database_url, shape.concurrency + 4).await? {
-        Database::Postgres(pool) => {
-            run_on(&pool, broker, &url, database_url, database, shape).await?
-        }
-        Database::Sqlite(pool) => {
-            run_on(&pool, broker, &url, database_url, database, shape).await?
-        }
-    };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!(
+    let report = on_pool!(Database::connect(database_url, shape.concurrency + 4).await?, pool => {
+        run_on(&pool, broker, &url, database_url, database, shape).await?
+    });
+    let render = |report: &BrokerDemoReport| {
+        format!(
             "through {} at {}: each message published {} times; one consumer process killed \
              (SIGKILL) after its commit and before its ack, in each run\n{}",
             broker.title(),
             report.broker_url,
             shape.deliveries,
-            crate::demo::render(&report.demo)
-        );
-    }
-    Ok(if report.demo.exactly_once {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+            super::render(&report.demo)
+        )
+    };
+    report::verdict(&report, json, render, report.demo.exactly_once)
 }
 
 async fn run_on<DB: LedgerDb>(
@@ -478,10 +254,10 @@ async fn run_on<DB: LedgerDb>(
 ) -> anyhow::Result<BrokerDemoReport> {
     let started = Instant::now();
     DB::reset(pool).await?;
-    let credits = experiment::credits(&shape)?;
+    let credits = experiment::credits(&shape);
     let envelopes: Vec<Envelope> = credits
         .iter()
-        .map(|credit| Envelope::new("credit", credit.key.clone(), credit))
+        .map(|credit| Envelope::new("credit", credit.job_key()?, credit))
         .collect::<jobguard::Result<Vec<_>>>()?;
     let copies: Vec<Envelope> = envelopes
         .iter()
@@ -506,7 +282,7 @@ async fn run_on<DB: LedgerDb>(
             .with_context(|| format!("cannot reach {} at {}", broker.title(), redact(url)))?;
         // Declares the queue, so that what is published waits in it.
         let source = endpoint.source().await?;
-        endpoint.publish_copies(&copies).await?;
+        publish_copies(&endpoint, &copies).await?;
         kill_after_commit(&endpoint, mode, database_url).await?;
 
         let mut run = RunReport {
@@ -542,33 +318,13 @@ async fn run_on<DB: LedgerDb>(
         experiment::read_back(pool, &mut run, mode == Mode::Guarded).await?;
         runs.push(run);
     }
-    let guarded = runs.pop().expect("two runs");
-    let naive = runs.pop().expect("two runs");
-    let expected_balance_total = experiment::expected_total(&credits);
-    let exactly_once = guarded.effects == shape.jobs as i64
-        && guarded.applied == shape.jobs
-        && guarded.failed == 0
-        && guarded.balance_total == expected_balance_total;
+    let runs = runs.try_into().expect("two runs");
+    let demo = DemoReport::of_experiment::<DB>(database, shape, &credits, runs, started);
     Ok(BrokerDemoReport {
         broker,
         broker_url: redact(url),
         killed_consumers: 1,
-        demo: DemoReport {
-            backend: DB::BACKEND,
-            database,
-            scenario: None,
-            scenario_description: None,
-            jobs: shape.jobs,
-            deliveries: shape.deliveries,
-            concurrency: shape.concurrency,
-            expected_balance_total,
-            naive,
-            guarded,
-            keyless: None,
-            provider_charges: None,
-            exactly_once,
-            seconds: started.elapsed().as_secs_f64(),
-        },
+        demo,
     })
 }
 
@@ -623,4 +379,34 @@ async fn kill_after_commit(
         Ok(Err(error)) => Err(error),
         Err(_) => bail!("the consumer process did not reach its crash point in time"),
     }
+}
+
+/// Publishes every body, without the broker's deduplication: each copy arrives.
+async fn publish_copies(endpoint: &Endpoint, envelopes: &[Envelope]) -> anyhow::Result<()> {
+    match endpoint.broker {
+        Broker::Rabbitmq => {
+            let sink = RabbitSink::connect(&endpoint.url, "").await?;
+            for envelope in envelopes {
+                sink.publish(&endpoint.queue, envelope).await?;
+            }
+            sink.close().await;
+        }
+        Broker::Nats => {
+            let sink = NatsSink::connect(&endpoint.url)
+                .await?
+                .without_message_ids();
+            for envelope in envelopes {
+                sink.publish(&endpoint.queue, envelope).await?;
+            }
+        }
+        Broker::Redis => {
+            let sink = RedisSink::connect(&endpoint.url)
+                .await?
+                .dedupe_window(Duration::ZERO);
+            for envelope in envelopes {
+                sink.publish(&endpoint.queue, envelope).await?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -5,8 +5,8 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 use sqlx::Pool;
 
-use crate::experiment::{self, RunReport, Shape};
-use crate::ledger::LedgerDb;
+use crate::demo::experiment::{self, RunReport, Shape};
+use crate::demo::ledger::LedgerDb;
 
 /// The benchmark's result, as printed by `--json`.
 #[derive(Debug, Serialize)]
@@ -36,7 +36,7 @@ pub async fn run<DB: LedgerDb>(
     rounds: usize,
     progress: &ProgressBar,
 ) -> anyhow::Result<BenchReport> {
-    let credits = experiment::credits(&shape)?;
+    let credits = experiment::credits(&shape);
     let (mut naive_rounds, mut guarded_rounds) = (Vec::new(), Vec::new());
     let mut exactly_once = true;
     for round in 0..rounds {

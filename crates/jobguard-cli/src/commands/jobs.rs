@@ -8,10 +8,12 @@ use comfy_table::{Cell, CellAlignment};
 use jobguard::queue::{Counts, JobRow, JobState};
 use jobguard::{Backend, Queue};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, read_error, shorten, table, time};
-use crate::database::{Database, redact};
+use crate::args::Target;
+use crate::database::{Database, read_error, redact};
+use crate::on_pool;
+use crate::report::{self, shorten, table, time};
 
 #[derive(Args, Debug)]
 pub struct JobsArgs {
@@ -42,10 +44,7 @@ struct JobsReport {
 }
 
 pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
-    match super::connect(&args.target.database_url, 2).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, &args).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, &args).await,
-    }
+    on_pool!(Database::connect(&args.target.database_url, 2).await?, pool => run(pool, &args).await)
 }
 
 async fn run<DB: Backend>(pool: Pool<DB>, args: &JobsArgs) -> anyhow::Result<ExitCode> {
@@ -61,11 +60,7 @@ async fn run<DB: Backend>(pool: Pool<DB>, args: &JobsArgs) -> anyhow::Result<Exi
         .map_err(|error| read_error(error, &database))?;
     pool.close().await;
     let report = JobsReport { counts, jobs };
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", render(&report, args));
-    }
+    report::print(&report, args.target.json, |report| render(report, args))?;
     Ok(ExitCode::SUCCESS)
 }
 

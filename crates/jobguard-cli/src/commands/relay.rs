@@ -5,15 +5,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use comfy_table::{Cell, CellAlignment};
 use jobguard::outbox::{Outbox, OutboxCounts, Relay, RelayConfig, RelayReport, WebhookSink};
 use jobguard::worker::shutdown_signal;
 use jobguard::{Backend, RetryPolicy};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, parse_duration, table};
+use crate::args::{Target, parse_duration};
 use crate::database::{Database, redact};
+use crate::on_pool;
+use crate::report;
 
 /// Arguments of `jobguard relay`.
 #[derive(Args, Debug)]
@@ -83,10 +84,7 @@ pub async fn relay(args: RelayArgs) -> anyhow::Result<ExitCode> {
     let sink = WebhookSink::new(&args.webhook_url)?;
     // Deliveries mark their messages on connections of their own, one per topic at a time.
     let connections = args.concurrency.min(16) + 2;
-    match super::connect(&args.target.database_url, connections).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, sink, config, args).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, sink, config, args).await,
-    }
+    on_pool!(Database::connect(&args.target.database_url, connections).await?, pool => run(pool, sink, config, args).await)
 }
 
 async fn run<DB: Backend>(
@@ -132,18 +130,16 @@ async fn run<DB: Backend>(
         seconds: started.elapsed().as_secs_f64(),
     };
     pool.close().await;
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&run)?);
-    } else {
-        print!(
+    report::print(&run, args.target.json, |run| {
+        format!(
             "relay stopped after {:.2} s\n{}\noutbox now: {} pending, {} sent, {} dead\n",
             run.seconds,
             render(&run.report),
             outbox.pending,
             outbox.sent,
             outbox.dead
-        );
-    }
+        )
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -189,25 +185,20 @@ pub async fn drain<DB: Backend>(relay: &Relay<DB, WebhookSink>) -> anyhow::Resul
 
 /// The report as a table, in the style of the worker's.
 pub fn render(report: &RelayReport) -> comfy_table::Table {
-    let mut table = table(&["messages", "count", "meaning"]);
-    for (name, n, meaning) in [
-        ("delivered", report.delivered, "confirmed by the webhook"),
-        (
-            "retried",
-            report.retried,
-            "failed, tried again after a backoff",
-        ),
-        (
-            "dead",
-            report.dead,
-            "refused or out of attempts: dead-lettered",
-        ),
-    ] {
-        table.add_row(vec![
-            Cell::new(name),
-            Cell::new(n).set_alignment(CellAlignment::Right),
-            Cell::new(meaning),
-        ]);
-    }
-    table
+    report::outcomes(
+        ["messages", "count", "meaning"],
+        &[
+            ("delivered", report.delivered, "confirmed by the webhook"),
+            (
+                "retried",
+                report.retried,
+                "failed, tried again after a backoff",
+            ),
+            (
+                "dead",
+                report.dead,
+                "refused or out of attempts: dead-lettered",
+            ),
+        ],
+    )
 }

@@ -13,7 +13,8 @@ use jobguard::retention::{Horizon, RetentionConfig, format_duration};
 use jobguard::{Retention, RetryPolicy};
 use serde::Serialize;
 
-use super::{parse_duration, table};
+use crate::args::parse_duration;
+use crate::report::{self, table};
 
 /// What the horizon declares beyond the worker's own retries: shared by `jobguard worker`,
 /// `prune` and `retention`.
@@ -161,11 +162,7 @@ pub async fn retention(args: RetentionArgs) -> anyhow::Result<ExitCode> {
         provider_key_lifetime_covers: provider.is_ok(),
         provider_error: provider.err(),
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", render(&report, args.keep));
-    }
+    report::print(&report, args.json, |report| render(report, args.keep))?;
     Ok(
         if report.covered == Some(false) || !report.provider_key_lifetime_covers {
             ExitCode::FAILURE

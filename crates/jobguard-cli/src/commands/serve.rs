@@ -38,13 +38,14 @@ use jobguard::worker::shutdown_signal;
 use jobguard::{Queue, Worker, WorkerConfig};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 use subtle::ConstantTimeEq as _;
 
+use crate::args::{Token, parse_duration};
+use crate::builtin_jobs::{self, ExampleDb};
 use crate::database::{DEFAULT_URL, Database, redact};
-use crate::jobs::{self, ExampleDb};
-use crate::ops::parse_duration;
-use crate::ops::stats::{Figures, KindTotals, OutcomeFigures, Tables, WindowFigures};
+use crate::figures::{Figures, KindTotals, OutcomeFigures, Tables, WindowFigures};
+use crate::on_pool;
 
 /// The dashboard: one page, its script and styles inline, nothing fetched from elsewhere.
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -99,44 +100,16 @@ pub struct ServeArgs {
     database_url: String,
 }
 
-/// The shared secret of `jobguard serve`; its `Debug` hides it.
-#[derive(Clone)]
-pub struct Token(Arc<str>);
-
-impl Token {
-    /// Accepts a token of at least 16 characters, without spaces.
-    pub fn parse(text: &str) -> Result<Token, String> {
-        if text.chars().count() < 16 || text.chars().any(char::is_whitespace) {
-            return Err(
-                "use at least 16 characters without spaces, e.g. the output of `openssl rand \
-                 -hex 16`"
-                    .into(),
-            );
-        }
-        Ok(Token(text.into()))
-    }
-
-    pub fn secret(&self) -> &str {
-        &self.0
-    }
-
-    /// Whether `headers` carry `Authorization: Bearer <this token>`, compared in constant time.
-    fn admits(&self, headers: &HeaderMap) -> bool {
-        let Some(given) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-        else {
-            return false;
-        };
-        given.as_bytes().ct_eq(self.0.as_bytes()).into()
-    }
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(***)")
-    }
+/// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.
+fn admits(token: &Token, headers: &HeaderMap) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    given.as_bytes().ct_eq(token.secret().as_bytes()).into()
 }
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -161,10 +134,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     })?;
     // A running job holds a connection; fetching, heartbeats and the figures need a few more.
     let connections = if args.worker { args.concurrency + 6 } else { 4 };
-    match Database::connect(&args.database_url, connections).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, args, prometheus, watch).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, args, prometheus, watch).await,
-    }
+    let database = Database::connect(&args.database_url, connections).await?;
+    on_pool!(database, pool => run(pool, args, prometheus, watch).await)
 }
 
 /// What the handlers share.
@@ -201,11 +172,11 @@ async fn run<DB: ExampleDb>(
             concurrency: args.concurrency as usize,
             ..WorkerConfig::default()
         };
-        let worker = jobs::register(Worker::with_config(Queue::new(pool.clone()), config)?);
+        let worker = builtin_jobs::register(Worker::with_config(Queue::new(pool.clone()), config)?);
         worker.migrate().await.with_context(|| {
             format!("cannot create the queue's and guard's tables in {database}")
         })?;
-        jobs::migrate(&pool)
+        builtin_jobs::migrate(&pool)
             .await
             .with_context(|| format!("cannot create the built-in jobs' tables in {database}"))?;
         Some(worker)
@@ -461,7 +432,7 @@ async fn check_access(State(access): State<Arc<Access>>, request: Request, next:
     let public = matches!(path, "/" | "/health");
     if replaying || (access.open && !public) {
         match &access.token {
-            Some(token) if token.admits(request.headers()) => {}
+            Some(token) if admits(token, request.headers()) => {}
             Some(_) => {
                 tracing::info!(
                     method = %request.method(),
@@ -531,11 +502,11 @@ mod tests {
         let token = Token::parse("0123456789abcdef").unwrap();
         assert_eq!(format!("{token:?}"), "Token(***)");
         let bearer = |value: &str| headers(&[(header::AUTHORIZATION, value)]);
-        assert!(token.admits(&bearer("Bearer 0123456789abcdef")));
-        assert!(!token.admits(&bearer("Bearer 0123456789abcde")));
-        assert!(!token.admits(&bearer("Bearer 0123456789abcdef0")));
-        assert!(!token.admits(&bearer("0123456789abcdef")));
-        assert!(!token.admits(&HeaderMap::new()));
+        assert!(admits(&token, &bearer("Bearer 0123456789abcdef")));
+        assert!(!admits(&token, &bearer("Bearer 0123456789abcde")));
+        assert!(!admits(&token, &bearer("Bearer 0123456789abcdef0")));
+        assert!(!admits(&token, &bearer("0123456789abcdef")));
+        assert!(!admits(&token, &HeaderMap::new()));
     }
 
     #[test]

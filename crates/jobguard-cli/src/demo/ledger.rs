@@ -1,15 +1,17 @@
-//! The seed's credit job: append a row to a ledger, the canonical effect that must not repeat.
+//! The demo's ledgers: where the seed's credit job appends a row, the canonical effect that
+//! must not repeat.
 //!
-//! The demo and the benchmark run it twice over: a naive version that appends on every
-//! delivery, and a guarded version that appends once per job key.
+//! The demo and the benchmark run the built-in [`Credit`] twice over: a naive version that
+//! appends on every delivery, and a guarded version that appends once per job key.
 
 use std::future::Future;
 
-use jobguard::{Backend, Guard, GuardConfig, JobKey, Outcome, TableName};
-use serde::{Deserialize, Serialize};
+use jobguard::{Backend, Guard, GuardConfig, Outcome, TableName};
 use sqlx::postgres::Postgres;
 use sqlx::sqlite::Sqlite;
 use sqlx::{Executor, Pool, Transaction};
+
+use crate::builtin_jobs::{Credit, Example};
 
 /// The demo's own tables; nothing else in the database is touched.
 pub const NAIVE_LEDGER: &str = "jobguard_demo_ledger_naive";
@@ -20,22 +22,19 @@ pub const BENCH_LEDGER: &str = "jobguard_bench_ledger";
 /// The guard table of the demo.
 pub const GUARD_TABLE: &str = "jobguard_demo_processed_jobs";
 
-/// One credit job: a key derived from the order, and what it credits.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Credit {
-    pub key: JobKey,
-    pub account: i64,
-    pub amount: i64,
-}
+/// The queue table of the naive run of `jobguard demo --scenario`.
+pub const NAIVE_JOBS: &str = "jobguard_demo_jobs_naive";
+/// The queue table of its guarded run.
+pub const GUARDED_JOBS: &str = "jobguard_demo_jobs_guarded";
 
-impl Credit {
-    /// The credit for order `n`: a stable key, an account and an amount derived from the order.
-    pub fn for_order(n: usize) -> anyhow::Result<Self> {
-        Ok(Credit {
-            key: JobKey::new("credit", [format!("order-{n}")])?,
-            account: (n % 10) as i64 + 1,
-            amount: 100 + (n % 7) as i64 * 25,
-        })
+/// The credit for order `n`: a stable key (`credit:order-<n>`), an account and an amount
+/// derived from the order.
+pub fn credit_for_order(n: usize) -> Credit {
+    Credit {
+        order: format!("order-{n}"),
+        account: (n % 10) as i64 + 1,
+        amount: 100 + (n % 7) as i64 * 25,
+        hold_ms: 0,
     }
 }
 
@@ -95,7 +94,7 @@ pub async fn credit_guarded<DB: LedgerDb>(
     guard: &Guard<DB>,
     credit: Credit,
 ) -> jobguard::Result<Outcome<()>> {
-    let key = credit.key.clone();
+    let key = credit.job_key()?;
     guard
         .run(&key, async move |conn| {
             DB::append(conn, Ledger::Guarded, credit.account, credit.amount).await?;
@@ -144,8 +143,8 @@ pub const DEMO_TABLES: [&str; 5] = [
     NAIVE_LEDGER,
     GUARDED_LEDGER,
     GUARD_TABLE,
-    crate::scenarios::NAIVE_JOBS,
-    crate::scenarios::GUARDED_JOBS,
+    NAIVE_JOBS,
+    GUARDED_JOBS,
 ];
 
 async fn append_to<'c, DB: Backend>(
@@ -171,6 +170,31 @@ where
     Ok(())
 }
 
+/// The ledger statements whose text and binding are the same on both backends, expanded in
+/// each `impl LedgerDb`, where the backend's types are concrete.
+macro_rules! ledger_statements {
+    () => {
+        async fn append(
+            conn: &mut Self::Connection,
+            ledger: Ledger,
+            account: i64,
+            amount: i64,
+        ) -> sqlx::Result<()> {
+            append_to::<Self>(conn, ledger, account, amount).await
+        }
+
+        async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
+            let sql = format!(
+                "select count(*), cast(coalesce(sum(amount), 0) as bigint) from {}",
+                ledger.table()
+            );
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .fetch_one(pool)
+                .await
+        }
+    };
+}
+
 impl LedgerDb for Postgres {
     async fn reset(pool: &Pool<Self>) -> anyhow::Result<Guard<Self>> {
         recreate(pool.begin().await?, pool, "bigserial primary key").await
@@ -180,24 +204,7 @@ impl LedgerDb for Postgres {
         pool.begin().await
     }
 
-    async fn append(
-        conn: &mut Self::Connection,
-        ledger: Ledger,
-        account: i64,
-        amount: i64,
-    ) -> sqlx::Result<()> {
-        append_to::<Self>(conn, ledger, account, amount).await
-    }
-
-    async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
-        let sql = format!(
-            "select count(*), cast(coalesce(sum(amount), 0) as bigint) from {}",
-            ledger.table()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .fetch_one(pool)
-            .await
-    }
+    ledger_statements!();
 }
 
 impl LedgerDb for Sqlite {
@@ -215,22 +222,5 @@ impl LedgerDb for Sqlite {
         pool.begin_with("begin immediate").await
     }
 
-    async fn append(
-        conn: &mut Self::Connection,
-        ledger: Ledger,
-        account: i64,
-        amount: i64,
-    ) -> sqlx::Result<()> {
-        append_to::<Self>(conn, ledger, account, amount).await
-    }
-
-    async fn read(pool: &Pool<Self>, ledger: Ledger) -> sqlx::Result<(i64, i64)> {
-        let sql = format!(
-            "select count(*), cast(coalesce(sum(amount), 0) as bigint) from {}",
-            ledger.table()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .fetch_one(pool)
-            .await
-    }
+    ledger_statements!();
 }

@@ -14,7 +14,7 @@ use jobguard::{
 use serde::{Deserialize, Serialize};
 use sqlx::{Executor, Pool};
 
-use crate::ledger::{BENCH_LEDGER, Ledger, LedgerDb};
+use crate::demo::ledger::{BENCH_LEDGER, Ledger, LedgerDb};
 
 const JOBS: &str = "jobguard_bench_jobs";
 const GUARD: &str = "jobguard_bench_processed_jobs";

@@ -8,10 +8,12 @@ use comfy_table::Cell;
 use jobguard::steps::{AttentionStep, Resolution, StepConfig, Steps};
 use jobguard::{Backend, JobKey, TableName};
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, table};
+use crate::args::Target;
 use crate::database::{Database, redact};
+use crate::on_pool;
+use crate::report::{self, table};
 
 #[derive(Subcommand, Debug)]
 pub enum StepsCommand {
@@ -66,10 +68,7 @@ pub async fn steps(command: StepsCommand) -> anyhow::Result<ExitCode> {
         StepsCommand::Resolve(args) => (&args.target.database_url, &args.table),
     };
     let table = TableName::new(table)?;
-    match super::connect(url, 2).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, table, &command).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, table, &command).await,
-    }
+    on_pool!(Database::connect(url, 2).await?, pool => run(pool, table, &command).await)
 }
 
 async fn run<DB: Backend>(
@@ -92,44 +91,43 @@ async fn list<DB: Backend>(steps: &Steps<DB>, args: &ListArgs) -> anyhow::Result
         .attention(args.limit)
         .await
         .with_context(|| format!("cannot read the step ledger `{}` in {database}", args.table))?;
-    if args.target.json {
-        #[derive(Serialize)]
-        struct Row<'a> {
-            key: &'a str,
-            step: &'a str,
-            reason: &'a str,
-        }
-        let rows: Vec<Row<'_>> = marked
-            .iter()
-            .map(|s| Row {
-                key: &s.key,
-                step: &s.step,
-                reason: &s.reason,
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(ExitCode::SUCCESS);
+    #[derive(Serialize)]
+    struct Row<'a> {
+        key: &'a str,
+        step: &'a str,
+        reason: &'a str,
     }
+    let rows: Vec<Row<'_>> = marked
+        .iter()
+        .map(|s| Row {
+            key: &s.key,
+            step: &s.step,
+            reason: &s.reason,
+        })
+        .collect();
+    report::print(&rows, args.target.json, |_| render(&marked))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render(marked: &[AttentionStep]) -> String {
     if marked.is_empty() {
-        println!("no steps need attention");
-        return Ok(ExitCode::SUCCESS);
+        return "no steps need attention\n".to_owned();
     }
     let mut table = table(&["key", "step", "why"]);
-    for step in &marked {
+    for step in marked {
         table.add_row(vec![
             Cell::new(&step.key),
             Cell::new(&step.step),
             Cell::new(&step.reason),
         ]);
     }
-    println!(
+    format!(
         "{} step{} need attention: each may or may not have taken effect, and is not called \
          again until resolved\n{table}\ncheck the external system, then `jobguard steps resolve \
-         KEY STEP --done JSON` or `--not-done`",
+         KEY STEP --done JSON` or `--not-done`\n",
         marked.len(),
         if marked.len() == 1 { "" } else { "s" }
-    );
-    Ok(ExitCode::SUCCESS)
+    )
 }
 
 async fn resolve<DB: Backend>(steps: &Steps<DB>, args: &ResolveArgs) -> anyhow::Result<ExitCode> {
@@ -154,15 +152,18 @@ async fn resolve<DB: Backend>(steps: &Steps<DB>, args: &ResolveArgs) -> anyhow::
         step: args.step.clone(),
         resolved,
     };
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else if args.not_done {
-        println!("resolved: the next delivery of `{}` calls again", args.key);
-    } else {
-        println!(
-            "resolved: deliveries of `{}` return the recorded result",
-            args.key
-        );
-    }
+    report::print(&report, args.target.json, |_| {
+        if args.not_done {
+            format!(
+                "resolved: the next delivery of `{}` calls again\n",
+                args.key
+            )
+        } else {
+            format!(
+                "resolved: deliveries of `{}` return the recorded result\n",
+                args.key
+            )
+        }
+    })?;
     Ok(ExitCode::SUCCESS)
 }

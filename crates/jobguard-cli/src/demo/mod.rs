@@ -1,4 +1,16 @@
 //! `jobguard demo`: the seed's experiment, naive against guarded, with a verdict.
+//!
+//! The experiment itself is in [`experiment`] and its tables in [`ledger`]; the at-least-once
+//! failures made to happen through the job queue in [`scenarios`], the charge jobs against a
+//! payment provider in [`charge`], and the experiment through a real broker in [`broker`].
+//! Their fault hooks (processes killed before an ack or a commit) run only in the hidden
+//! processes these start.
+
+pub mod broker;
+pub mod charge;
+pub mod experiment;
+pub mod ledger;
+pub mod scenarios;
 
 use std::time::Instant;
 
@@ -7,9 +19,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sqlx::Pool;
 
-use crate::experiment::{self, RunReport, Shape};
-use crate::ledger::LedgerDb;
-use crate::scenarios::Scenario;
+use crate::builtin_jobs::Credit;
+use experiment::{RunReport, Shape};
+use ledger::LedgerDb;
+use scenarios::Scenario;
 
 /// The demo's result, as printed by `--json`.
 #[derive(Debug, Serialize)]
@@ -46,7 +59,7 @@ pub async fn run<DB: LedgerDb>(
 ) -> anyhow::Result<DemoReport> {
     let started = Instant::now();
     let guard = DB::reset(pool).await?;
-    let credits = experiment::credits(&shape)?;
+    let credits = experiment::credits(&shape);
     let progress = progress_bar(&shape, show_progress);
 
     progress.set_message("naive");
@@ -57,27 +70,45 @@ pub async fn run<DB: LedgerDb>(
     experiment::read_back(pool, &mut guarded, true).await?;
     progress.finish_and_clear();
 
-    let expected_balance_total = experiment::expected_total(&credits);
-    let exactly_once = guarded.effects == shape.jobs as i64
-        && guarded.applied == shape.jobs
-        && guarded.failed == 0
-        && guarded.balance_total == expected_balance_total;
-    Ok(DemoReport {
-        backend: DB::BACKEND,
-        database,
-        scenario: None,
-        scenario_description: None,
-        jobs: shape.jobs,
-        deliveries: shape.deliveries,
-        concurrency: shape.concurrency,
-        expected_balance_total,
-        naive,
-        guarded,
-        keyless: None,
-        provider_charges: None,
-        exactly_once,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    let runs = [naive, guarded];
+    Ok(DemoReport::of_experiment::<DB>(
+        database, shape, &credits, runs, started,
+    ))
+}
+
+impl DemoReport {
+    /// The report of the seed's experiment of `shape` over `credits`, from its naive and its
+    /// guarded run: exactly once when the guarded run wrote one effect per job, applied each
+    /// job once, failed none, and its balances add up.
+    pub fn of_experiment<DB: LedgerDb>(
+        database: String,
+        shape: Shape,
+        credits: &[Credit],
+        [naive, guarded]: [RunReport; 2],
+        started: Instant,
+    ) -> DemoReport {
+        let expected_balance_total = experiment::expected_total(credits);
+        let exactly_once = guarded.effects == shape.jobs as i64
+            && guarded.applied == shape.jobs
+            && guarded.failed == 0
+            && guarded.balance_total == expected_balance_total;
+        DemoReport {
+            backend: DB::BACKEND,
+            database,
+            scenario: None,
+            scenario_description: None,
+            jobs: shape.jobs,
+            deliveries: shape.deliveries,
+            concurrency: shape.concurrency,
+            expected_balance_total,
+            naive,
+            guarded,
+            keyless: None,
+            provider_charges: None,
+            exactly_once,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
 }
 
 /// A progress bar on the terminal for runs long enough to need one; hidden otherwise.

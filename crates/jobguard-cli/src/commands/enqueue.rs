@@ -9,11 +9,13 @@ use jobguard::queue::{Enqueued, NewJob};
 use jobguard::{Backend, JobKey, Queue};
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::Pool;
 
-use super::{Target, is_missing_table, parse_duration};
-use crate::database::{Database, redact};
-use crate::jobs;
+use crate::args::{Target, parse_duration};
+use crate::builtin_jobs;
+use crate::database::{Database, is_missing_table, redact};
+use crate::on_pool;
+use crate::report;
 
 #[derive(Args, Debug)]
 pub struct EnqueueArgs {
@@ -53,10 +55,7 @@ struct EnqueueReport {
 pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
     // Every check that needs no database comes first.
     let job = new_job(&args)?;
-    match super::connect(&args.target.database_url, 2).await? {
-        Database::Postgres(pool) => run::<Postgres>(pool, &args, &job).await,
-        Database::Sqlite(pool) => run::<Sqlite>(pool, &args, &job).await,
-    }
+    on_pool!(Database::connect(&args.target.database_url, 2).await?, pool => run(pool, &args, &job).await)
 }
 
 fn new_job(args: &EnqueueArgs) -> anyhow::Result<NewJob> {
@@ -67,7 +66,7 @@ fn new_job(args: &EnqueueArgs) -> anyhow::Result<NewJob> {
         .as_deref()
         .map(|key| JobKey::parse(key).with_context(|| format!("invalid --key `{key}`")))
         .transpose()?;
-    let (key, payload) = match jobs::check(&args.kind, &payload)? {
+    let (key, payload) = match builtin_jobs::check(&args.kind, &payload)? {
         Some(checked) => {
             if let Some(given) = given_key
                 && given != checked.key
@@ -87,7 +86,7 @@ fn new_job(args: &EnqueueArgs) -> anyhow::Result<NewJob> {
                     "`{}` is not a built-in job kind ({}), so its key cannot be derived from the \
                      payload: give it with --key, naming the operation, e.g. --key {}:<id>",
                     args.kind,
-                    jobs::KINDS.join(", "),
+                    builtin_jobs::KINDS.join(", "),
                     args.kind
                 );
             };
@@ -137,27 +136,28 @@ async fn run<DB: Backend>(
         key: job.key().to_string(),
         queue: args.queue.clone(),
     };
-    if !jobs::KINDS.contains(&args.kind.as_str()) {
+    if !builtin_jobs::KINDS.contains(&args.kind.as_str()) {
         eprintln!(
             "note: `jobguard worker` runs only {}; jobs of kind `{}` need a worker of your own \
              that registers the kind",
-            jobs::KINDS.join(", "),
+            builtin_jobs::KINDS.join(", "),
             args.kind
         );
     }
-    if args.target.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else if report.inserted {
-        println!(
-            "enqueued job {} ({}) on queue `{}`",
-            report.id, report.key, report.queue
-        );
-    } else {
-        println!(
-            "job {} ({}) is already waiting or running: not enqueued again (inserted: false)",
-            report.id, report.key
-        );
-    }
+    report::print(&report, args.target.json, |report| {
+        if report.inserted {
+            format!(
+                "enqueued job {} ({}) on queue `{}`\n",
+                report.id, report.key, report.queue
+            )
+        } else {
+            format!(
+                "job {} ({}) is already waiting or running: not enqueued again (inserted: \
+                 false)\n",
+                report.id, report.key
+            )
+        }
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

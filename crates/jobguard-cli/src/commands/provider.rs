@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use jobguard_provider::{Provider, ProviderConfig};
 
-use crate::ops::parse_duration;
+use crate::args::parse_duration;
 
 #[derive(Args, Debug)]
 pub struct ProviderArgs {
@@ -33,7 +33,7 @@ pub async fn provider(args: ProviderArgs) -> anyhow::Result<ExitCode> {
     println!("{url}");
     eprintln!(
         "payment provider listening; point workers at it with {}={url}; Ctrl-C stops it",
-        crate::charges::PROVIDER_URL_ENV
+        crate::builtin_jobs::charges::PROVIDER_URL_ENV
     );
     let provider = Provider::new(ProviderConfig {
         latency: args.latency,

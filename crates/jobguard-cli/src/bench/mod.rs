@@ -1,0 +1,7 @@
+//! `jobguard bench`: what the guard costs ([`guard`]), how fast the worker drains the queue
+//! ([`queue`]), and what pruning and a big guard table cost the jobs that run meanwhile
+//! ([`prune`]).
+
+pub mod guard;
+pub mod prune;
+pub mod queue;

@@ -1,0 +1,247 @@
+//! The brokers `jobguard consume` runs jobs from (RabbitMQ, NATS JetStream, Redis Streams):
+//! which one, where, and one source and delivery type over the three.
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+use jobguard::broker::nats::{self, NatsConfig, NatsDelivery, NatsSource};
+use jobguard::broker::rabbitmq::{self, RabbitConfig, RabbitDelivery, RabbitSource};
+use jobguard::broker::redis::{self, RedisConfig, RedisDelivery, RedisSource};
+use jobguard::broker::{Delivery, Source};
+use serde::Serialize;
+
+use crate::database::redact;
+
+/// Where `jobguard consume` and the demo find the broker unless told otherwise.
+pub const URL_ENV: &str = "JOBGUARD_BROKER_URL";
+
+/// A broker to consume from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Broker {
+    /// RabbitMQ on amqp://127.0.0.1:5672.
+    Rabbitmq,
+    /// NATS JetStream on nats://127.0.0.1:4222.
+    Nats,
+    /// Redis Streams on redis://127.0.0.1:6379.
+    Redis,
+}
+
+impl Broker {
+    /// The broker's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Broker::Rabbitmq => "rabbitmq",
+            Broker::Nats => "nats",
+            Broker::Redis => "redis",
+        }
+    }
+
+    /// Where the broker listens on this machine by default.
+    pub fn default_url(self) -> &'static str {
+        match self {
+            Broker::Rabbitmq => "amqp://127.0.0.1:5672",
+            Broker::Nats => "nats://127.0.0.1:4222",
+            Broker::Redis => "redis://127.0.0.1:6379",
+        }
+    }
+
+    /// The broker's name in prose.
+    pub fn title(self) -> &'static str {
+        match self {
+            Broker::Rabbitmq => "RabbitMQ",
+            Broker::Nats => "NATS JetStream",
+            Broker::Redis => "Redis Streams",
+        }
+    }
+}
+
+/// A queue on a broker and how a consumer takes from it.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    pub broker: Broker,
+    pub url: String,
+    /// The RabbitMQ queue, the NATS subject (its stream named after it in capitals), or the
+    /// Redis stream.
+    pub queue: String,
+    pub prefetch: usize,
+    pub max_deliveries: u32,
+    /// NATS AckWait; the Redis claim threshold. RabbitMQ redelivers when the connection drops.
+    pub redelivery: Duration,
+}
+
+impl Endpoint {
+    fn rabbitmq(&self) -> RabbitConfig {
+        RabbitConfig {
+            prefetch: u16::try_from(self.prefetch).unwrap_or(u16::MAX),
+            max_deliveries: self.max_deliveries,
+            ..RabbitConfig::new(self.queue.clone())
+        }
+    }
+
+    fn nats(&self) -> NatsConfig {
+        let stream: String = self
+            .queue
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_uppercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        NatsConfig {
+            prefetch: self.prefetch,
+            max_deliveries: self.max_deliveries,
+            ack_wait: self.redelivery,
+            ..NatsConfig::new(stream, self.queue.clone())
+        }
+    }
+
+    fn redis(&self) -> RedisConfig {
+        RedisConfig {
+            prefetch: self.prefetch,
+            max_deliveries: self.max_deliveries,
+            claim_idle: self.redelivery,
+            ..RedisConfig::new(self.queue.clone())
+        }
+    }
+
+    /// A source on the queue, which is declared when missing; it consumes from its first
+    /// receive.
+    pub async fn source(&self) -> anyhow::Result<BrokerSource> {
+        Ok(match self.broker {
+            Broker::Rabbitmq => BrokerSource::Rabbitmq(Box::new(
+                RabbitSource::connect(&self.url, self.rabbitmq()).await?,
+            )),
+            Broker::Nats => {
+                BrokerSource::Nats(Box::new(NatsSource::connect(&self.url, self.nats()).await?))
+            }
+            Broker::Redis => BrokerSource::Redis(Box::new(
+                RedisSource::connect(&self.url, self.redis()).await?,
+            )),
+        })
+    }
+
+    /// [`source`](Self::source), with an error that names the queue and the broker.
+    pub async fn subscribe(&self) -> anyhow::Result<BrokerSource> {
+        use anyhow::Context as _;
+        self.source().await.with_context(|| {
+            format!(
+                "cannot consume `{}` from {} at {}",
+                self.queue,
+                self.broker.name(),
+                redact(&self.url)
+            )
+        })
+    }
+
+    /// Deletes the queue and its dead letters.
+    pub async fn remove(&self) -> anyhow::Result<()> {
+        match self.broker {
+            Broker::Rabbitmq => rabbitmq::remove(&self.url, &self.rabbitmq()).await?,
+            Broker::Nats => nats::remove(&self.url, &self.nats()).await?,
+            Broker::Redis => redis::remove(&self.url, &self.redis()).await?,
+        }
+        Ok(())
+    }
+}
+
+/// A source on any of the brokers (boxed: their sizes differ by a kilobyte).
+pub enum BrokerSource {
+    Rabbitmq(Box<RabbitSource>),
+    Nats(Box<NatsSource>),
+    Redis(Box<RedisSource>),
+}
+
+/// A message from any of the brokers.
+pub enum BrokerDelivery {
+    Rabbitmq(RabbitDelivery),
+    Nats(NatsDelivery),
+    Redis(RedisDelivery),
+}
+
+/// Runs the same expression on whichever broker's value `$value` holds.
+macro_rules! each {
+    ($value:expr, $enum:ident, $inner:ident => $body:expr) => {
+        match $value {
+            $enum::Rabbitmq($inner) => $body,
+            $enum::Nats($inner) => $body,
+            $enum::Redis($inner) => $body,
+        }
+    };
+}
+
+impl Source for BrokerSource {
+    type Delivery = BrokerDelivery;
+
+    fn broker(&self) -> &'static str {
+        each!(self, BrokerSource, source => source.broker())
+    }
+
+    fn prefetch(&self) -> usize {
+        each!(self, BrokerSource, source => source.prefetch())
+    }
+
+    fn max_deliveries(&self) -> u32 {
+        each!(self, BrokerSource, source => source.max_deliveries())
+    }
+
+    fn progress_interval(&self) -> Option<Duration> {
+        each!(self, BrokerSource, source => source.progress_interval())
+    }
+
+    async fn receive(&mut self, max: usize) -> jobguard::Result<Vec<BrokerDelivery>> {
+        Ok(match self {
+            BrokerSource::Rabbitmq(source) => source
+                .receive(max)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Rabbitmq)
+                .collect(),
+            BrokerSource::Nats(source) => source
+                .receive(max)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Nats)
+                .collect(),
+            BrokerSource::Redis(source) => source
+                .receive(max)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Redis)
+                .collect(),
+        })
+    }
+
+    async fn close(self) {
+        each!(self, BrokerSource, source => (*source).close().await)
+    }
+}
+
+impl Delivery for BrokerDelivery {
+    fn body(&self) -> &[u8] {
+        each!(self, BrokerDelivery, delivery => delivery.body())
+    }
+
+    fn attempt(&self) -> u32 {
+        each!(self, BrokerDelivery, delivery => delivery.attempt())
+    }
+
+    async fn ack(self) -> jobguard::Result<()> {
+        each!(self, BrokerDelivery, delivery => delivery.ack().await)
+    }
+
+    async fn retry(self, delay: Duration) -> jobguard::Result<()> {
+        each!(self, BrokerDelivery, delivery => delivery.retry(delay).await)
+    }
+
+    async fn dead_letter(self, reason: String) -> jobguard::Result<()> {
+        each!(self, BrokerDelivery, delivery => delivery.dead_letter(reason).await)
+    }
+
+    async fn progress(&self) -> jobguard::Result<()> {
+        each!(self, BrokerDelivery, delivery => delivery.progress().await)
+    }
+}

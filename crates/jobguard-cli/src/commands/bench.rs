@@ -1,0 +1,79 @@
+//! `jobguard bench guard|queue|prune`: what the guard costs, measured.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+use super::demo::ExperimentArgs;
+use crate::bench::{guard, prune, queue};
+use crate::database::{DEFAULT_URL, Database};
+use crate::demo;
+use crate::{on_pool, report};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Deliveries per second of the naive and the guarded credit job, side by side.
+    Guard(BenchArgs),
+    /// Jobs per second drained by the worker, against pgbench running the same transaction.
+    Queue(BenchQueueArgs),
+    /// On PostgreSQL: the worker's throughput while a prune deletes old guard rows, and with a
+    /// big guard table against an empty one.
+    Prune(prune::BenchPruneArgs),
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    experiment: ExperimentArgs,
+    /// Rounds of naive and guarded runs; the report gives the median.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
+}
+
+#[derive(Args)]
+pub struct BenchQueueArgs {
+    /// Jobs to enqueue and drain, for each kind of job.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    jobs: u32,
+    /// Jobs run at once, and connections in the pool (and pgbench clients).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    concurrency: u32,
+    /// postgres://user@host/db, or sqlite:path.db for an embedded database.
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_URL, hide_env_values = true)]
+    database_url: String,
+    /// Print one JSON object instead of the report.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs one of the benchmarks.
+pub async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        BenchCommand::Guard(args) => bench_guard(args).await,
+        BenchCommand::Queue(args) => bench_queue(args).await,
+        BenchCommand::Prune(args) => prune::run(args).await,
+    }
+}
+
+async fn bench_guard(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let rounds = args.rounds as usize;
+    let args = args.experiment;
+    let shape = args.shape(10_000);
+    let progress = demo::progress_bar(&shape, !args.json && std::io::stderr().is_terminal());
+    progress.set_length(shape.total_deliveries() as u64 * 2 * rounds as u64);
+    let report = on_pool!(Database::connect(&args.database_url, shape.concurrency).await?, pool => {
+        guard::run(&pool, shape, rounds, &progress).await?
+    });
+    progress.finish_and_clear();
+    report::verdict(&report, args.json, guard::render, report.exactly_once)
+}
+
+async fn bench_queue(args: BenchQueueArgs) -> anyhow::Result<ExitCode> {
+    let (url, jobs, concurrency) = (&args.database_url, args.jobs as usize, args.concurrency);
+    // The worker's connections, plus one for its notifications and one for heartbeats.
+    let report = on_pool!(Database::connect(url, concurrency + 2).await?, pool => {
+        queue::run(&pool, url, jobs, concurrency).await?
+    });
+    report::verdict(&report, args.json, queue::render, report.exactly_once)
+}

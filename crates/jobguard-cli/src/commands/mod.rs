@@ -1,0 +1,25 @@
+//! One file per command: its arguments, and what it runs.
+//!
+//! The operator commands (`worker`, `enqueue`, `jobs`, `dead`, `relay`, `outbox`, `steps`,
+//! `prune`, `retention`, `consume`, `provider`, `serve`, `stats`) use the library, the built-in
+//! jobs and the helpers shared by every command; they import nothing of the demo or the
+//! benchmarks. `demo` and `bench` parse and dispatch to [`crate::demo`] and [`crate::bench`];
+//! `scenario` holds the hidden commands the demo and the fault tests start as processes, with
+//! their fault hooks.
+
+pub mod bench;
+pub mod consume;
+pub mod dead;
+pub mod demo;
+pub mod enqueue;
+pub mod jobs;
+pub mod outbox;
+pub mod provider;
+pub mod prune;
+pub mod relay;
+pub mod retention;
+pub mod scenario;
+pub mod serve;
+pub mod stats;
+pub mod steps;
+pub mod worker;
