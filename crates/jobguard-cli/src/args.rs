@@ -19,6 +19,16 @@ pub struct Target {
     pub json: bool,
 }
 
+/// How long a command that runs until stopped waits for its database at startup.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct ConnectWait {
+    /// How long to keep trying at startup while the database refuses connections or is still
+    /// starting up (a restart, a failover, a deploy that starts this first), with a line on
+    /// stderr per try; then exit 1. `0s` fails at once.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+}
+
 /// Parses `30s`, `500ms`, `2m`, `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim())

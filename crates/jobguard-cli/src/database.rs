@@ -1,9 +1,12 @@
 //! Opening the database a command runs on, from a URL: PostgreSQL or an embedded SQLite file.
 //!
 //! Every command opens its database with [`Database::connect`] and runs its generic body on
-//! whichever pool it got with [`on_pool!`](crate::on_pool).
+//! whichever pool it got with [`on_pool!`](crate::on_pool). The commands that run until
+//! stopped (`worker`, `consume`, `relay`, `serve`) go through [`Startup`] instead, which waits
+//! for a database that is not up yet; one-shot commands fail at once.
 
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use sqlx::Connection;
@@ -74,6 +77,94 @@ impl Database {
             )
         }
     }
+}
+
+/// A long-running command's patience with its database at startup: while the server refuses
+/// connections, is starting up or recovering, or cuts them as it goes down (a restart, a
+/// failover, a deploy that starts the workers before the database), the startup is tried again
+/// with backoff, a line on stderr each time, until `timeout` has passed since the command began.
+pub struct Startup {
+    shown: String,
+    timeout: Duration,
+    deadline: Instant,
+}
+
+impl Startup {
+    /// The first delay between tries; it doubles up to [`Startup::MAX_DELAY`].
+    const FIRST_DELAY: Duration = Duration::from_millis(250);
+    const MAX_DELAY: Duration = Duration::from_secs(5);
+
+    /// Patience of `timeout` (`--connect-timeout`) from now with the database at `url`.
+    pub fn new(url: &str, timeout: Duration) -> Self {
+        Startup {
+            shown: redact(url),
+            timeout,
+            deadline: Instant::now() + timeout,
+        }
+    }
+
+    /// Connects as [`Database::connect`] does, waiting for a database that is not up yet.
+    pub async fn connect(&self, url: &str, connections: u32) -> anyhow::Result<Database> {
+        self.retry(|| Database::connect(url, connections)).await
+    }
+
+    /// Runs `step` (connecting, creating tables: anything safe to run again) until it succeeds,
+    /// fails for another reason than an unreachable database, or the patience runs out.
+    pub async fn retry<T, F, Fut>(&self, mut step: F) -> anyhow::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = anyhow::Result<T>>,
+    {
+        let mut delay = Self::FIRST_DELAY;
+        loop {
+            let error = match step().await {
+                Ok(value) => return Ok(value),
+                Err(error) if is_unreachable(&error) => error,
+                Err(error) => return Err(error),
+            };
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let timeout = humantime::format_duration(self.timeout);
+                return Err(error.context(format!(
+                    "gave up waiting for the database at {} after {timeout} (--connect-timeout)",
+                    self.shown
+                )));
+            }
+            let wait = delay.min(left);
+            eprintln!(
+                "jobguard: the database at {} is not reachable yet ({}); trying again in {} \
+                 ({} left of --connect-timeout)",
+                self.shown,
+                error.root_cause(),
+                humantime::format_duration(millis(wait)),
+                humantime::format_duration(millis(left))
+            );
+            tokio::time::sleep(wait).await;
+            delay = (delay * 2).min(Self::MAX_DELAY);
+        }
+    }
+}
+
+/// `duration` to the millisecond, for messages.
+fn millis(duration: Duration) -> Duration {
+    Duration::from_millis(duration.as_millis() as u64)
+}
+
+/// Whether the error says the database server cannot be reached or is not ready yet, rather
+/// than that the URL, the credentials or the schema are wrong: the connection was refused,
+/// reset or cut (I/O errors, the pool's acquire timing out), or PostgreSQL answered that it
+/// is shutting down or starting up (SQLSTATE class 57P) or lost the connection (class 08).
+fn is_unreachable(error: &anyhow::Error) -> bool {
+    error
+        .chain()
+        .filter_map(|cause| cause.downcast_ref::<sqlx::Error>())
+        .any(|error| match error {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+                matches!(code.as_ref(), "57P01" | "57P02" | "57P03") || code.starts_with("08")
+            }),
+            _ => false,
+        })
 }
 
 /// The URL with its secrets replaced, for output and logs: the library's, shared with the

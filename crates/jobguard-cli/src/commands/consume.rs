@@ -14,10 +14,10 @@ use jobguard::{Guard, JobKey, Outcome};
 use serde::Serialize;
 use sqlx::Pool;
 
-use crate::args::{Target, parse_duration};
+use crate::args::{ConnectWait, Target, parse_duration};
 use crate::broker::{Broker, Endpoint, URL_ENV};
 use crate::builtin_jobs::{self, Credit, ExampleDb, Fail, Noop};
-use crate::database::{Database, redact};
+use crate::database::{Startup, redact};
 use crate::on_pool;
 use crate::report;
 
@@ -60,6 +60,8 @@ pub struct ConsumeArgs {
     /// Stop once no message has arrived for this long and no job is running.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     until_idle: Option<Duration>,
+    #[command(flatten)]
+    wait: ConnectWait,
     #[command(flatten)]
     target: Target,
 }
@@ -115,7 +117,9 @@ impl ConsumeArgs {
 /// message's acknowledgement.
 pub async fn run(args: ConsumeArgs, before_ack: Option<BeforeAck>) -> anyhow::Result<ExitCode> {
     let endpoint = args.endpoint()?;
-    let database = Database::connect(args.database_url(), args.connections()).await?;
+    let database = Startup::new(args.database_url(), args.wait.connect_timeout)
+        .connect(args.database_url(), args.connections())
+        .await?;
     on_pool!(database, pool => consume(pool, endpoint, args, before_ack).await)
 }
 

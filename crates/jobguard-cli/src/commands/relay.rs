@@ -11,8 +11,8 @@ use jobguard::{Backend, RetryPolicy};
 use serde::Serialize;
 use sqlx::Pool;
 
-use crate::args::{Target, parse_duration};
-use crate::database::{Database, redact};
+use crate::args::{ConnectWait, Target, parse_duration};
+use crate::database::{Startup, redact};
 use crate::on_pool;
 use crate::report;
 
@@ -50,6 +50,8 @@ pub struct RelayArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     lease: Duration,
     #[command(flatten)]
+    wait: ConnectWait,
+    #[command(flatten)]
     target: Target,
 }
 
@@ -84,7 +86,10 @@ pub async fn relay(args: RelayArgs) -> anyhow::Result<ExitCode> {
     let sink = WebhookSink::new(&args.webhook_url)?;
     // Deliveries mark their messages on connections of their own, one per topic at a time.
     let connections = args.concurrency.min(16) + 2;
-    on_pool!(Database::connect(&args.target.database_url, connections).await?, pool => run(pool, sink, config, args).await)
+    let database = Startup::new(&args.target.database_url, args.wait.connect_timeout)
+        .connect(&args.target.database_url, connections)
+        .await?;
+    on_pool!(database, pool => run(pool, sink, config, args).await)
 }
 
 async fn run<DB: Backend>(

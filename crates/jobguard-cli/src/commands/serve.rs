@@ -41,9 +41,9 @@ use serde_json::json;
 use sqlx::Pool;
 use subtle::ConstantTimeEq as _;
 
-use crate::args::{Token, parse_duration};
+use crate::args::{ConnectWait, Token, parse_duration};
 use crate::builtin_jobs::{self, ExampleDb};
-use crate::database::{DEFAULT_URL, Database, redact};
+use crate::database::{DEFAULT_URL, Startup, redact};
 use crate::figures::{Figures, KindTotals, OutcomeFigures, Tables, WindowFigures};
 use crate::on_pool;
 
@@ -95,6 +95,8 @@ pub struct ServeArgs {
     /// compared with its own previous windows to spot a spike.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     spike_window: Duration,
+    #[command(flatten)]
+    wait: ConnectWait,
     /// postgres://user@host/db, or sqlite:path.db for an embedded database.
     #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_URL, hide_env_values = true)]
     database_url: String,
@@ -134,7 +136,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     })?;
     // A running job holds a connection; fetching, heartbeats and the figures need a few more.
     let connections = if args.worker { args.concurrency + 6 } else { 4 };
-    let database = Database::connect(&args.database_url, connections).await?;
+    let database = Startup::new(&args.database_url, args.wait.connect_timeout)
+        .connect(&args.database_url, connections)
+        .await?;
     on_pool!(database, pool => run(pool, args, prometheus, watch).await)
 }
 

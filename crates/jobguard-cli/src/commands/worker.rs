@@ -11,15 +11,15 @@ use jobguard::outbox::{RelayConfig, RelayReport, WebhookSink};
 use jobguard::retention::{PruneConfig, PruneSchedule, format_duration};
 use jobguard::steps::StepConfig;
 use jobguard::worker::shutdown_signal;
-use jobguard::{Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
+use jobguard::{Guard, Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
 use serde::Serialize;
 use sqlx::Pool;
 
 use super::retention::{DeclaredWindows, JobKeeping, retention_config, retry_policy};
-use crate::args::{Target, parse_duration};
+use crate::args::{ConnectWait, Target, parse_duration};
 use crate::builtin_jobs::charges::PaymentTables;
 use crate::builtin_jobs::{self, ExampleDb};
-use crate::database::{Database, redact};
+use crate::database::{Startup, redact};
 use crate::on_pool;
 use crate::report;
 
@@ -69,6 +69,8 @@ pub struct WorkerArgs {
     #[arg(long)]
     override_horizon: bool,
     #[command(flatten)]
+    wait: ConnectWait,
+    #[command(flatten)]
     target: Target,
 }
 
@@ -117,13 +119,19 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     // Each running job holds a connection for its transaction; heartbeats, retries and the
     // next fetch need a few more, and the relay a few of its own.
     let connections = args.concurrency + 4 + if sink.is_some() { 4 } else { 0 };
-    on_pool!(Database::connect(&args.target.database_url, connections).await?, pool => run(pool, sink, args).await)
+    // A worker started while the database restarts, or before it in a deploy, waits for it.
+    let startup = Startup::new(&args.target.database_url, args.wait.connect_timeout);
+    let database = startup
+        .connect(&args.target.database_url, connections)
+        .await?;
+    on_pool!(database, pool => run(pool, sink, args, startup).await)
 }
 
 async fn run<DB: ExampleDb>(
     pool: Pool<DB>,
     sink: Option<WebhookSink>,
     args: WorkerArgs,
+    startup: Startup,
 ) -> anyhow::Result<ExitCode> {
     let database = redact(&args.target.database_url);
     let config = WorkerConfig {
@@ -147,18 +155,10 @@ async fn run<DB: ExampleDb>(
     let worker = builtin_jobs::register(Worker::with_config(queue.clone(), config)?);
     // Refused before anything is created or started.
     let retention = worker.retention()?;
-    queue
-        .migrate()
-        .await
-        .with_context(|| format!("cannot create the job queue's table in {database}"))?;
-    worker
-        .guard()
-        .migrate()
-        .await
-        .with_context(|| format!("cannot create the guard's table in {database}"))?;
-    builtin_jobs::migrate(&pool)
-        .await
-        .with_context(|| format!("cannot create the built-in jobs' tables in {database}"))?;
+    // Creating the tables is safe to run again: a server going down meanwhile is waited for.
+    startup
+        .retry(|| migrate(&queue, worker.guard(), &pool, &database))
+        .await?;
 
     let relay = match sink {
         Some(sink) => {
@@ -248,6 +248,26 @@ async fn run<DB: ExampleDb>(
     pool.close().await;
     report::print(&report, args.target.json, render)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the queue's, the guard's and the built-in jobs' tables when missing.
+async fn migrate<DB: ExampleDb>(
+    queue: &Queue<DB>,
+    guard: &Guard<DB>,
+    pool: &Pool<DB>,
+    database: &str,
+) -> anyhow::Result<()> {
+    queue
+        .migrate()
+        .await
+        .with_context(|| format!("cannot create the job queue's table in {database}"))?;
+    guard
+        .migrate()
+        .await
+        .with_context(|| format!("cannot create the guard's table in {database}"))?;
+    builtin_jobs::migrate(pool)
+        .await
+        .with_context(|| format!("cannot create the built-in jobs' tables in {database}"))
 }
 
 fn render(report: &WorkerReport) -> String {
