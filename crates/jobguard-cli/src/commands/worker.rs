@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use futures::FutureExt as _;
+use futures::future::{BoxFuture, Shared};
 use jobguard::outbox::{RelayConfig, RelayReport, WebhookSink};
 use jobguard::retention::{PruneConfig, PruneSchedule, format_duration};
 use jobguard::steps::StepConfig;
@@ -119,12 +120,23 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     // Each running job holds a connection for its transaction; heartbeats, retries and the
     // next fetch need a few more, and the relay a few of its own.
     let connections = args.concurrency + 4 + if sink.is_some() { 4 } else { 0 };
+    // Ctrl-C and SIGTERM are caught from here on, one signal for the whole run: a stop asked
+    // while the worker still starts (waiting for its database) ends it cleanly.
+    let signal = shutdown_signal().boxed().shared();
+    let _ = signal.clone().now_or_never();
     // A worker started while the database restarts, or before it in a deploy, waits for it.
     let startup = Startup::new(&args.target.database_url, args.wait.connect_timeout);
-    let database = startup
-        .connect(&args.target.database_url, connections)
-        .await?;
-    on_pool!(database, pool => run(pool, sink, args, startup).await)
+    let database = tokio::select! {
+        database = startup.connect(&args.target.database_url, connections) => database?,
+        () = signal.clone() => return Ok(stopped_while_starting()),
+    };
+    on_pool!(database, pool => run(pool, sink, args, startup, signal).await)
+}
+
+/// A stop asked before the worker ran anything.
+fn stopped_while_starting() -> ExitCode {
+    eprintln!("jobguard worker: stopped while starting; no job was run");
+    ExitCode::SUCCESS
 }
 
 async fn run<DB: ExampleDb>(
@@ -132,6 +144,7 @@ async fn run<DB: ExampleDb>(
     sink: Option<WebhookSink>,
     args: WorkerArgs,
     startup: Startup,
+    signal: Shared<BoxFuture<'static, ()>>,
 ) -> anyhow::Result<ExitCode> {
     let database = redact(&args.target.database_url);
     let config = WorkerConfig {
@@ -156,9 +169,10 @@ async fn run<DB: ExampleDb>(
     // Refused before anything is created or started.
     let retention = worker.retention()?;
     // Creating the tables is safe to run again: a server going down meanwhile is waited for.
-    startup
-        .retry(|| migrate(&queue, worker.guard(), &pool, &database))
-        .await?;
+    tokio::select! {
+        migrated = startup.retry(|| migrate(&queue, worker.guard(), &pool, &database)) => migrated?,
+        () = signal.clone() => return Ok(stopped_while_starting()),
+    }
 
     let relay = match sink {
         Some(sink) => {
@@ -212,7 +226,6 @@ async fn run<DB: ExampleDb>(
     }
     let started = Instant::now();
     // One signal for both; the relay also stops when the worker does (--until-idle).
-    let signal = shutdown_signal().shared();
     let (worker_stopped, on_worker_stop) = tokio::sync::oneshot::channel::<()>();
     let working = async {
         let stats = worker.run(signal.clone()).await;

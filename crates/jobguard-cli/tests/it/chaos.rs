@@ -354,6 +354,33 @@ fn restart_exited(db: &Db, slots: &mut [Slot], started: Instant, tally: &mut Tal
     }
 }
 
+/// Waits until `proc` catches SIGTERM, as /proc tells (at once where there is no /proc to
+/// read, or the process has exited).
+fn wait_until_catching_term(proc: &Proc) {
+    const SIGTERM: u32 = 15;
+    let status = format!("/proc/{}/status", proc.pid());
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    while Instant::now() < deadline {
+        let Ok(text) = std::fs::read_to_string(&status) else {
+            return;
+        };
+        let caught = text
+            .lines()
+            .find_map(|line| line.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok());
+        match caught {
+            Some(mask) if mask & (1 << (SIGTERM - 1)) == 0 => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => return,
+        }
+    }
+    panic!(
+        "{} did not catch SIGTERM within {COMMAND_TIMEOUT:?}",
+        proc.name
+    );
+}
+
 /// The fault run on `db`, with `cluster` restarted in immediate mode on PostgreSQL.
 fn chaos(db: &Db, cluster: Option<&Cluster>) {
     let backend = db.backend();
@@ -512,9 +539,11 @@ fn chaos(db: &Db, cluster: Option<&Cluster>) {
     }
     let drained_in = drain_started.elapsed();
 
-    // SIGTERM: each worker finishes what it runs and reports.
+    // SIGTERM: each worker finishes what it runs and reports. A worker started by the last
+    // fault may not have reached its handlers yet, and would die of the signal.
     let mut reports = Vec::new();
     for slot in &mut slots {
+        wait_until_catching_term(&slot.proc);
         slot.proc.signal("TERM");
     }
     for (i, slot) in slots.iter_mut().enumerate() {

@@ -662,8 +662,8 @@ fn spawn_at(dir: &Path, url: &str, name: &str, args: &[&str]) -> Proc {
 }
 
 /// A worker that cannot reach its database retries with a line per try, then exits 1 after
-/// `--connect-timeout` with a message naming the database, its password hidden; a one-shot
-/// command fails at once instead.
+/// `--connect-timeout` with a message naming the database, its password hidden; SIGTERM while it
+/// waits stops it cleanly; a one-shot command fails at once instead.
 #[test]
 fn worker_gives_up_on_an_unreachable_database() {
     let dir = Db::scratch("faults::unreachable");
@@ -699,6 +699,31 @@ fn worker_gives_up_on_an_unreachable_database() {
         exit.stderr
     );
     assert!(!exit.stderr.contains("hunter2"), "{}", exit.stderr);
+
+    let mut waiting = spawn_at(
+        &dir,
+        &url,
+        "worker",
+        &["worker", "--json", "--connect-timeout", "60s"],
+    );
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    while !waiting.output().1.contains("is not reachable yet") {
+        assert!(
+            waiting.running(),
+            "the worker exited: {}",
+            waiting.output().1
+        );
+        assert!(Instant::now() < deadline, "the worker never retried");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    waiting.signal("TERM");
+    let stopped = waiting.finish(Duration::from_secs(10));
+    assert!(stopped.ok, "{}: {}", stopped.status, stopped.stderr);
+    assert!(
+        stopped.stderr.contains("stopped while starting"),
+        "{}",
+        stopped.stderr
+    );
 
     let jobs = spawn_at(&dir, &url, "jobs", &["jobs"]).finish(COMMAND_TIMEOUT);
     assert_eq!(jobs.status.code(), Some(1), "{}", jobs.stderr);
