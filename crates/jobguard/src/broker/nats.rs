@@ -30,11 +30,15 @@
 //! delivered once more after AckWait, whenever a consumer next pulls, and that consumer reads
 //! the delivery count from the message's metadata (`delivered`): past
 //! [`max_deliveries`](NatsConfig::max_deliveries), it copies the message to the dead-letter
-//! subject and terminates it without running the job. The decision is never left to the
-//! server's max-deliveries advisory: that is a core NATS message, lost when no consumer
-//! listens at the moment it is sent, and the message would then stay in the work stream
-//! forever. Dead letters carry `Nats-Msg-Id: dead:<stream>:<sequence>`, so a consumer that dies
-//! between the copy and the `+TERM` leaves one copy in the dead-letter stream, not two.
+//! subject and terminates it without running the job. A source never counts a message with
+//! less than the highest count it saw for it, and runs two copies of one message in one pull
+//! once: servers before 2.10.14 can hand a redelivery that failed (its pull request left by a
+//! consumer that went away) out again as new, with a count of 1, next to its true count.
+//! The decision is never left to the server's max-deliveries advisory: that is a core NATS
+//! message, lost when no consumer listens at the moment it is sent, and the message would
+//! then stay in the work stream forever. Dead letters carry
+//! `Nats-Msg-Id: dead:<stream>:<sequence>`, so a consumer that dies between the copy and the
+//! `+TERM` leaves one copy in the dead-letter stream, not two.
 //!
 //! # Prefetch
 //!
@@ -56,6 +60,7 @@
 //! keep this rare; acks are double acks so that a lost ack is known, and the message it
 //! leaves behind comes back as a duplicate.
 
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -74,6 +79,9 @@ const BROKER: &str = "nats";
 
 /// How long [`NatsSource::receive`](Source::receive) waits for a first message.
 const POLL: Duration = Duration::from_secs(1);
+
+/// How many messages' delivery counts a [`NatsSource`] remembers.
+const REMEMBERED: usize = 4096;
 
 /// The header a dead letter says why in.
 pub const DEAD_REASON_HEADER: &str = "Jobguard-Dead-Reason";
@@ -238,6 +246,38 @@ pub async fn remove(url: &str, config: &NatsConfig) -> Result<()> {
 pub struct NatsSource {
     consumer: PullConsumer,
     config: NatsConfig,
+    counts: DeliveryCounts,
+}
+
+/// The highest delivery count seen for each of the last [`REMEMBERED`] stream sequences.
+///
+/// The count a message carries can go backwards: a server older than 2.10.14 that fails to
+/// deliver a redelivery (its pull request was left by a consumer that went away) hands the
+/// message out again as new, with a count of 1, next to the redelivery with the true count
+/// (nats-io/nats-server#5305). Taken at its word, that copy would run a message whose
+/// deliveries ran out.
+#[derive(Default)]
+struct DeliveryCounts {
+    highest: HashMap<u64, i64>,
+    order: VecDeque<u64>,
+}
+
+impl DeliveryCounts {
+    /// Records a delivery of `sequence` counted `delivered`; returns the highest count seen.
+    fn observe(&mut self, sequence: u64, delivered: i64) -> i64 {
+        if let Some(highest) = self.highest.get_mut(&sequence) {
+            *highest = (*highest).max(delivered);
+            return *highest;
+        }
+        if self.order.len() >= REMEMBERED
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.highest.remove(&oldest);
+        }
+        self.order.push_back(sequence);
+        self.highest.insert(sequence, delivered);
+        delivered
+    }
 }
 
 impl NatsSource {
@@ -268,7 +308,11 @@ impl NatsSource {
         };
         let max_deliver = consumer.cached_info().config.max_deliver;
         config.check_max_deliver(max_deliver)?;
-        Ok(NatsSource { consumer, config })
+        Ok(NatsSource {
+            consumer,
+            config,
+            counts: DeliveryCounts::default(),
+        })
     }
 }
 
@@ -304,14 +348,10 @@ impl Source for NatsSource {
             .messages()
             .await
             .map_err(|error| broker_error(pull(), error))?;
-        let mut deliveries = Vec::new();
+        let mut messages = Vec::new();
         let reading = async {
             while let Some(next) = batch.next().await {
-                let message = next.map_err(|error| broker_error(pull(), error))?;
-                deliveries.push(NatsDelivery {
-                    message,
-                    config: self.config.clone(),
-                });
+                messages.push(next.map_err(|error| broker_error(pull(), error))?);
             }
             Ok::<_, Error>(())
         };
@@ -319,6 +359,40 @@ impl Source for NatsSource {
         match tokio::time::timeout(POLL * 5, reading).await {
             Ok(read) => read?,
             Err(_elapsed) => tracing::debug!("a pull request was not ended by the server in time"),
+        }
+        // Each message counted with the highest count this source saw it with (see
+        // `DeliveryCounts`), and run once per pull: two copies of one stream sequence in a
+        // pull are one message, run as the first with the higher count; the second is left
+        // unsettled (an ack or a termination is taken for the stream sequence).
+        let mut deliveries: Vec<NatsDelivery> = Vec::with_capacity(messages.len());
+        for message in messages {
+            let (sequence, reported) = match message.info() {
+                Ok(info) => (Some(info.stream_sequence), info.delivered),
+                Err(_) => (None, 1),
+            };
+            let delivered = match sequence {
+                Some(sequence) => self.counts.observe(sequence, reported),
+                None => reported,
+            };
+            if let Some(sequence) = sequence
+                && let Some(kept) = deliveries
+                    .iter_mut()
+                    .find(|kept| kept.sequence == Some(sequence))
+            {
+                tracing::debug!(
+                    sequence,
+                    reported,
+                    "a message came twice in one pull; running it once"
+                );
+                kept.delivered = kept.delivered.max(delivered);
+                continue;
+            }
+            deliveries.push(NatsDelivery {
+                message,
+                sequence,
+                delivered,
+                config: self.config.clone(),
+            });
         }
         Ok(deliveries)
     }
@@ -332,13 +406,11 @@ impl Source for NatsSource {
 /// A message from a [`NatsSource`].
 pub struct NatsDelivery {
     message: jetstream::Message,
+    /// The message's stream sequence, from its metadata.
+    sequence: Option<u64>,
+    /// Its delivery count: the highest its source saw for it.
+    delivered: i64,
     config: NatsConfig,
-}
-
-impl NatsDelivery {
-    fn stream_sequence(&self) -> Option<u64> {
-        self.message.info().ok().map(|info| info.stream_sequence)
-    }
 }
 
 impl Delivery for NatsDelivery {
@@ -347,8 +419,7 @@ impl Delivery for NatsDelivery {
     }
 
     fn attempt(&self) -> u32 {
-        let delivered = self.message.info().map(|info| info.delivered).unwrap_or(1);
-        u32::try_from(delivered.max(1)).unwrap_or(u32::MAX)
+        u32::try_from(self.delivered.max(1)).unwrap_or(u32::MAX)
     }
 
     async fn ack(self) -> Result<()> {
@@ -366,7 +437,7 @@ impl Delivery for NatsDelivery {
     }
 
     async fn dead_letter(self, reason: String) -> Result<()> {
-        let sequence = self.stream_sequence().unwrap_or_default();
+        let sequence = self.sequence.unwrap_or_default();
         let context = &self.message.context;
         publish_dead_letter(
             context,
@@ -550,5 +621,33 @@ fn broker_error(
         broker: BROKER,
         action,
         source: error.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_count_never_goes_backwards() {
+        let mut counts = DeliveryCounts::default();
+        assert_eq!(counts.observe(1, 1), 1);
+        assert_eq!(counts.observe(1, 5), 5);
+        // The server handed the message out again as new.
+        assert_eq!(counts.observe(1, 1), 5);
+        assert_eq!(counts.observe(2, 1), 1);
+        assert_eq!(counts.observe(1, 6), 6);
+    }
+
+    #[test]
+    fn delivery_counts_are_remembered_for_a_bounded_number_of_messages() {
+        let mut counts = DeliveryCounts::default();
+        for sequence in 0..(REMEMBERED as u64 + 10) {
+            counts.observe(sequence, 3);
+        }
+        assert_eq!(counts.highest.len(), REMEMBERED);
+        assert_eq!(counts.order.len(), REMEMBERED);
+        // The oldest were forgotten.
+        assert_eq!(counts.observe(0, 1), 1);
     }
 }
