@@ -8,6 +8,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::time::micros_to_time;
+
 use sqlx::{Database, Pool, Transaction};
 
 use crate::fingerprint::Fingerprint;
@@ -308,15 +310,6 @@ pub(crate) trait WakeupSource: Send {
     fn next(&mut self) -> futures::future::BoxFuture<'_, ()>;
 }
 
-/// A time stored or computed as microseconds since the Unix epoch.
-pub(crate) fn micros_to_time(micros: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64)
-}
-
-pub(crate) fn duration_micros(duration: Duration) -> i64 {
-    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
-}
-
 /// The statements whose binding and decoding are the same on every backend: only their SQL
 /// differs, and that comes from the backend's `GuardSql` and `QueueSql`. Expanded inside each
 /// `impl Backend`, where the backend's `Row` and `Connection` types are concrete.
@@ -369,7 +362,7 @@ macro_rules! shared_statements {
                 .bind(&job.queue)
                 .bind(sqlx::types::Json(&job.payload))
                 .bind(job.max_attempts as i32)
-                .bind($crate::backend::duration_micros(job.delay))
+                .bind($crate::time::duration_micros(job.delay))
                 .fetch_optional(conn)
                 .await
         }
@@ -412,7 +405,7 @@ macro_rules! shared_statements {
             let rows = sqlx::query(sqlx::AssertSqlSafe(sql.fetch.clone()))
                 .bind(queue)
                 .bind(i64::from(limit))
-                .bind($crate::backend::duration_micros(lease))
+                .bind($crate::time::duration_micros(lease))
                 .fetch_all(pool)
                 .await?;
             rows.into_iter()
@@ -428,7 +421,7 @@ macro_rules! shared_statements {
                         key: row.try_get(2)?,
                         payload: payload.0,
                         max_attempts: row.try_get(5)?,
-                        leased_until: $crate::backend::micros_to_time(row.try_get(6)?),
+                        leased_until: $crate::time::micros_to_time(row.try_get(6)?),
                     })
                 })
                 .collect()
@@ -440,8 +433,8 @@ macro_rules! shared_statements {
             lease: $crate::queue::Lease,
             how: $crate::queue::Settle<'_>,
         ) -> sqlx::Result<bool> {
-            use $crate::backend::duration_micros;
             use $crate::queue::Settle;
+            use $crate::time::duration_micros;
             let statement = match how {
                 Settle::Complete => &sql.complete,
                 Settle::Retry { .. } => &sql.retry,
@@ -525,9 +518,9 @@ macro_rules! shared_statements {
                         state: state.parse()?,
                         attempt: row.try_get(5)?,
                         max_attempts: row.try_get(6)?,
-                        run_at: $crate::backend::micros_to_time(row.try_get(7)?),
+                        run_at: $crate::time::micros_to_time(row.try_get(7)?),
                         last_error: row.try_get(8)?,
-                        created_at: $crate::backend::micros_to_time(row.try_get(9)?),
+                        created_at: $crate::time::micros_to_time(row.try_get(9)?),
                         payload: payload.0,
                     })
                 })

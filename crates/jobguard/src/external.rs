@@ -254,7 +254,7 @@ impl<DB: Backend> Guard<DB> {
                     key: key.to_string(),
                     source,
                 })?;
-            crate::metrics::record_outcome(key.kind(), "duplicate");
+            crate::spikes::record_outcome(key.kind(), "duplicate");
             return Ok(Outcome::Duplicate(Duplicate {
                 first_applied_at: recorded.applied_at,
                 result,
@@ -263,7 +263,7 @@ impl<DB: Backend> Guard<DB> {
         let value = match call(api_key.as_str()).await {
             Ok(value) => value,
             Err(error) => {
-                crate::metrics::record_outcome(key.kind(), "failed");
+                crate::spikes::record_outcome(key.kind(), "failed");
                 return Err(effect_error(key, error));
             }
         };

@@ -55,8 +55,9 @@ use crate::backend::{Backend, ClaimRow, ClaimToken, GuardRecord, GuardSql, NewCl
 use crate::error::{Error, JobError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
-use crate::metrics::{record_duplicate_age, record_outcome};
+use crate::metrics::record_duplicate_age;
 use crate::queue::{Lease, QueueSql};
+use crate::spikes::record_outcome;
 use crate::table::TableName;
 use crate::writer::WriterLock;
 

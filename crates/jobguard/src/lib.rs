@@ -61,6 +61,7 @@ mod backend;
     doc(cfg(any(feature = "rabbitmq", feature = "nats", feature = "redis")))
 )]
 pub mod broker;
+mod duration;
 mod error;
 pub mod external;
 mod fingerprint;
@@ -68,12 +69,14 @@ pub mod guard;
 pub mod key;
 pub mod metrics;
 pub mod outbox;
+mod payload;
 pub mod queue;
 pub mod retention;
 mod retry;
 pub mod spikes;
 pub mod steps;
 mod table;
+mod time;
 pub mod worker;
 mod writer;
 

@@ -87,7 +87,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
-use crate::queue::MAX_PAYLOAD_BYTES;
+use crate::payload::payload_problem;
 use crate::table::TableName;
 
 pub use relay::{DEAD_TOTAL, DELIVERED_TOTAL, RETRIED_TOTAL, Relay, RelayConfig, RelayReport};
@@ -220,38 +220,6 @@ fn check_topic(topic: &str) -> Result<()> {
             topic: topic.chars().take(MAX_TOPIC_LEN + 10).collect(),
         })
     }
-}
-
-/// The queue's payload rules: JSON of at most [`MAX_PAYLOAD_BYTES`], without NUL characters
-/// (PostgreSQL rejects `\u0000` in `jsonb`).
-fn check_payload(id: &MessageId, payload: &Value) -> Result<()> {
-    fn has_nul(value: &Value) -> bool {
-        match value {
-            Value::String(s) => s.contains('\0'),
-            Value::Array(items) => items.iter().any(has_nul),
-            Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-            _ => false,
-        }
-    }
-    let invalid = |reason: String| {
-        Err(Error::InvalidMessage {
-            id: id.to_string(),
-            reason,
-        })
-    };
-    if has_nul(payload) {
-        return invalid(
-            "its payload contains a NUL character, which PostgreSQL cannot store".into(),
-        );
-    }
-    let size = serde_json::to_vec(payload).map_or(usize::MAX, |bytes| bytes.len());
-    if size > MAX_PAYLOAD_BYTES {
-        return invalid(format!(
-            "its payload is {size} bytes of JSON, over the limit of {MAX_PAYLOAD_BYTES}; store \
-             large data elsewhere and publish a reference to it"
-        ));
-    }
-    Ok(())
 }
 
 /// Where a message is in its life.
@@ -445,7 +413,7 @@ impl<DB: Backend> Outbox<DB> {
     /// Publishing an id that is already in the outbox (a job that runs again) writes nothing
     /// and returns the id, when the payload is the same; with another payload it fails with
     /// [`Error::MessageReused`]. A bad topic fails with [`Error::InvalidTopic`], a payload that
-    /// is not JSON with [`Error::Payload`], and one over [`MAX_PAYLOAD_BYTES`] or with a NUL
+    /// is not JSON with [`Error::Payload`], and one over [`MAX_PAYLOAD_BYTES`](crate::queue::MAX_PAYLOAD_BYTES) or with a NUL
     /// character with [`Error::InvalidMessage`]; in every error case nothing was written, and
     /// the transaction can go on.
     ///
@@ -465,7 +433,12 @@ impl<DB: Backend> Outbox<DB> {
             key: key.to_string(),
             source,
         })?;
-        check_payload(&id, &payload)?;
+        if let Some(reason) = payload_problem(&payload, "its payload", "publish") {
+            return Err(Error::InvalidMessage {
+                id: id.to_string(),
+                reason,
+            });
+        }
         let fingerprint = Fingerprint::of(&payload).map_err(|source| Error::Payload {
             key: key.to_string(),
             source,

@@ -36,13 +36,14 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, GuardConfig};
 use crate::key::{JobKey, check_kind};
+use crate::payload::payload_problem;
 use crate::table::TableName;
 use crate::writer::WriterLock;
 
 /// The queue a job goes to unless told otherwise.
 pub const DEFAULT_QUEUE: &str = "default";
 /// The largest payload accepted, in bytes of JSON.
-pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+pub use crate::payload::MAX_PAYLOAD_BYTES;
 /// The PostgreSQL channel on which enqueues wake idle workers.
 pub const NOTIFY_CHANNEL: &str = "jobguard_jobs";
 
@@ -67,7 +68,12 @@ impl NewJob {
             key: key.to_string(),
             source,
         })?;
-        check_payload(&key, &payload)?;
+        if let Some(reason) = payload_problem(&payload, "it", "enqueue") {
+            return Err(Error::InvalidPayload {
+                key: key.to_string(),
+                reason,
+            });
+        }
         Ok(NewJob {
             kind: key.kind().to_owned(),
             key,
@@ -108,36 +114,6 @@ impl NewJob {
     pub fn key(&self) -> &JobKey {
         &self.key
     }
-}
-
-fn check_payload(key: &JobKey, payload: &Value) -> Result<()> {
-    fn has_nul(value: &Value) -> bool {
-        match value {
-            Value::String(s) => s.contains('\0'),
-            Value::Array(items) => items.iter().any(has_nul),
-            Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-            _ => false,
-        }
-    }
-    let invalid = |reason: String| {
-        Err(Error::InvalidPayload {
-            key: key.to_string(),
-            reason,
-        })
-    };
-    if has_nul(payload) {
-        return invalid("it contains a NUL character, which PostgreSQL cannot store".into());
-    }
-    let size = serde_json::to_vec(payload)
-        .map(|bytes| bytes.len())
-        .unwrap_or(usize::MAX);
-    if size > MAX_PAYLOAD_BYTES {
-        return invalid(format!(
-            "it is {size} bytes of JSON, over the limit of {MAX_PAYLOAD_BYTES}; store large \
-             data elsewhere and enqueue a reference to it"
-        ));
-    }
-    Ok(())
 }
 
 /// What [`Queue::enqueue`] did.

@@ -63,7 +63,7 @@ use crate::key::{JobKey, check_kind};
 use crate::table::TableName;
 
 /// Steps marked `attention` per job kind: `jobguard_steps_attention_total{kind}`.
-pub const ATTENTION_TOTAL: &str = "jobguard_steps_attention_total";
+pub use crate::metrics::STEPS_ATTENTION_TOTAL as ATTENTION_TOTAL;
 
 /// What a reconciler found out about a step whose caller vanished.
 #[derive(Clone, Debug, PartialEq)]
@@ -622,7 +622,7 @@ macro_rules! step_statements {
                 .bind(start.step)
                 .bind(start.kind)
                 .bind(&start.token.0[..])
-                .bind($crate::backend::duration_micros(start.lease))
+                .bind($crate::time::duration_micros(start.lease))
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected() == 1)
@@ -682,7 +682,7 @@ macro_rules! step_statements {
                 StepUpdate::TakeOver(new) => query
                     .bind(token)
                     .bind(new.0.to_vec())
-                    .bind($crate::backend::duration_micros(lease)),
+                    .bind($crate::time::duration_micros(lease)),
                 StepUpdate::Done(value) => query.bind(token).bind(sqlx::types::Json(value)),
                 StepUpdate::Attention(reason) => query.bind(token).bind(reason),
                 StepUpdate::Expire | StepUpdate::Forget => query.bind(token),

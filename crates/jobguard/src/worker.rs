@@ -70,12 +70,11 @@ use crate::error::{Error, JobError, Result};
 use crate::external::{ApiKey, ExternalJob};
 use crate::guard::{Claim, Guard, GuardConfig};
 use crate::key::{JobKey, KeyError};
-use crate::metrics::{
-    DuplicateSource, record_duplicate_source, record_job_duration, record_outcome,
-};
+use crate::metrics::{DuplicateSource, record_duplicate_source, record_job_duration};
 use crate::queue::{DEFAULT_QUEUE, Enqueued, Lease, LeasedJob, NewJob, Queue};
 use crate::retention::{PruneConfig, PruneReport, Pruner, Retention, RetentionConfig};
 use crate::retry::RetryPolicy;
+use crate::spikes::record_outcome;
 use crate::steps::Steps;
 
 /// A kind of job the worker can run.

@@ -40,7 +40,8 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Outcome};
 use crate::key::{JobKey, KeyError};
-use crate::metrics::{DuplicateSource, record_duplicate_source, record_outcome};
+use crate::metrics::{DuplicateSource, record_duplicate_source};
+use crate::spikes::record_outcome;
 use crate::worker::Job;
 
 /// A message received from a broker, not yet settled.

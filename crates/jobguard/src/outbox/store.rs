@@ -195,7 +195,7 @@ macro_rules! outbox_statements {
                             topic: row.try_get(2)?,
                             payload: payload.0,
                             attempt: u32::try_from(attempts).unwrap_or(0).saturating_add(1),
-                            created_at: $crate::backend::micros_to_time(row.try_get(5)?),
+                            created_at: $crate::time::micros_to_time(row.try_get(5)?),
                         },
                     })
                 })
@@ -217,9 +217,9 @@ macro_rules! outbox_statements {
             let query = sqlx::query(sqlx::AssertSqlSafe(statement.clone())).bind(seq);
             let query = match how {
                 Settle::Sent => query,
-                Settle::Retry { delay, error } => query
-                    .bind($crate::backend::duration_micros(delay))
-                    .bind(error),
+                Settle::Retry { delay, error } => {
+                    query.bind($crate::time::duration_micros(delay)).bind(error)
+                }
                 Settle::Dead { error } => query.bind(error),
             };
             Ok(query.execute(pool).await?.rows_affected() == 1)
@@ -233,7 +233,7 @@ macro_rules! outbox_statements {
         ) -> sqlx::Result<bool> {
             let held: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.take_lease.clone()))
                 .bind(holder)
-                .bind($crate::backend::duration_micros(lease))
+                .bind($crate::time::duration_micros(lease))
                 .fetch_optional(pool)
                 .await?;
             Ok(held.is_some())
@@ -267,7 +267,7 @@ macro_rules! outbox_statements {
             limit: u32,
         ) -> $crate::Result<Vec<$crate::outbox::MessageRow>> {
             use sqlx::Row as _;
-            use $crate::backend::micros_to_time;
+            use $crate::time::micros_to_time;
             let rows = sqlx::query(sqlx::AssertSqlSafe(sql.list.clone()))
                 .bind(state)
                 .bind(i64::from(limit))
@@ -310,7 +310,7 @@ macro_rules! outbox_statements {
             older_than: std::time::Duration,
         ) -> sqlx::Result<u64> {
             let done = sqlx::query(sqlx::AssertSqlSafe(sql.prune.clone()))
-                .bind($crate::backend::duration_micros(older_than))
+                .bind($crate::time::duration_micros(older_than))
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected())

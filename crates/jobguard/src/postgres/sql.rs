@@ -6,9 +6,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{AssertSqlSafe, Connection, Pool};
 
-use crate::backend::duration_micros;
-use crate::retention::{PruneStore, micros_duration};
+use crate::retention::PruneStore;
 use crate::table::TableName;
+use crate::time::{duration_micros, micros_duration};
 
 pub(crate) fn create(table: &TableName) -> Vec<String> {
     let t = table.quoted();

@@ -399,8 +399,3 @@ pub trait PruneStore: sqlx::Database + super::JobPruneStore {
     #[doc(hidden)]
     fn end_prune_turn(turn: Self::PruneTurn) -> impl Future<Output = ()> + Send;
 }
-
-/// Microseconds as a duration, zero when negative.
-pub(crate) fn micros_duration(micros: i64) -> Duration {
-    Duration::from_micros(micros.max(0) as u64)
-}

@@ -9,9 +9,9 @@ use std::time::Duration;
 use sqlx::sqlite::Sqlite;
 use sqlx::{AssertSqlSafe, Pool};
 
-use crate::backend::duration_micros;
-use crate::retention::{PruneStore, micros_duration};
+use crate::retention::PruneStore;
 use crate::table::TableName;
+use crate::time::{duration_micros, micros_duration};
 
 /// Now by the database clock, in microseconds since the Unix epoch (millisecond precision).
 pub(crate) const NOW_MICROS: &str =
