@@ -49,10 +49,10 @@ use std::future::Future;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::backend::Backend;
 use crate::error::{Error, JobError, Result};
 use crate::guard::{Duplicate, Guard, Outcome};
 use crate::key::{JobKey, KeyError, check_kind};
+use crate::store::Backend;
 
 /// Hex digits of the BLAKE3 hash in a hashed key: 128 bits.
 const HASH_LEN: usize = 32;

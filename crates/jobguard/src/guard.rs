@@ -51,15 +51,16 @@ use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
 use tracing::Instrument;
 
-use crate::backend::{Backend, ClaimRow, ClaimToken, GuardRecord, GuardSql, NewClaim};
 use crate::error::{Error, JobError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
 use crate::metrics::record_duplicate_age;
 use crate::queue::{Lease, QueueSql};
+use crate::retry::contention_backoff;
 use crate::spikes::record_outcome;
+use crate::store::WriterLock;
+use crate::store::{Backend, ClaimRow, ClaimToken, GuardRecord, GuardSql, NewClaim};
 use crate::table::TableName;
-use crate::writer::WriterLock;
 
 /// What a delivery of a guarded job did.
 #[derive(Clone, Debug, PartialEq)]
@@ -714,15 +715,4 @@ async fn end<DB: Backend>(tx: Transaction<'static, DB>) {
     if let Err(error) = tx.rollback().await {
         tracing::debug!(%error, "rollback failed; the connection is dropped instead");
     }
-}
-
-/// Exponential backoff with jitter for transactions rolled back by contention: 2, 4, 8 ms ...
-/// up to 256 ms, each scaled by a factor in [0.5, 1.5) so colliding jobs spread out.
-fn contention_backoff(attempt: u32) -> Duration {
-    let base = 1_u64 << attempt.min(8);
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    let jitter = 500 + u64::from(nanos.subsec_nanos() % 1000);
-    Duration::from_micros(base * jitter)
 }

@@ -83,11 +83,11 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::Pool;
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
 use crate::payload::payload_problem;
+use crate::store::Backend;
 use crate::table::TableName;
 
 pub use relay::{DEAD_TOTAL, DELIVERED_TOTAL, RETRIED_TOTAL, Relay, RelayConfig, RelayReport};

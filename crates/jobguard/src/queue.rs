@@ -32,13 +32,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::Pool;
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, GuardConfig};
 use crate::key::{JobKey, check_kind};
 use crate::payload::payload_problem;
+use crate::store::Backend;
+use crate::store::WriterLock;
 use crate::table::TableName;
-use crate::writer::WriterLock;
 
 /// The queue a job goes to unless told otherwise.
 pub const DEFAULT_QUEUE: &str = "default";

@@ -56,10 +56,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::Pool;
 
-use crate::backend::{Backend, ClaimToken};
 use crate::error::{Error, JobError, Result};
 use crate::external::effect_error;
 use crate::key::{JobKey, check_kind};
+use crate::store::{Backend, ClaimToken};
 use crate::table::TableName;
 
 /// Steps marked `attention` per job kind: `jobguard_steps_attention_total{kind}`.

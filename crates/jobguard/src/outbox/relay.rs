@@ -10,9 +10,9 @@ use futures::StreamExt as _;
 use serde::Serialize;
 
 use super::{DueMessage, Outbox, Settle, Sink};
-use crate::backend::{Backend, ClaimToken};
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
+use crate::store::{Backend, ClaimToken};
 
 /// Messages dead-lettered: `jobguard_outbox_dead_total{topic}`. Any increase needs a look.
 pub use crate::metrics::OUTBOX_DEAD_TOTAL as DEAD_TOTAL;

@@ -21,7 +21,7 @@ use sqlx::postgres::{PgListener, PgRow};
 
 use crate::queue::{Lease, QueueSql};
 
-use crate::backend::{
+use crate::store::{
     Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, sealed,
 };
 use crate::table::TableName;
@@ -189,7 +189,7 @@ impl Backend for Postgres {
         Ok((claim_row(&row)?, true))
     }
 
-    crate::backend::shared_statements!();
+    crate::store::shared_statements!();
 
     async fn listen(pool: &Pool<Self>) -> sqlx::Result<Option<Wakeup>> {
         let mut listener = PgListener::connect_with(pool).await?;

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use sqlx::Pool;
 
 use super::Retention;
-use crate::backend::Backend;
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::metrics::{record_oldest_age, record_pruned};
 use crate::queue::{JobState, Queue};
 use crate::steps::Steps;
+use crate::store::Backend;
 use crate::table::TableName;
 
 /// A time before any guard row, in microseconds since the Unix epoch (the year 1): where the

@@ -21,8 +21,8 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Pool, Transaction};
 
-use crate::backend::{Backend, ClaimRow, GuardSql, NewClaim, sealed};
 use crate::error::Error;
+use crate::store::{Backend, ClaimRow, GuardSql, NewClaim, sealed};
 use crate::table::TableName;
 
 /// A [`Guard`](crate::Guard) on SQLite.
@@ -150,7 +150,7 @@ impl Backend for Sqlite {
         })
     }
 
-    crate::backend::shared_statements!();
+    crate::store::shared_statements!();
 
     fn beat_aside(
         pool: &Pool<Self>,
@@ -174,7 +174,7 @@ impl Backend for Sqlite {
         }
     }
 
-    async fn listen(_pool: &Pool<Self>) -> sqlx::Result<Option<crate::backend::Wakeup>> {
+    async fn listen(_pool: &Pool<Self>) -> sqlx::Result<Option<crate::store::Wakeup>> {
         Ok(None)
     }
 

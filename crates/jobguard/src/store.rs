@@ -8,13 +8,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::time::micros_to_time;
-
 use sqlx::{Database, Pool, Transaction};
 
 use crate::fingerprint::Fingerprint;
 use crate::queue::{JobRow, Lease, LeasedJob, NewJob, QueueSql, Settle};
 use crate::table::TableName;
+use crate::time::micros_to_time;
+
+mod writer;
+
+pub(crate) use writer::WriterLock;
 
 /// A database jobguard can guard jobs on: [`sqlx::Postgres`] or [`sqlx::Sqlite`].
 ///
@@ -317,9 +320,9 @@ macro_rules! shared_statements {
     () => {
         async fn fetch_record(
             conn: &mut Self::Connection,
-            sql: &$crate::backend::GuardSql,
+            sql: &$crate::store::GuardSql,
             key: &str,
-        ) -> sqlx::Result<Option<$crate::backend::GuardRecord>> {
+        ) -> sqlx::Result<Option<$crate::store::GuardRecord>> {
             use sqlx::Row as _;
             let row = sqlx::query(sqlx::AssertSqlSafe(sql.record.clone()))
                 .bind(key)
@@ -327,7 +330,7 @@ macro_rules! shared_statements {
                 .await?;
             row.map(|row| {
                 let result: Option<sqlx::types::Json<serde_json::Value>> = row.try_get(2)?;
-                Ok($crate::backend::GuardRecord::from_columns(
+                Ok($crate::store::GuardRecord::from_columns(
                     row.try_get(0)?,
                     row.try_get(1)?,
                     result.map(|json| json.0),
@@ -339,7 +342,7 @@ macro_rules! shared_statements {
 
         async fn store_result(
             conn: &mut Self::Connection,
-            sql: &$crate::backend::GuardSql,
+            sql: &$crate::store::GuardSql,
             key: &str,
             result: &serde_json::Value,
         ) -> sqlx::Result<()> {
