@@ -3,7 +3,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use crate::key::KeyError;
+use crate::key::{JobKey, KeyError};
 
 /// `Result` with jobguard's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -433,5 +433,15 @@ impl JobError {
     // overlap with `From<T> for T`), so `Error::Effect` keeps its parts instead.
     pub(crate) fn into_parts(self) -> (Box<dyn StdError + Send + Sync + 'static>, bool) {
         (self.source, self.fatal)
+    }
+}
+
+/// A job's own error as the [`Error::Effect`] of the job with `key`.
+pub(crate) fn effect_error(key: &JobKey, error: JobError) -> Error {
+    let (source, fatal) = error.into_parts();
+    Error::Effect {
+        key: key.to_string(),
+        fatal,
+        source,
     }
 }

@@ -49,7 +49,7 @@ use std::future::Future;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::{Error, JobError, Result};
+use crate::error::{Error, JobError, Result, effect_error};
 use crate::guard::{Duplicate, Guard, Outcome};
 use crate::key::{JobKey, KeyError, check_kind};
 use crate::store::Backend;
@@ -274,15 +274,6 @@ impl<DB: Backend> Guard<DB> {
             Ok(value.clone())
         })
         .await
-    }
-}
-
-pub(crate) fn effect_error(key: &JobKey, error: JobError) -> Error {
-    let (source, fatal) = error.into_parts();
-    Error::Effect {
-        key: key.to_string(),
-        fatal,
-        source,
     }
 }
 

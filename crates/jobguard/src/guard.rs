@@ -55,7 +55,6 @@ use crate::error::{Error, JobError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
 use crate::metrics::record_duplicate_age;
-use crate::queue::{Lease, QueueSql};
 use crate::retry::contention_backoff;
 use crate::spikes::record_outcome;
 use crate::store::WriterLock;
@@ -637,38 +636,18 @@ impl<DB: Backend> Guard<DB> {
         check_claim(key, fingerprint, row)
     }
 
-    /// Claims `key` and completes the job of `lease` in one step inside the worker's
-    /// transaction; `None` when the lease is no longer held (nothing was claimed then).
-    ///
-    /// Completing before the effect runs is safe because both commit or roll back together,
-    /// and it means a worker whose lease was taken over never runs the effect at all.
-    pub(crate) async fn claim_completing(
-        &self,
-        conn: &mut DB::Connection,
-        key: &JobKey,
-        payload: &serde_json::Value,
-        queue: &QueueSql,
-        lease: Lease,
-    ) -> Result<Option<Claim>> {
-        let fingerprint = fingerprint_of(key, payload)?;
-        let token = ClaimToken::new();
-        let new = NewClaim {
-            key: key.as_str(),
-            kind: key.kind(),
-            fingerprint: Some(&fingerprint),
-            token: &token,
-        };
-        let (row, completed) =
-            DB::claim_completing(conn, &self.inner.sql, queue, &new, lease).await?;
-        if !completed {
-            return Ok(None);
-        }
-        check_claim(key, Some(&fingerprint), row).map(Some)
+    /// The guard table's statements, for the worker's claim that also completes its job.
+    pub(crate) fn sql(&self) -> &GuardSql {
+        &self.inner.sql
     }
 }
 
 /// Turns what the claim found into a [`Claim`], refusing a key reused with another payload.
-fn check_claim(key: &JobKey, fingerprint: Option<&Fingerprint>, row: ClaimRow) -> Result<Claim> {
+pub(crate) fn check_claim(
+    key: &JobKey,
+    fingerprint: Option<&Fingerprint>,
+    row: ClaimRow,
+) -> Result<Claim> {
     let record = match row {
         ClaimRow::Claimed => return Ok(Claim::Claimed),
         ClaimRow::Held(record) => record,
@@ -687,7 +666,10 @@ fn check_claim(key: &JobKey, fingerprint: Option<&Fingerprint>, row: ClaimRow) -
     Ok(Claim::Duplicate(record))
 }
 
-fn fingerprint_of<P: Serialize + ?Sized>(key: &JobKey, payload: &P) -> Result<Fingerprint> {
+pub(crate) fn fingerprint_of<P: Serialize + ?Sized>(
+    key: &JobKey,
+    payload: &P,
+) -> Result<Fingerprint> {
     Fingerprint::of(payload).map_err(|source| Error::Payload {
         key: key.to_string(),
         source,

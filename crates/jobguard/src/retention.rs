@@ -67,15 +67,13 @@
 //! # Ok(()) }
 //! ```
 
-mod jobs;
 mod prune;
 mod schedule;
 
 use std::fmt;
 use std::time::Duration;
 
-pub use jobs::JobPruneStore;
-pub use prune::{PrunePlan, PruneReport, PruneStore, Pruner};
+pub use prune::{PrunePlan, PruneReport, Pruner};
 pub use schedule::PruneSchedule;
 
 pub use crate::duration::format_duration;

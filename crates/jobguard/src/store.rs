@@ -10,10 +10,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{Database, Pool, Transaction};
 
+use self::queue::{JobRow, Lease, LeasedJob, NewJob, QueueSql, Settle};
 use crate::fingerprint::Fingerprint;
-use crate::queue::{JobRow, Lease, LeasedJob, NewJob, QueueSql, Settle};
 use crate::table::TableName;
 use crate::time::micros_to_time;
+
+pub(crate) mod outbox;
+#[cfg(feature = "postgres")]
+mod postgres;
+pub(crate) mod prune;
+pub(crate) mod queue;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+pub(crate) mod steps;
 
 mod writer;
 
@@ -23,7 +32,7 @@ pub(crate) use writer::WriterLock;
 ///
 /// The trait is sealed; its methods are an internal detail.
 pub trait Backend:
-    Database + sealed::Sealed + crate::outbox::OutboxStore + crate::steps::StepStore
+    Database + sealed::Sealed + self::outbox::OutboxStore + self::steps::StepStore
 {
     /// The backend's name as shown to users: `postgres` or `sqlite`.
     const BACKEND: &'static str;
@@ -356,8 +365,8 @@ macro_rules! shared_statements {
 
         async fn enqueue(
             conn: &mut Self::Connection,
-            sql: &$crate::queue::QueueSql,
-            job: &$crate::queue::NewJob,
+            sql: &$crate::store::queue::QueueSql,
+            job: &$crate::store::queue::NewJob,
         ) -> sqlx::Result<Option<i64>> {
             sqlx::query_scalar(sqlx::AssertSqlSafe(sql.enqueue.clone()))
                 .bind(&job.kind)
@@ -372,7 +381,7 @@ macro_rules! shared_statements {
 
         async fn live_job(
             conn: &mut Self::Connection,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             key: &str,
         ) -> sqlx::Result<Option<(i64, String, serde_json::Value)>> {
             let row: Option<(i64, String, sqlx::types::Json<serde_json::Value>)> =
@@ -399,11 +408,11 @@ macro_rules! shared_statements {
 
         async fn fetch(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             queue: &str,
             limit: u32,
             lease: std::time::Duration,
-        ) -> sqlx::Result<Vec<$crate::queue::LeasedJob>> {
+        ) -> sqlx::Result<Vec<$crate::store::queue::LeasedJob>> {
             use sqlx::Row as _;
             let rows = sqlx::query(sqlx::AssertSqlSafe(sql.fetch.clone()))
                 .bind(queue)
@@ -414,8 +423,8 @@ macro_rules! shared_statements {
             rows.into_iter()
                 .map(|row| {
                     let payload: sqlx::types::Json<serde_json::Value> = row.try_get(3)?;
-                    Ok($crate::queue::LeasedJob {
-                        lease: $crate::queue::Lease {
+                    Ok($crate::store::queue::LeasedJob {
+                        lease: $crate::store::queue::Lease {
                             job_id: row.try_get(0)?,
                             attempt: row.try_get(4)?,
                             token: row.try_get(7)?,
@@ -432,11 +441,11 @@ macro_rules! shared_statements {
 
         async fn settle(
             conn: &mut Self::Connection,
-            sql: &$crate::queue::QueueSql,
-            lease: $crate::queue::Lease,
-            how: $crate::queue::Settle<'_>,
+            sql: &$crate::store::queue::QueueSql,
+            lease: $crate::store::queue::Lease,
+            how: $crate::store::queue::Settle<'_>,
         ) -> sqlx::Result<bool> {
-            use $crate::queue::Settle;
+            use $crate::store::queue::Settle;
             use $crate::time::duration_micros;
             let statement = match how {
                 Settle::Complete => &sql.complete,
@@ -459,7 +468,7 @@ macro_rules! shared_statements {
 
         async fn rescue(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             max_attempts: i32,
         ) -> sqlx::Result<u64> {
             // The heartbeats kept outside the table are read once the transaction holds the
@@ -479,7 +488,7 @@ macro_rules! shared_statements {
 
         async fn counts(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
         ) -> sqlx::Result<Vec<(String, i64)>> {
             sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
                 .fetch_all(pool)
@@ -488,7 +497,7 @@ macro_rules! shared_statements {
 
         async fn backlog(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
         ) -> sqlx::Result<Vec<(String, i64, i64)>> {
             sqlx::query_as(sqlx::AssertSqlSafe(sql.backlog.clone()))
                 .fetch_all(pool)
@@ -497,11 +506,11 @@ macro_rules! shared_statements {
 
         async fn list(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             state: Option<&str>,
             kind: Option<&str>,
             limit: u32,
-        ) -> $crate::Result<Vec<$crate::queue::JobRow>> {
+        ) -> $crate::Result<Vec<$crate::store::queue::JobRow>> {
             use sqlx::Row as _;
             let rows = sqlx::query(sqlx::AssertSqlSafe(sql.list.clone()))
                 .bind(state)
@@ -513,7 +522,7 @@ macro_rules! shared_statements {
                 .map(|row| {
                     let state: String = row.try_get(4)?;
                     let payload: sqlx::types::Json<serde_json::Value> = row.try_get(10)?;
-                    Ok($crate::queue::JobRow {
+                    Ok($crate::store::queue::JobRow {
                         id: row.try_get(0)?,
                         kind: row.try_get(1)?,
                         key: row.try_get(2)?,
@@ -532,7 +541,7 @@ macro_rules! shared_statements {
 
         async fn replay(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             id: Option<i64>,
             kind: Option<&str>,
         ) -> sqlx::Result<Vec<i64>> {

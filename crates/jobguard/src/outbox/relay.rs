@@ -9,9 +9,10 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use serde::Serialize;
 
-use super::{DueMessage, Outbox, Settle, Sink};
+use super::{Outbox, Sink};
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
+use crate::store::outbox::{DueMessage, Settle};
 use crate::store::{Backend, ClaimToken};
 
 /// Messages dead-lettered: `jobguard_outbox_dead_total{topic}`. Any increase needs a look.

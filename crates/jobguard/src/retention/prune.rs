@@ -1,11 +1,8 @@
 //! Pruning the guard table, the step ledger's `done` steps and the queue's finished jobs, in
 //! batches.
 
-use std::future::Future;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
-
-use sqlx::Pool;
 
 use super::Retention;
 use crate::error::Result;
@@ -14,7 +11,6 @@ use crate::metrics::{record_oldest_age, record_pruned};
 use crate::queue::{JobState, Queue};
 use crate::steps::Steps;
 use crate::store::Backend;
-use crate::table::TableName;
 
 /// A time before any guard row, in microseconds since the Unix epoch (the year 1): where the
 /// first batch starts.
@@ -348,54 +344,4 @@ impl<DB: Backend> Pruner<DB> {
     async fn rest(&self, took: Duration) {
         tokio::time::sleep(self.pause.max(took * REST_PER_BATCH)).await;
     }
-}
-
-/// The pruning statements each backend implements.
-#[doc(hidden)]
-pub trait PruneStore: sqlx::Database + super::JobPruneStore {
-    /// Proof that this process holds a table's turn to prune; released by
-    /// [`end_prune_turn`](Self::end_prune_turn) or, if lost, when dropped.
-    #[doc(hidden)]
-    type PruneTurn: Send + 'static;
-
-    /// Now minus `keep` by the database clock, in microseconds since the Unix epoch.
-    #[doc(hidden)]
-    fn prune_cutoff(
-        pool: &Pool<Self>,
-        keep: Duration,
-    ) -> impl Future<Output = sqlx::Result<i64>> + Send;
-
-    /// Deletes up to `limit` of the oldest guard rows applied at or after `after` and before
-    /// `cutoff`; returns how many, and the newest `applied_at` among them.
-    #[doc(hidden)]
-    fn prune_guard(
-        pool: &Pool<Self>,
-        table: &TableName,
-        cutoff: i64,
-        after: i64,
-        limit: u32,
-    ) -> impl Future<Output = sqlx::Result<(u64, Option<i64>)>> + Send;
-
-    #[doc(hidden)]
-    fn count_guard(
-        pool: &Pool<Self>,
-        table: &TableName,
-        cutoff: i64,
-    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
-
-    #[doc(hidden)]
-    fn oldest_guard_age(
-        pool: &Pool<Self>,
-        table: &TableName,
-    ) -> impl Future<Output = sqlx::Result<Option<Duration>>> + Send;
-
-    /// The table's turn to prune, or `None` when another pruner holds it.
-    #[doc(hidden)]
-    fn take_prune_turn(
-        pool: &Pool<Self>,
-        table: &TableName,
-    ) -> impl Future<Output = sqlx::Result<Option<Self::PruneTurn>>> + Send;
-
-    #[doc(hidden)]
-    fn end_prune_turn(turn: Self::PruneTurn) -> impl Future<Output = ()> + Send;
 }

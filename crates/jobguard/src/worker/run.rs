@@ -12,13 +12,13 @@ use super::runnable::Runnable;
 use super::{Counters, Ended, SPARE_CONNECTIONS, Worker};
 use crate::dispatch::catch_panic;
 use crate::error::{Error, Result};
-use crate::guard::Claim;
+use crate::guard::{Claim, check_claim, fingerprint_of};
 use crate::key::JobKey;
 use crate::metrics::{DuplicateSource, record_duplicate_source, record_job_duration};
-use crate::queue::LeasedJob;
+use crate::queue::{Lease, LeasedJob};
 use crate::retry::contention_backoff;
 use crate::spikes::record_outcome;
-use crate::store::{Backend, is_connection_error};
+use crate::store::{Backend, ClaimToken, NewClaim, is_connection_error};
 
 /// Why an attempt did not commit.
 enum Failure {
@@ -232,14 +232,7 @@ impl<DB: Backend> Worker<DB> {
         let claiming = async {
             let mut guarded = self.guard.begin_on(conn).await?;
             let claim = self
-                .guard
-                .claim_completing(
-                    &mut guarded.tx,
-                    key,
-                    &job.payload,
-                    self.queue.sql(),
-                    job.lease,
-                )
+                .claim_completing(&mut guarded.tx, key, &job.payload, job.lease)
                 .await?;
             Ok::<_, Error>((guarded, claim))
         };
@@ -331,6 +324,34 @@ impl<DB: Backend> Worker<DB> {
                 Ended::Failed
             }
         }
+    }
+
+    /// Claims `key` and completes the job of `lease` in one step inside the worker's
+    /// transaction; `None` when the lease is no longer held (nothing was claimed then).
+    ///
+    /// Completing before the effect runs is safe because both commit or roll back together,
+    /// and it means a worker whose lease was taken over never runs the effect at all.
+    async fn claim_completing(
+        &self,
+        conn: &mut DB::Connection,
+        key: &JobKey,
+        payload: &serde_json::Value,
+        lease: Lease,
+    ) -> Result<Option<Claim>> {
+        let fingerprint = fingerprint_of(key, payload)?;
+        let token = ClaimToken::new();
+        let new = NewClaim {
+            key: key.as_str(),
+            kind: key.kind(),
+            fingerprint: Some(&fingerprint),
+            token: &token,
+        };
+        let (row, completed) =
+            DB::claim_completing(conn, self.guard.sql(), self.queue.sql(), &new, lease).await?;
+        if !completed {
+            return Ok(None);
+        }
+        check_claim(key, Some(&fingerprint), row).map(Some)
     }
 }
 

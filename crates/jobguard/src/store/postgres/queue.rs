@@ -1,7 +1,7 @@
 //! The job queue's SQL for PostgreSQL. Times are computed by the database clock; durations
 //! arrive as microseconds.
 
-use crate::queue::QueueSql;
+use crate::store::queue::QueueSql;
 use crate::table::TableName;
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
@@ -150,7 +150,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                   order by state, finished_at limit {cap}) d
              union all select 'estimated total', coalesce(
                  (select reltuples::int8 from pg_class where oid = to_regclass('{t}')), -1)",
-            cap = crate::queue::TERMINAL_COUNT_CAP
+            cap = crate::store::queue::TERMINAL_COUNT_CAP
         )
         .into(),
         // Served by the fetch index (queue, run_at, id) where state = 'available'.
@@ -217,7 +217,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
 /// Completes a job and claims its key in one statement, for the worker. The job's row is
 /// updated only under the lease that holds it, and the key is claimed only when it was: a
 /// fenced worker gets no row back and has claimed nothing. A row whose `claimed` is null means
-/// the claim function found the key's row gone (see [`super::sql::claim`]).
+/// the claim function found the key's row gone (see [`super::guard::claim`]).
 pub(crate) fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
     format!(
         "with completed as (

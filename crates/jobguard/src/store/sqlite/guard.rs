@@ -9,7 +9,7 @@ use std::time::Duration;
 use sqlx::sqlite::Sqlite;
 use sqlx::{AssertSqlSafe, Pool};
 
-use crate::retention::PruneStore;
+use crate::store::prune::PruneStore;
 use crate::table::TableName;
 use crate::time::{duration_micros, micros_duration};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{AssertSqlSafe, Connection, Pool};
 
-use crate::retention::PruneStore;
+use crate::store::prune::PruneStore;
 use crate::table::TableName;
 use crate::time::{duration_micros, micros_duration};
 

@@ -1,8 +1,8 @@
 //! The job queue's SQL for SQLite. Times are integer microseconds since the Unix epoch by the
 //! database clock; durations arrive as microseconds.
 
-use super::sql::NOW_MICROS as NOW;
-use crate::queue::QueueSql;
+use super::guard::NOW_MICROS as NOW;
+use crate::store::queue::QueueSql;
 use crate::table::TableName;
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
@@ -142,7 +142,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                   order by state, finished_at limit {cap}) d
              union all select 'estimated total',
                  coalesce((select max(id) from {t}) - (select min(id) from {t}) + 1, 0)",
-            cap = crate::queue::TERMINAL_COUNT_CAP
+            cap = crate::store::queue::TERMINAL_COUNT_CAP
         )
         .into(),
         // Served by the fetch index (queue, run_at, id) where state = 'available'.
