@@ -157,7 +157,6 @@ impl RetryPolicy {
     }
 }
 
-/// `delay * scale` for a `scale` in `[0, 2]`, saturating instead of panicking on overflow.
 /// Exponential backoff with jitter for transactions rolled back by contention: 2, 4, 8 ms ...
 /// up to 256 ms, each scaled by a factor in [0.5, 1.5) so colliding jobs spread out.
 pub(crate) fn contention_backoff(attempt: u32) -> Duration {
@@ -176,6 +175,7 @@ pub(crate) fn doubled(base: Duration, attempt: u32, cap: Duration) -> Duration {
     base.saturating_mul(factor).min(cap)
 }
 
+/// `delay * scale` for a `scale` in `[0, 2]`, saturating instead of panicking on overflow.
 fn scaled(delay: Duration, scale: f64) -> Duration {
     Duration::try_from_secs_f64(delay.as_secs_f64() * scale).unwrap_or(Duration::MAX)
 }

@@ -75,17 +75,26 @@ pub trait Backend:
         claim: &NewClaim<'_>,
     ) -> impl Future<Output = sqlx::Result<ClaimRow>> + Send;
 
+    /// The worker's statements over its guard and queue tables, built once per worker.
+    /// Backends that claim and complete in one statement override this.
+    #[doc(hidden)]
+    fn worker_sql(_guard: &GuardSql, _queue: &QueueSql) -> WorkerSql {
+        WorkerSql {
+            claim_completing: None,
+        }
+    }
+
     /// Claims the key and completes the job of `lease`; false when the lease is not held.
     /// Backends that can do both in one statement override this.
     #[doc(hidden)]
     fn claim_completing(
         conn: &mut Self::Connection,
-        guard: &GuardSql,
-        queue: &QueueSql,
+        sql: (&GuardSql, &QueueSql, &WorkerSql),
         claim: &NewClaim<'_>,
         lease: Lease,
     ) -> impl Future<Output = sqlx::Result<(ClaimRow, bool)>> + Send {
         async move {
+            let (guard, queue, _) = sql;
             if !Self::settle(conn, queue, lease, Settle::Complete).await? {
                 return Ok((ClaimRow::Vanished, false));
             }
@@ -221,8 +230,16 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
+/// The worker's statements over both its guard and its queue table, built once per
+/// [`Worker`](crate::Worker).
+#[derive(Debug)]
+pub struct WorkerSql {
+    /// Completes the job under its lease token and claims the key in one statement, where the
+    /// backend can (PostgreSQL); `None` where it takes two under the write lock (SQLite).
+    pub(crate) claim_completing: Option<Arc<str>>,
+}
+
 /// The guard table's statements, built once per [`Guard`](crate::Guard) from its validated name.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct GuardSql {
     pub(crate) table: TableName,
@@ -233,7 +250,6 @@ pub struct GuardSql {
 }
 
 /// The values of a guard row about to be inserted.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct NewClaim<'a> {
     pub(crate) key: &'a str,
@@ -243,7 +259,6 @@ pub struct NewClaim<'a> {
 }
 
 /// What inserting a guard row found.
-#[doc(hidden)]
 #[derive(Debug)]
 pub enum ClaimRow {
     /// The row was inserted: this transaction holds the key.
@@ -258,7 +273,6 @@ pub enum ClaimRow {
 ///
 /// After a commit fails with a lost connection, the guard row is the witness of whether the
 /// commit happened; the token says whether the row found is this attempt's or another's.
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClaimToken(pub(crate) [u8; 16]);
 
@@ -314,7 +328,6 @@ impl GuardRecord {
 }
 
 /// Wakes an idle worker when a job is enqueued (PostgreSQL's LISTEN/NOTIFY).
-#[doc(hidden)]
 pub struct Wakeup(pub(crate) Box<dyn WakeupSource>);
 
 pub(crate) trait WakeupSource: Send {

@@ -68,7 +68,7 @@ use crate::guard::{Guard, GuardConfig};
 use crate::queue::{DEFAULT_QUEUE, Enqueued, NewJob, Queue};
 use crate::retention::{PruneConfig, Retention, RetentionConfig};
 use crate::retry::RetryPolicy;
-use crate::store::Backend;
+use crate::store::{Backend, WorkerSql};
 
 pub use self::shutdown::shutdown_signal;
 pub use crate::job::Job;
@@ -243,6 +243,8 @@ pub struct Worker<DB: Backend> {
     queue: Queue<DB>,
     guard: Guard<DB>,
     handlers: Registry<dyn Runnable<DB>>,
+    /// The claim that completes the job, built once.
+    sql: WorkerSql,
     config: WorkerConfig,
     /// Connections kept between jobs. The pool tests a connection with a round trip when it is
     /// taken and again when it is given back; at thousands of jobs a second that doubles the
@@ -259,9 +261,11 @@ impl<DB: Backend> Worker<DB> {
     /// A worker with its own configuration.
     pub fn with_config(queue: Queue<DB>, config: WorkerConfig) -> Result<Self> {
         let guard = queue.guard(config.guard.clone())?;
+        let sql = DB::worker_sql(guard.sql(), queue.sql());
         Ok(Worker {
             queue,
             guard,
+            sql,
             handlers: Registry::default(),
             config,
             connections: Mutex::default(),

@@ -10,6 +10,7 @@ mod guard;
 mod outbox;
 mod queue;
 mod steps;
+mod worker;
 
 use std::sync::Arc;
 
@@ -22,7 +23,9 @@ use sqlx::postgres::{PgListener, PgRow};
 
 use crate::store::queue::{Lease, QueueSql};
 
-use super::{Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, sealed};
+use super::{
+    Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, WorkerSql, sealed,
+};
 use crate::table::TableName;
 
 impl sealed::Sealed for Postgres {}
@@ -158,15 +161,24 @@ impl Backend for Postgres {
         }
     }
 
+    fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
+        WorkerSql {
+            claim_completing: Some(worker::claim_completing(&guard.table, &queue.table).into()),
+        }
+    }
+
     async fn claim_completing(
         conn: &mut Self::Connection,
-        guard: &GuardSql,
-        queue: &QueueSql,
+        sql: (&GuardSql, &QueueSql, &WorkerSql),
         claim: &NewClaim<'_>,
         lease: Lease,
     ) -> sqlx::Result<(ClaimRow, bool)> {
-        let sql = queue::claim_completing(&guard.table, &queue.table);
-        let row = sqlx::query(AssertSqlSafe(sql))
+        let statement = sql
+            .2
+            .claim_completing
+            .as_deref()
+            .expect("built by Postgres::worker_sql");
+        let row = sqlx::query(AssertSqlSafe(statement))
             .bind(claim.key)
             .bind(claim.kind)
             .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))

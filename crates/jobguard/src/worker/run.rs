@@ -346,8 +346,13 @@ impl<DB: Backend> Worker<DB> {
             fingerprint: Some(&fingerprint),
             token: &token,
         };
-        let (row, completed) =
-            DB::claim_completing(conn, self.guard.sql(), self.queue.sql(), &new, lease).await?;
+        let (row, completed) = DB::claim_completing(
+            conn,
+            (self.guard.sql(), self.queue.sql(), &self.sql),
+            &new,
+            lease,
+        )
+        .await?;
         if !completed {
             return Ok(None);
         }

@@ -100,7 +100,6 @@ pub(crate) fn oldest_guard_age(table: &TableName) -> String {
 static PRUNING: LazyLock<Mutex<HashSet<(PathBuf, String)>>> = LazyLock::new(Mutex::default);
 
 /// This process's turn to prune one table; given back when dropped.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct SqlitePruneTurn((PathBuf, String));
 
