@@ -260,7 +260,7 @@ impl<DB: Backend> Guard<DB> {
     /// remembers keys, its memory horizon. `None` when the table is empty. A duplicate older
     /// than this finds no row and is applied again.
     pub async fn oldest_age(&self) -> Result<Option<Duration>> {
-        Ok(DB::oldest_guard_age(&self.inner.pool, &self.inner.sql.table).await?)
+        Ok(DB::oldest_guard_age(&self.inner.pool, &self.inner.sql).await?)
     }
 
     /// Creates the guard table and its index when missing. Safe to call from many processes at

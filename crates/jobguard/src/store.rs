@@ -247,6 +247,9 @@ pub struct GuardSql {
     pub(crate) claim: Arc<str>,
     pub(crate) record: Arc<str>,
     pub(crate) store_result: Arc<str>,
+    pub(crate) prune: Arc<str>,
+    pub(crate) count_prunable: Arc<str>,
+    pub(crate) oldest_age: Arc<str>,
 }
 
 /// The values of a guard row about to be inserted.

@@ -175,7 +175,6 @@ impl<DB: Backend> Pruner<DB> {
     /// Counts what a run would delete now, deleting nothing (a dry run).
     pub async fn plan(&self) -> Result<PrunePlan> {
         let pool = self.guard.pool();
-        let table = self.guard.table();
         let cutoff = DB::prune_cutoff(pool, self.retention.keep()).await?;
         let step_rows = match &self.steps {
             Some(steps) => steps.prunable(cutoff).await?,
@@ -188,7 +187,7 @@ impl<DB: Backend> Pruner<DB> {
             dead_jobs = queue.prunable(JobState::Dead, dead).await?;
         }
         Ok(PrunePlan {
-            guard_rows: DB::count_guard(pool, table, cutoff).await?,
+            guard_rows: DB::count_guard(pool, self.guard.sql(), cutoff).await?,
             step_rows,
             completed_jobs,
             dead_jobs,
@@ -209,7 +208,7 @@ impl<DB: Backend> Pruner<DB> {
     /// remembers. Also sets the `jobguard_guard_oldest_age_seconds` gauge.
     pub async fn oldest_age(&self) -> Result<Option<Duration>> {
         let table = self.guard.table();
-        let age = DB::oldest_guard_age(self.guard.pool(), table).await?;
+        let age = DB::oldest_guard_age(self.guard.pool(), self.guard.sql()).await?;
         record_oldest_age(&table.to_string(), age);
         Ok(age)
     }
@@ -267,7 +266,7 @@ impl<DB: Backend> Pruner<DB> {
             let batch_started = Instant::now();
             let (deleted, last) = {
                 let _writer = self.guard.write_turn().await;
-                DB::prune_guard(pool, table, cutoff, after, self.batch).await?
+                DB::prune_guard(pool, self.guard.sql(), cutoff, after, self.batch).await?
             };
             let took = batch_started.elapsed();
             after = last.unwrap_or(after);

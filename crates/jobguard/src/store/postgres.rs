@@ -8,6 +8,7 @@
 
 mod guard;
 mod outbox;
+mod prune;
 mod queue;
 mod steps;
 mod worker;
@@ -78,6 +79,9 @@ impl Backend for Postgres {
             claim: guard::claim(table).into(),
             record: guard::record(table).into(),
             store_result: guard::store_result(table).into(),
+            prune: prune::prune_guard(table).into(),
+            count_prunable: prune::count_guard(table).into(),
+            oldest_age: prune::oldest_guard_age(table).into(),
         })
     }
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
+use super::GuardSql;
 use super::queue::QueueSql;
 use crate::table::TableName;
 
@@ -55,7 +56,7 @@ pub trait PruneStore: sqlx::Database + JobPruneStore {
     /// `cutoff`; returns how many, and the newest `applied_at` among them.
     fn prune_guard(
         pool: &Pool<Self>,
-        table: &TableName,
+        sql: &GuardSql,
         cutoff: i64,
         after: i64,
         limit: u32,
@@ -63,13 +64,13 @@ pub trait PruneStore: sqlx::Database + JobPruneStore {
 
     fn count_guard(
         pool: &Pool<Self>,
-        table: &TableName,
+        sql: &GuardSql,
         cutoff: i64,
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 
     fn oldest_guard_age(
         pool: &Pool<Self>,
-        table: &TableName,
+        sql: &GuardSql,
     ) -> impl Future<Output = sqlx::Result<Option<Duration>>> + Send;
 
     /// The table's turn to prune, or `None` when another pruner holds it.

@@ -10,6 +10,7 @@
 mod guard;
 mod heartbeat;
 mod outbox;
+mod prune;
 mod queue;
 mod steps;
 
@@ -42,6 +43,9 @@ impl Backend for Sqlite {
             claim: guard::claim(table).into(),
             record: guard::record(table).into(),
             store_result: guard::store_result(table).into(),
+            prune: prune::prune_guard(table).into(),
+            count_prunable: prune::count_guard(table).into(),
+            oldest_age: prune::oldest_guard_age(table).into(),
         })
     }
 
