@@ -5,11 +5,23 @@
 //! Each runner erases the job's type behind its own trait (the worker's jobs have a stage
 //! before the transaction, the consumer's run under [`Guard::run`](crate::Guard::run)); the
 //! registry is generic over it, so the lookup, the decoding and their error messages are
-//! written once.
+//! written once. Both runners refuse a kind nobody registered with the same message, naming
+//! themselves: "unknown job kind `credit`: no handler is registered for it in this worker".
 //!
-//! ```
-//! // Both runners refuse a kind nobody registered, with the same message:
-//! // "unknown job kind `credit`: no handler is registered for it in this worker"
+//! ```no_run
+//! # use jobguard::{Job, JobError, JobKey, KeyError, Queue, Worker};
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # struct Credit { order: String }
+//! # impl Job<sqlx::Postgres> for Credit {
+//! #     const KIND: &'static str = "credit";
+//! #     fn key(&self) -> Result<JobKey, KeyError> { JobKey::new("credit", [&self.order]) }
+//! #     async fn run(&self, _: &mut sqlx::PgConnection) -> Result<(), JobError> { Ok(()) }
+//! # }
+//! # async fn f(queue: Queue<sqlx::Postgres>) -> jobguard::Result<()> {
+//! // One registration per kind; the worker decodes each stored payload through it.
+//! let worker = Worker::new(queue)?.register::<Credit>();
+//! # drop(worker);
+//! # Ok(()) }
 //! ```
 
 use std::collections::HashMap;

@@ -184,7 +184,7 @@ impl FromStr for MessageState {
     }
 }
 
-/// Message counts by state, from [`Outbox::counts`].
+/// Message counts by state, from [`Outbox::counts`](crate::Outbox::counts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct OutboxCounts {
     /// Waiting for the relay.
@@ -195,7 +195,7 @@ pub struct OutboxCounts {
     pub dead: i64,
 }
 
-/// A message as listed by [`Outbox::list`].
+/// A message as listed by [`Outbox::list`](crate::Outbox::list).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MessageRow {
     /// The message id.

@@ -35,7 +35,7 @@ impl NewJob {
     /// A job whose kind is its key's kind, on the default queue, with 10 attempts.
     ///
     /// The payload is validated here: it must serialize to JSON of at most
-    /// [`MAX_PAYLOAD_BYTES`] without NUL characters (PostgreSQL rejects `\u0000` in `jsonb`).
+    /// [`MAX_PAYLOAD_BYTES`](crate::queue::MAX_PAYLOAD_BYTES) without NUL characters (PostgreSQL rejects `\u0000` in `jsonb`).
     pub fn new<P: Serialize + ?Sized>(key: JobKey, payload: &P) -> Result<Self> {
         let payload = serde_json::to_value(payload).map_err(|source| Error::Payload {
             key: key.to_string(),
@@ -89,7 +89,7 @@ impl NewJob {
     }
 }
 
-/// What [`Queue::enqueue`] did.
+/// What [`Queue::enqueue`](crate::Queue::enqueue) did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Enqueued {
     /// The job's id.
@@ -179,7 +179,7 @@ impl FromStr for JobState {
     }
 }
 
-/// A job as listed by [`Queue::list`].
+/// A job as listed by [`Queue::list`](crate::Queue::list).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct JobRow {
     /// The job's id.
@@ -216,7 +216,7 @@ fn serialize_time<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok
     s.serialize_u64(micros as u64 / 1000)
 }
 
-/// Which dead jobs [`Queue::replay`] brings back.
+/// Which dead jobs [`Queue::replay`](crate::Queue::replay) brings back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Replay {
     /// One job, by id.
@@ -227,11 +227,11 @@ pub enum Replay {
     All,
 }
 
-/// Finished jobs of one state (completed, dead) that [`Queue::counts`] counts one by one;
+/// Finished jobs of one state (completed, dead) that [`Queue::counts`](crate::Queue::counts) counts one by one;
 /// above this many it estimates, so that a dashboard sample stays cheap on a huge table.
 pub const TERMINAL_COUNT_CAP: i64 = 100_000;
 
-/// Job counts by state, from [`Queue::counts`].
+/// Job counts by state, from [`Queue::counts`](crate::Queue::counts).
 ///
 /// Live jobs (available, running) are counted exactly. Finished ones are counted exactly up to
 /// [`TERMINAL_COUNT_CAP`] per state; above it the count is estimated (on PostgreSQL from the
@@ -257,7 +257,7 @@ impl Counts {
 }
 
 /// The jobs of one queue that are ready to run and waiting for a worker, from
-/// [`Queue::backlog`].
+/// [`Queue::backlog`](crate::Queue::backlog).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Backlog {
     /// The queue's name.

@@ -19,15 +19,15 @@ use crate::steps::Steps;
 use crate::store::{Backend, Wakeup};
 
 impl<DB: Backend> Worker<DB> {
-    /// Runs until `shutdown` resolves (see [`shutdown_signal`]), or until the queue is empty
-    /// with [`WorkerConfig::stop_when_idle`].
+    /// Runs until `shutdown` resolves (see [`shutdown_signal`](super::shutdown_signal)), or until the queue is empty
+    /// with [`WorkerConfig::stop_when_idle`](super::WorkerConfig::stop_when_idle).
     ///
-    /// Refuses to start with [`Error::RetentionTooShort`] when the guard's retention is shorter
+    /// Refuses to start with [`Error::RetentionTooShort`](crate::Error::RetentionTooShort) when the guard's retention is shorter
     /// than the longest time a duplicate can still arrive, unless overridden. While it runs it
-    /// prunes on [`PruneConfig::schedule`], one worker per guard table at a time.
+    /// prunes on [`PruneConfig::schedule`](crate::PruneConfig::schedule), one worker per guard table at a time.
     ///
     /// After shutdown is asked it takes no new jobs, lets running jobs finish within
-    /// [`WorkerConfig::shutdown_timeout`], then rolls back the rest and gives their jobs back.
+    /// [`WorkerConfig::shutdown_timeout`](super::WorkerConfig::shutdown_timeout), then rolls back the rest and gives their jobs back.
     pub async fn run(mut self, shutdown: impl Future<Output = ()> + Send) -> Result<WorkerStats> {
         let retention = self.retention()?;
         self.config.concurrency = self.servable_concurrency();

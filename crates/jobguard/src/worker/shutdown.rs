@@ -1,6 +1,6 @@
 //! Stopping a worker or consumer on the process's signals.
 
-/// Resolves on SIGINT or SIGTERM (Ctrl-C elsewhere): pass it to [`Worker::run`].
+/// Resolves on SIGINT or SIGTERM (Ctrl-C elsewhere): pass it to [`Worker::run`](crate::Worker::run).
 pub async fn shutdown_signal() {
     #[cfg(unix)]
     {
