@@ -3,7 +3,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use crate::key::KeyError;
+use crate::key::{JobKey, KeyError};
 
 /// `Result` with jobguard's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -263,10 +263,10 @@ pub enum Error {
          arrive, {breakdown}: a duplicate delivered after {} would find its key pruned and apply \
          again; keep guard rows for at least {}, or shorten the retry policy, the lease or the \
          declared windows, or override the check if you accept duplicates after {}",
-        crate::retention::format_duration(*.retention),
-        crate::retention::format_duration(*.retention),
-        crate::retention::format_duration(*.horizon),
-        crate::retention::format_duration(*.retention)
+        crate::duration::format_duration(*.retention),
+        crate::duration::format_duration(*.retention),
+        crate::duration::format_duration(*.horizon),
+        crate::duration::format_duration(*.retention)
     )]
     RetentionTooShort {
         /// How long guard rows would be kept.
@@ -287,10 +287,10 @@ pub enum Error {
          and takes effect again; shorten the replay window {} (to at most {} with these retries \
          and leases) or the retry policy and lease, or declare the provider key lifetime 0s if \
          no job calls a keyed external API",
-        crate::retention::format_duration(*.provider_key_lifetime),
-        crate::retention::format_duration(*.provider_key_lifetime),
-        crate::retention::format_duration(*.replay_window),
-        crate::retention::format_duration(*.replay_window_fits)
+        crate::duration::format_duration(*.provider_key_lifetime),
+        crate::duration::format_duration(*.provider_key_lifetime),
+        crate::duration::format_duration(*.replay_window),
+        crate::duration::format_duration(*.replay_window_fits)
     )]
     ProviderKeyLifetimeTooShort {
         /// How long the provider keeps an idempotency key, as declared.
@@ -313,9 +313,9 @@ pub enum Error {
         "dead-job retention {} is shorter than the replay window {}: a dead job deleted before \
          the window ends can no longer be replayed; keep dead jobs at least {}, or shorten the \
          replay window",
-        crate::retention::format_duration(*.keep_dead),
-        crate::retention::format_duration(*.replay_window),
-        crate::retention::format_duration(*.replay_window)
+        crate::duration::format_duration(*.keep_dead),
+        crate::duration::format_duration(*.replay_window),
+        crate::duration::format_duration(*.replay_window)
     )]
     DeadRetentionTooShort {
         /// How long dead jobs would be kept.
@@ -433,5 +433,15 @@ impl JobError {
     // overlap with `From<T> for T`), so `Error::Effect` keeps its parts instead.
     pub(crate) fn into_parts(self) -> (Box<dyn StdError + Send + Sync + 'static>, bool) {
         (self.source, self.fatal)
+    }
+}
+
+/// A job's own error as the [`Error::Effect`] of the job with `key`.
+pub(crate) fn effect_error(key: &JobKey, error: JobError) -> Error {
+    let (source, fatal) = error.into_parts();
+    Error::Effect {
+        key: key.to_string(),
+        fatal,
+        source,
     }
 }

@@ -49,10 +49,10 @@ use std::future::Future;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::backend::Backend;
-use crate::error::{Error, JobError, Result};
+use crate::error::{Error, JobError, Result, effect_error};
 use crate::guard::{Duplicate, Guard, Outcome};
 use crate::key::{JobKey, KeyError, check_kind};
+use crate::store::Backend;
 
 /// Hex digits of the BLAKE3 hash in a hashed key: 128 bits.
 const HASH_LEN: usize = 32;
@@ -254,7 +254,7 @@ impl<DB: Backend> Guard<DB> {
                     key: key.to_string(),
                     source,
                 })?;
-            crate::metrics::record_outcome(key.kind(), "duplicate");
+            crate::spikes::record_outcome(key.kind(), "duplicate");
             return Ok(Outcome::Duplicate(Duplicate {
                 first_applied_at: recorded.applied_at,
                 result,
@@ -263,7 +263,7 @@ impl<DB: Backend> Guard<DB> {
         let value = match call(api_key.as_str()).await {
             Ok(value) => value,
             Err(error) => {
-                crate::metrics::record_outcome(key.kind(), "failed");
+                crate::spikes::record_outcome(key.kind(), "failed");
                 return Err(effect_error(key, error));
             }
         };
@@ -274,15 +274,6 @@ impl<DB: Backend> Guard<DB> {
             Ok(value.clone())
         })
         .await
-    }
-}
-
-pub(crate) fn effect_error(key: &JobKey, error: JobError) -> Error {
-    let (source, fatal) = error.into_parts();
-    Error::Effect {
-        key: key.to_string(),
-        fatal,
-        source,
     }
 }
 

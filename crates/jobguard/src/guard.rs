@@ -51,14 +51,15 @@ use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
 use tracing::Instrument;
 
-use crate::backend::{Backend, ClaimRow, ClaimToken, GuardRecord, GuardSql, NewClaim};
 use crate::error::{Error, JobError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
-use crate::metrics::{record_duplicate_age, record_outcome};
-use crate::queue::{Lease, QueueSql};
+use crate::metrics::record_duplicate_age;
+use crate::retry::contention_backoff;
+use crate::spikes::record_outcome;
+use crate::store::WriterLock;
+use crate::store::{Backend, ClaimRow, ClaimToken, GuardRecord, GuardSql, NewClaim};
 use crate::table::TableName;
-use crate::writer::WriterLock;
 
 /// What a delivery of a guarded job did.
 #[derive(Clone, Debug, PartialEq)]
@@ -259,7 +260,7 @@ impl<DB: Backend> Guard<DB> {
     /// remembers keys, its memory horizon. `None` when the table is empty. A duplicate older
     /// than this finds no row and is applied again.
     pub async fn oldest_age(&self) -> Result<Option<Duration>> {
-        Ok(DB::oldest_guard_age(&self.inner.pool, &self.inner.sql.table).await?)
+        Ok(DB::oldest_guard_age(&self.inner.pool, &self.inner.sql).await?)
     }
 
     /// Creates the guard table and its index when missing. Safe to call from many processes at
@@ -635,38 +636,18 @@ impl<DB: Backend> Guard<DB> {
         check_claim(key, fingerprint, row)
     }
 
-    /// Claims `key` and completes the job of `lease` in one step inside the worker's
-    /// transaction; `None` when the lease is no longer held (nothing was claimed then).
-    ///
-    /// Completing before the effect runs is safe because both commit or roll back together,
-    /// and it means a worker whose lease was taken over never runs the effect at all.
-    pub(crate) async fn claim_completing(
-        &self,
-        conn: &mut DB::Connection,
-        key: &JobKey,
-        payload: &serde_json::Value,
-        queue: &QueueSql,
-        lease: Lease,
-    ) -> Result<Option<Claim>> {
-        let fingerprint = fingerprint_of(key, payload)?;
-        let token = ClaimToken::new();
-        let new = NewClaim {
-            key: key.as_str(),
-            kind: key.kind(),
-            fingerprint: Some(&fingerprint),
-            token: &token,
-        };
-        let (row, completed) =
-            DB::claim_completing(conn, &self.inner.sql, queue, &new, lease).await?;
-        if !completed {
-            return Ok(None);
-        }
-        check_claim(key, Some(&fingerprint), row).map(Some)
+    /// The guard table's statements, for the worker's claim that also completes its job.
+    pub(crate) fn sql(&self) -> &GuardSql {
+        &self.inner.sql
     }
 }
 
 /// Turns what the claim found into a [`Claim`], refusing a key reused with another payload.
-fn check_claim(key: &JobKey, fingerprint: Option<&Fingerprint>, row: ClaimRow) -> Result<Claim> {
+pub(crate) fn check_claim(
+    key: &JobKey,
+    fingerprint: Option<&Fingerprint>,
+    row: ClaimRow,
+) -> Result<Claim> {
     let record = match row {
         ClaimRow::Claimed => return Ok(Claim::Claimed),
         ClaimRow::Held(record) => record,
@@ -685,7 +666,10 @@ fn check_claim(key: &JobKey, fingerprint: Option<&Fingerprint>, row: ClaimRow) -
     Ok(Claim::Duplicate(record))
 }
 
-fn fingerprint_of<P: Serialize + ?Sized>(key: &JobKey, payload: &P) -> Result<Fingerprint> {
+pub(crate) fn fingerprint_of<P: Serialize + ?Sized>(
+    key: &JobKey,
+    payload: &P,
+) -> Result<Fingerprint> {
     Fingerprint::of(payload).map_err(|source| Error::Payload {
         key: key.to_string(),
         source,
@@ -713,15 +697,4 @@ async fn end<DB: Backend>(tx: Transaction<'static, DB>) {
     if let Err(error) = tx.rollback().await {
         tracing::debug!(%error, "rollback failed; the connection is dropped instead");
     }
-}
-
-/// Exponential backoff with jitter for transactions rolled back by contention: 2, 4, 8 ms ...
-/// up to 256 ms, each scaled by a factor in [0.5, 1.5) so colliding jobs spread out.
-fn contention_backoff(attempt: u32) -> Duration {
-    let base = 1_u64 << attempt.min(8);
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    let jitter = 500 + u64::from(nanos.subsec_nanos() % 1000);
-    Duration::from_micros(base * jitter)
 }

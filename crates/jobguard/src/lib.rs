@@ -54,28 +54,32 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod backend;
 #[cfg(any(feature = "rabbitmq", feature = "nats", feature = "redis"))]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "rabbitmq", feature = "nats", feature = "redis")))
 )]
 pub mod broker;
+mod dispatch;
+mod duration;
 mod error;
 pub mod external;
 mod fingerprint;
 pub mod guard;
+mod job;
 pub mod key;
 pub mod metrics;
 pub mod outbox;
+mod payload;
 pub mod queue;
 pub mod retention;
 mod retry;
 pub mod spikes;
 pub mod steps;
+mod store;
 mod table;
+mod time;
 pub mod worker;
-mod writer;
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -87,10 +91,10 @@ pub mod sqlite;
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 
-pub use backend::{Backend, GuardRecord};
 pub use error::{Error, JobError, Result};
 pub use fingerprint::Fingerprint;
 pub use guard::{Claim, Duplicate, Guard, GuardConfig, Outcome};
+pub use job::Job;
 pub use key::{JobKey, KeyError};
 pub use outbox::{MessageId, Outbox, Relay};
 #[cfg(feature = "postgres")]
@@ -100,5 +104,6 @@ pub use retention::{Horizon, PruneConfig, PruneSchedule, Pruner, Retention, Rete
 pub use retry::RetryPolicy;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteGuard;
+pub use store::{Backend, GuardRecord};
 pub use table::TableName;
-pub use worker::{Job, Worker, WorkerConfig, WorkerStats};
+pub use worker::{Worker, WorkerConfig, WorkerStats};

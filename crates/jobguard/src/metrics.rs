@@ -9,7 +9,7 @@
 //! | [`DUPLICATE_AGE_SECONDS`] `jobguard_duplicate_age_seconds` | histogram | `kind` |
 //! | [`GUARD_OLDEST_AGE_SECONDS`] `jobguard_guard_oldest_age_seconds` | gauge | `table` |
 //! | [`PRUNED_ROWS_TOTAL`] `jobguard_pruned_rows_total` | counter | `table` |
-//! | [`STEPS_ATTENTION_TOTAL`](crate::steps::ATTENTION_TOTAL) `jobguard_steps_attention_total` | counter | `kind` |
+//! | [`STEPS_ATTENTION_TOTAL`] `jobguard_steps_attention_total` | counter | `kind` |
 //! | [`DUPLICATES_TOTAL`] `jobguard_duplicates_total` | counter | `kind`, `source` |
 //! | [`JOB_DURATION_SECONDS`] `jobguard_job_duration_seconds` | histogram | `kind`, `outcome` |
 //! | [`DUPLICATE_SPIKE`] `jobguard_duplicate_spike` | gauge | `kind` |
@@ -18,6 +18,9 @@
 //! | [`JOBS_RUNNING`] `jobguard_jobs_running` | gauge, sampled | |
 //! | [`DEAD_LETTERS`] `jobguard_dead_letters` | gauge, sampled | |
 //! | [`STEPS_ATTENTION`] `jobguard_steps_attention` | gauge, sampled | |
+//! | [`OUTBOX_DELIVERED_TOTAL`] `jobguard_outbox_delivered_total` | counter | `topic` |
+//! | [`OUTBOX_RETRIED_TOTAL`] `jobguard_outbox_retried_total` | counter | `topic` |
+//! | [`OUTBOX_DEAD_TOTAL`] `jobguard_outbox_dead_total` | counter | `topic` |
 //!
 //! Counters, histograms and the spike gauge are recorded by the process that runs the jobs (a
 //! [`Worker`](crate::Worker), a [`Guard`](crate::Guard)); the gauges marked *sampled* describe
@@ -34,9 +37,10 @@ use std::time::{Duration, SystemTime};
 /// enqueueing in a retry loop) and is worth a look even though nothing was applied twice.
 pub const OUTCOMES_TOTAL: &str = "jobguard_outcomes_total";
 
-pub(crate) fn record_outcome(kind: &str, outcome: &'static str) {
+/// Counts one outcome. Callers go through `spikes::record_outcome`, which also feeds the
+/// duplicate-spike watch.
+pub(crate) fn count_outcome(kind: &str, outcome: &'static str) {
     metrics::counter!(OUTCOMES_TOTAL, "kind" => kind.to_owned(), "outcome" => outcome).increment(1);
-    crate::spikes::observe(kind, outcome);
 }
 
 /// How old a key's guard row was when a duplicate delivery of it arrived, in seconds, per job
@@ -95,6 +99,16 @@ pub const JOB_DURATION_SECONDS: &str = "jobguard_job_duration_seconds";
 /// `jobguard_duplicate_spike{kind}`. Set by a [`SpikeWatch`](crate::spikes::SpikeWatch) at the
 /// end of each window; alert on it.
 pub const DUPLICATE_SPIKE: &str = "jobguard_duplicate_spike";
+
+/// Steps marked `attention` per job kind: `jobguard_steps_attention_total{kind}`.
+pub const STEPS_ATTENTION_TOTAL: &str = "jobguard_steps_attention_total";
+
+/// Messages the sink confirmed: `jobguard_outbox_delivered_total{topic}`.
+pub const OUTBOX_DELIVERED_TOTAL: &str = "jobguard_outbox_delivered_total";
+/// Deliveries that failed and will be tried again: `jobguard_outbox_retried_total{topic}`.
+pub const OUTBOX_RETRIED_TOTAL: &str = "jobguard_outbox_retried_total";
+/// Messages dead-lettered: `jobguard_outbox_dead_total{topic}`. Any increase needs a look.
+pub const OUTBOX_DEAD_TOTAL: &str = "jobguard_outbox_dead_total";
 
 /// Jobs ready to run now and waiting for a worker, per queue: `jobguard_queue_depth{queue}`.
 pub const QUEUE_DEPTH: &str = "jobguard_queue_depth";
@@ -237,7 +251,7 @@ pub fn describe() {
     );
     describe_counter!(PRUNED_ROWS_TOTAL, "Rows deleted by pruning, per table.");
     describe_counter!(
-        crate::steps::ATTENTION_TOTAL,
+        STEPS_ATTENTION_TOTAL,
         "External steps marked attention, per job kind."
     );
     describe_gauge!(

@@ -69,290 +69,32 @@
 
 mod relay;
 mod sink;
-mod store;
 #[cfg(feature = "webhook")]
 mod webhook;
 
 use std::fmt;
-use std::fmt::Write as _;
-use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::Value;
 use sqlx::Pool;
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
-use crate::queue::MAX_PAYLOAD_BYTES;
+use crate::payload::payload_problem;
+use crate::store::Backend;
 use crate::table::TableName;
 
+pub use crate::store::outbox::{
+    MAX_TOPIC_LEN, MessageId, MessageRow, MessageState, OutboxCounts, OutboxMessage,
+};
+use crate::store::outbox::{NewMessage, OutboxSql};
 pub use relay::{DEAD_TOTAL, DELIVERED_TOTAL, RETRIED_TOTAL, Relay, RelayConfig, RelayReport};
-pub use sink::{OutboxMessage, Sink, SinkError};
-pub(crate) use store::outbox_statements;
-#[doc(hidden)]
-pub use store::{DueMessage, NewMessage, OutboxSql, OutboxStore, Settle};
+pub use sink::{Sink, SinkError};
 #[cfg(feature = "webhook")]
 #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
 pub use webhook::WebhookSink;
-
-/// The longest topic accepted, in bytes.
-pub const MAX_TOPIC_LEN: usize = 200;
-
-/// The identity of an outbox message: `<job key>/<topic>`, the same every time the job runs.
-///
-/// The key's bytes outside printable ASCII (spaces, control characters, non-ASCII letters) are
-/// written as `%XX`, so an id is always a valid HTTP header value; job keys never contain a `%`
-/// other than their own `%25` and `%3A` escapes, and topics never contain `/`, so two different
-/// keys or topics never give the same id. An id is at most `3 * 512 + 1 + 200` bytes.
-///
-/// ```
-/// use jobguard::JobKey;
-/// use jobguard::outbox::MessageId;
-///
-/// let key = JobKey::new("invoice", ["order-8812"])?;
-/// let id = MessageId::new(&key, "invoices")?;
-/// assert_eq!(id.as_str(), "invoice:order-8812/invoices");
-/// assert_eq!(id.topic(), "invoices");
-///
-/// let key = JobKey::new("invoice", ["café 7"])?;
-/// assert_eq!(MessageId::new(&key, "invoices")?.as_str(), "invoice:caf%C3%A9%207/invoices");
-/// # Ok::<(), jobguard::Error>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct MessageId(String);
-
-impl MessageId {
-    /// The id of the message the job of `key` publishes to `topic`.
-    ///
-    /// Fails with [`Error::InvalidTopic`] unless `topic` is 1 to [`MAX_TOPIC_LEN`] ASCII
-    /// letters, digits, `.`, `_` and `-`, starting with a letter or digit.
-    pub fn new(key: &JobKey, topic: &str) -> Result<Self> {
-        check_topic(topic)?;
-        let key = key.as_str();
-        let mut id = String::with_capacity(key.len() + 1 + topic.len());
-        for &byte in key.as_bytes() {
-            if byte.is_ascii_graphic() {
-                id.push(char::from(byte));
-            } else {
-                write!(id, "%{byte:02X}").expect("writing to a string cannot fail");
-            }
-        }
-        id.push('/');
-        id.push_str(topic);
-        Ok(MessageId(id))
-    }
-
-    /// The id as stored and sent.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The topic the message was published to.
-    pub fn topic(&self) -> &str {
-        self.0.rsplit_once('/').map_or("", |(_, topic)| topic)
-    }
-
-    pub(crate) fn from_stored(id: String) -> Self {
-        MessageId(id)
-    }
-}
-
-/// Reads an id as [`MessageId::as_str`] writes it, as an operator copies it from a listing.
-///
-/// ```
-/// use jobguard::outbox::MessageId;
-///
-/// let id: MessageId = "invoice:order-8812/invoices".parse()?;
-/// assert_eq!(id.topic(), "invoices");
-/// assert!("no-topic".parse::<MessageId>().is_err());
-/// # Ok::<(), jobguard::Error>(())
-/// ```
-impl FromStr for MessageId {
-    type Err = Error;
-
-    fn from_str(id: &str) -> Result<Self> {
-        let malformed = || Error::InvalidMessage {
-            id: id.to_owned(),
-            reason: "a message id is `<job key>/<topic>` in visible ASCII, as listed by \
-                     `jobguard outbox list`"
-                .to_owned(),
-        };
-        let (key, topic) = id.rsplit_once('/').ok_or_else(malformed)?;
-        check_topic(topic)?;
-        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(malformed());
-        }
-        Ok(MessageId(id.to_owned()))
-    }
-}
-
-impl fmt::Display for MessageId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl AsRef<str> for MessageId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Checks a topic: it becomes the last segment of a webhook URL, so a topic of dots (`..`),
-/// which URL parsers resolve away, is refused along with anything that would need escaping.
-fn check_topic(topic: &str) -> Result<()> {
-    let starts_well = topic
-        .bytes()
-        .next()
-        .is_some_and(|b| b.is_ascii_alphanumeric());
-    let plain = topic
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if starts_well && plain && topic.len() <= MAX_TOPIC_LEN {
-        Ok(())
-    } else {
-        Err(Error::InvalidTopic {
-            topic: topic.chars().take(MAX_TOPIC_LEN + 10).collect(),
-        })
-    }
-}
-
-/// The queue's payload rules: JSON of at most [`MAX_PAYLOAD_BYTES`], without NUL characters
-/// (PostgreSQL rejects `\u0000` in `jsonb`).
-fn check_payload(id: &MessageId, payload: &Value) -> Result<()> {
-    fn has_nul(value: &Value) -> bool {
-        match value {
-            Value::String(s) => s.contains('\0'),
-            Value::Array(items) => items.iter().any(has_nul),
-            Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-            _ => false,
-        }
-    }
-    let invalid = |reason: String| {
-        Err(Error::InvalidMessage {
-            id: id.to_string(),
-            reason,
-        })
-    };
-    if has_nul(payload) {
-        return invalid(
-            "its payload contains a NUL character, which PostgreSQL cannot store".into(),
-        );
-    }
-    let size = serde_json::to_vec(payload).map_or(usize::MAX, |bytes| bytes.len());
-    if size > MAX_PAYLOAD_BYTES {
-        return invalid(format!(
-            "its payload is {size} bytes of JSON, over the limit of {MAX_PAYLOAD_BYTES}; store \
-             large data elsewhere and publish a reference to it"
-        ));
-    }
-    Ok(())
-}
-
-/// Where a message is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MessageState {
-    /// Waiting for the relay: due now, or backing off after a failed delivery.
-    Pending,
-    /// Delivered: the sink confirmed it.
-    Sent,
-    /// Dead-lettered: the sink refused it, or every attempt failed. Can be replayed.
-    Dead,
-}
-
-impl MessageState {
-    /// The state's name as stored.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            MessageState::Pending => "pending",
-            MessageState::Sent => "sent",
-            MessageState::Dead => "dead",
-        }
-    }
-}
-
-impl fmt::Display for MessageState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for MessageState {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "pending" => Ok(MessageState::Pending),
-            "sent" => Ok(MessageState::Sent),
-            "dead" => Ok(MessageState::Dead),
-            other => Err(Error::Database(sqlx::Error::Decode(
-                format!("unknown outbox message state `{other}`").into(),
-            ))),
-        }
-    }
-}
-
-/// Message counts by state, from [`Outbox::counts`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct OutboxCounts {
-    /// Waiting for the relay.
-    pub pending: i64,
-    /// Delivered.
-    pub sent: i64,
-    /// Dead-lettered.
-    pub dead: i64,
-}
-
-/// A message as listed by [`Outbox::list`].
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct MessageRow {
-    /// The message id.
-    pub id: MessageId,
-    /// The topic.
-    pub topic: String,
-    /// Where it is in its life.
-    pub state: MessageState,
-    /// Deliveries attempted so far.
-    pub attempts: i32,
-    /// When the relay tries it next, if it is pending.
-    #[serde(serialize_with = "serialize_time")]
-    pub next_attempt_at: SystemTime,
-    /// Why the last failed delivery failed.
-    pub last_error: Option<String>,
-    /// When it was published (the publishing transaction's time on PostgreSQL).
-    #[serde(serialize_with = "serialize_time")]
-    pub created_at: SystemTime,
-    /// When the sink confirmed it.
-    #[serde(serialize_with = "serialize_optional_time")]
-    pub sent_at: Option<SystemTime>,
-    /// The payload.
-    pub payload: Value,
-}
-
-fn millis(time: &SystemTime) -> u64 {
-    let since = time.duration_since(SystemTime::UNIX_EPOCH);
-    u64::try_from(since.unwrap_or_default().as_millis()).unwrap_or(u64::MAX)
-}
-
-fn serialize_time<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(millis(time))
-}
-
-fn serialize_optional_time<S: serde::Serializer>(
-    time: &Option<SystemTime>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match time {
-        Some(time) => s.serialize_some(&millis(time)),
-        None => s.serialize_none(),
-    }
-}
 
 /// The transactional outbox on one table. Cheap to clone.
 ///
@@ -445,7 +187,7 @@ impl<DB: Backend> Outbox<DB> {
     /// Publishing an id that is already in the outbox (a job that runs again) writes nothing
     /// and returns the id, when the payload is the same; with another payload it fails with
     /// [`Error::MessageReused`]. A bad topic fails with [`Error::InvalidTopic`], a payload that
-    /// is not JSON with [`Error::Payload`], and one over [`MAX_PAYLOAD_BYTES`] or with a NUL
+    /// is not JSON with [`Error::Payload`], and one over [`MAX_PAYLOAD_BYTES`](crate::queue::MAX_PAYLOAD_BYTES) or with a NUL
     /// character with [`Error::InvalidMessage`]; in every error case nothing was written, and
     /// the transaction can go on.
     ///
@@ -465,7 +207,12 @@ impl<DB: Backend> Outbox<DB> {
             key: key.to_string(),
             source,
         })?;
-        check_payload(&id, &payload)?;
+        if let Some(reason) = payload_problem(&payload, "its payload", "publish") {
+            return Err(Error::InvalidMessage {
+                id: id.to_string(),
+                reason,
+            });
+        }
         let fingerprint = Fingerprint::of(&payload).map_err(|source| Error::Payload {
             key: key.to_string(),
             source,
@@ -541,6 +288,7 @@ impl<DB: Backend> Outbox<DB> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::outbox::check_topic;
 
     fn key(parts: &[&str]) -> JobKey {
         JobKey::new("k", parts).unwrap()

@@ -113,11 +113,7 @@ impl RetryPolicy {
 
     /// The nominal delay after failed attempt `attempt` (1-based), before jitter.
     pub fn nominal_delay(&self, attempt: u32) -> Duration {
-        let factor = 2_u32.saturating_pow(attempt.saturating_sub(1).min(31));
-        self.base
-            .saturating_mul(factor)
-            .min(self.max_delay)
-            .min(Self::MAX_DELAY)
+        doubled(self.base, attempt, self.max_delay.min(Self::MAX_DELAY))
     }
 
     /// The delay after failed attempt `attempt`, with jitter drawn from `unit` in `[0, 1)`.
@@ -159,6 +155,24 @@ impl RetryPolicy {
             self.jitter.clamp(0.0, 1.0)
         }
     }
+}
+
+/// Exponential backoff with jitter for transactions rolled back by contention: 2, 4, 8 ms ...
+/// up to 256 ms, each scaled by a factor in [0.5, 1.5) so colliding jobs spread out.
+pub(crate) fn contention_backoff(attempt: u32) -> Duration {
+    let base = 1_u64 << attempt.min(8);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let jitter = 500 + u64::from(nanos.subsec_nanos() % 1000);
+    Duration::from_micros(base * jitter)
+}
+
+/// `base` doubled for each attempt after the first, up to `cap`: the one exponential backoff
+/// that [`RetryPolicy`] and the broker consumer's redeliveries share.
+pub(crate) fn doubled(base: Duration, attempt: u32, cap: Duration) -> Duration {
+    let factor = 2_u32.saturating_pow(attempt.saturating_sub(1).min(31));
+    base.saturating_mul(factor).min(cap)
 }
 
 /// `delay * scale` for a `scale` in `[0, 2]`, saturating instead of panicking on overflow.

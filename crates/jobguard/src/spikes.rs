@@ -343,8 +343,14 @@ fn mean(values: &VecDeque<u64>) -> f64 {
 /// The detector that this process's outcomes feed, if a [`SpikeWatch`] is installed.
 static WATCHED: RwLock<Option<Arc<Mutex<SpikeDetector>>>> = RwLock::new(None);
 
+/// Counts an outcome in [`metrics`](crate::metrics) and feeds it to the spike watch, if any.
+pub(crate) fn record_outcome(kind: &str, outcome: &'static str) {
+    crate::metrics::count_outcome(kind, outcome);
+    observe(kind, outcome);
+}
+
 /// Called for every outcome counted in [`metrics`](crate::metrics).
-pub(crate) fn observe(kind: &str, outcome: &str) {
+fn observe(kind: &str, outcome: &str) {
     let (applied, duplicates) = match outcome {
         "applied" => (1, 0),
         "duplicate" => (0, 1),

@@ -18,16 +18,12 @@
 //!    broker ([`Delivery::retry`]) for a later delivery, until the broker's maximum number of
 //!    deliveries; then, or on a fatal error, it is dead-lettered ([`Delivery::dead_letter`]).
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::marker::PhantomData;
-use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use serde::Serialize;
 use serde_json::Value;
@@ -36,12 +32,15 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::Envelope;
-use crate::backend::Backend;
+use crate::dispatch::{Registry, catch_panic, log_join};
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Outcome};
+use crate::job::Job;
 use crate::key::{JobKey, KeyError};
-use crate::metrics::{DuplicateSource, record_duplicate_source, record_outcome};
-use crate::worker::Job;
+use crate::metrics::{DuplicateSource, record_duplicate_source};
+use crate::retry::doubled;
+use crate::spikes::record_outcome;
+use crate::store::Backend;
 
 /// A message received from a broker, not yet settled.
 ///
@@ -206,7 +205,7 @@ type BeforeAck = Arc<dyn Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + S
 /// ```
 pub struct Consumer<DB: Backend> {
     guard: Guard<DB>,
-    handlers: HashMap<String, Arc<dyn Handler<DB>>>,
+    handlers: Registry<dyn Runnable<DB>>,
     config: ConsumerConfig,
     before_ack: Option<BeforeAck>,
 }
@@ -222,7 +221,7 @@ impl<DB: Backend> Consumer<DB> {
     pub fn with_config(guard: Guard<DB>, config: ConsumerConfig) -> Self {
         Consumer {
             guard,
-            handlers: HashMap::new(),
+            handlers: Registry::default(),
             config,
             before_ack: None,
         }
@@ -230,8 +229,9 @@ impl<DB: Backend> Consumer<DB> {
 
     /// Runs messages of kind `J::KIND` as `J`.
     pub fn register<J: Job<DB>>(mut self) -> Self {
-        self.handlers
-            .insert(J::KIND.to_owned(), Arc::new(TypedHandler::<J>(PhantomData)));
+        self.handlers.insert(J::KIND, |payload| {
+            Ok(Box::new(J::deserialize(payload)?) as Box<dyn Runnable<DB>>)
+        });
         self
     }
 
@@ -283,7 +283,7 @@ impl<DB: Backend> Consumer<DB> {
 
         loop {
             while let Some(joined) = tasks.try_join_next() {
-                log_join(joined);
+                log_join(joined, "a message task panicked outside the job");
             }
             let first = tokio::select! {
                 biased;
@@ -347,7 +347,7 @@ impl<DB: Backend> Consumer<DB> {
 
         let drained = tokio::time::timeout(consumer.config.shutdown_timeout, async {
             while let Some(joined) = tasks.join_next().await {
-                log_join(joined);
+                log_join(joined, "a message task panicked outside the job");
             }
         })
         .await;
@@ -414,8 +414,7 @@ impl<DB: Backend> Consumer<DB> {
                 envelope.key.clone(),
                 envelope.payload.clone(),
             );
-            let run = AssertUnwindSafe(run).catch_unwind();
-            let ran = with_progress(&delivery, limits.progress_interval, run).await;
+            let ran = with_progress(&delivery, limits.progress_interval, catch_panic(run)).await;
             let error = match ran {
                 Ok(Ok(outcome)) => {
                     let counter = match outcome {
@@ -443,10 +442,10 @@ impl<DB: Backend> Consumer<DB> {
                     return;
                 }
                 Ok(Err(error)) => error,
-                Err(panic) => Error::Effect {
+                Err(panicked) => Error::Effect {
                     key: envelope.key.to_string(),
                     fatal: false,
-                    source: format!("the job panicked: {}", panic_message(&panic)).into(),
+                    source: panicked.into(),
                 },
             };
             if !error.is_retryable() || attempt >= limits.max_deliveries {
@@ -474,7 +473,7 @@ impl<DB: Backend> Consumer<DB> {
         tracing::warn!(error = reason, "message dead-lettered");
         // Kinds nobody registered are whatever a message said: one label for them all keeps
         // the series bounded.
-        let label = if self.handlers.contains_key(kind) {
+        let label = if self.handlers.contains(kind) {
             kind
         } else {
             "unknown"
@@ -502,22 +501,12 @@ impl<DB: Backend> Consumer<DB> {
                 ),
             )
         })?;
-        let Some(handler) = self.handlers.get(&envelope.kind) else {
-            let reason = format!(
-                "unknown job kind `{}`: no handler is registered for it in this consumer",
-                envelope.kind
-            );
-            return Err((Some(envelope.kind), reason));
-        };
-        let runnable = match handler.decode(&envelope.payload) {
+        let runnable = match self
+            .handlers
+            .decode(&envelope.kind, &envelope.payload, "consumer")
+        {
             Ok(runnable) => runnable,
-            Err(error) => {
-                let reason = format!(
-                    "the payload does not deserialize into a `{}` job: {error}",
-                    envelope.kind
-                );
-                return Err((Some(envelope.kind), reason));
-            }
+            Err(reason) => return Err((Some(envelope.kind), reason)),
         };
         // The guard claims the envelope's key, so it must be the one the job derives: a key
         // made afresh for each publish of the same work would let every copy apply.
@@ -561,8 +550,7 @@ struct Limits {
 
 /// `base` doubled for each delivery after the first, up to [`MAX_RETRY_DELAY`].
 fn retry_delay(base: Duration, attempt: u32) -> Duration {
-    let factor = 2_u32.saturating_pow(attempt.saturating_sub(1).min(16));
-    base.saturating_mul(factor).min(MAX_RETRY_DELAY)
+    doubled(base, attempt, MAX_RETRY_DELAY)
 }
 
 /// Runs `work`, calling [`Delivery::progress`] every `interval` until it finishes.
@@ -586,35 +574,6 @@ async fn with_progress<D: Delivery, T>(
     tokio::select! {
         done = work => done,
         () = beats => unreachable!("progress never ends"),
-    }
-}
-
-fn log_join(joined: std::result::Result<(), tokio::task::JoinError>) {
-    if let Err(error) = joined
-        && error.is_panic()
-    {
-        tracing::error!(%error, "a message task panicked outside the job");
-    }
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic payload".to_owned())
-}
-
-/// Turns a payload into a runnable job of one kind.
-trait Handler<DB: Backend>: Send + Sync {
-    fn decode(&self, payload: &Value) -> Result<Box<dyn Runnable<DB>>, serde_json::Error>;
-}
-
-struct TypedHandler<J>(PhantomData<fn() -> J>);
-
-impl<DB: Backend, J: Job<DB>> Handler<DB> for TypedHandler<J> {
-    fn decode(&self, payload: &Value) -> Result<Box<dyn Runnable<DB>>, serde_json::Error> {
-        Ok(Box::new(J::deserialize(payload)?))
     }
 }
 

@@ -3,10 +3,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::job::Job;
 use crate::key::JobKey;
-use crate::worker::Job;
+use crate::store::Backend;
 
 /// A job as a broker carries it: the body of a RabbitMQ message or a JetStream message, and
 /// the `body` field of a Redis Streams entry, as one JSON object.

@@ -9,17 +9,18 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use serde::Serialize;
 
-use super::{DueMessage, Outbox, Settle, Sink};
-use crate::backend::{Backend, ClaimToken};
+use super::{Outbox, Sink};
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
+use crate::store::outbox::{DueMessage, Settle};
+use crate::store::{Backend, ClaimToken};
 
-/// Messages the sink confirmed: `jobguard_outbox_delivered_total{topic}`.
-pub const DELIVERED_TOTAL: &str = "jobguard_outbox_delivered_total";
-/// Deliveries that failed and will be tried again: `jobguard_outbox_retried_total{topic}`.
-pub const RETRIED_TOTAL: &str = "jobguard_outbox_retried_total";
 /// Messages dead-lettered: `jobguard_outbox_dead_total{topic}`. Any increase needs a look.
-pub const DEAD_TOTAL: &str = "jobguard_outbox_dead_total";
+pub use crate::metrics::OUTBOX_DEAD_TOTAL as DEAD_TOTAL;
+/// Messages the sink confirmed: `jobguard_outbox_delivered_total{topic}`.
+pub use crate::metrics::OUTBOX_DELIVERED_TOTAL as DELIVERED_TOTAL;
+/// Deliveries that failed and will be tried again: `jobguard_outbox_retried_total{topic}`.
+pub use crate::metrics::OUTBOX_RETRIED_TOTAL as RETRIED_TOTAL;
 
 /// The longest `last_error` kept for a failed delivery, in characters.
 const MAX_ERROR_LEN: usize = 2000;

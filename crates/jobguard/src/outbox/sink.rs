@@ -3,28 +3,8 @@
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::time::SystemTime;
 
-use serde_json::Value;
-
-use super::MessageId;
-
-/// A message handed to a [`Sink`] by the relay.
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct OutboxMessage {
-    /// The message id, the same on every delivery of the message: receivers deduplicate on it.
-    pub id: MessageId,
-    /// The topic it was published to.
-    pub topic: String,
-    /// The payload, as published.
-    pub payload: Value,
-    /// Which delivery attempt this is, from 1. A relay that died during an attempt did not
-    /// count it, so a receiver may see the same attempt number twice.
-    pub attempt: u32,
-    /// When the message was published.
-    pub created_at: SystemTime,
-}
+use super::OutboxMessage;
 
 /// A destination for outbox messages: a webhook ([`WebhookSink`](super::WebhookSink)), a broker,
 /// another service.

@@ -1,20 +1,16 @@
 //! Pruning the guard table, the step ledger's `done` steps and the queue's finished jobs, in
 //! batches.
 
-use std::future::Future;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use sqlx::Pool;
-
 use super::Retention;
-use crate::backend::Backend;
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::metrics::{record_oldest_age, record_pruned};
 use crate::queue::{JobState, Queue};
 use crate::steps::Steps;
-use crate::table::TableName;
+use crate::store::Backend;
 
 /// A time before any guard row, in microseconds since the Unix epoch (the year 1): where the
 /// first batch starts.
@@ -179,7 +175,6 @@ impl<DB: Backend> Pruner<DB> {
     /// Counts what a run would delete now, deleting nothing (a dry run).
     pub async fn plan(&self) -> Result<PrunePlan> {
         let pool = self.guard.pool();
-        let table = self.guard.table();
         let cutoff = DB::prune_cutoff(pool, self.retention.keep()).await?;
         let step_rows = match &self.steps {
             Some(steps) => steps.prunable(cutoff).await?,
@@ -192,7 +187,7 @@ impl<DB: Backend> Pruner<DB> {
             dead_jobs = queue.prunable(JobState::Dead, dead).await?;
         }
         Ok(PrunePlan {
-            guard_rows: DB::count_guard(pool, table, cutoff).await?,
+            guard_rows: DB::count_guard(pool, self.guard.sql(), cutoff).await?,
             step_rows,
             completed_jobs,
             dead_jobs,
@@ -213,7 +208,7 @@ impl<DB: Backend> Pruner<DB> {
     /// remembers. Also sets the `jobguard_guard_oldest_age_seconds` gauge.
     pub async fn oldest_age(&self) -> Result<Option<Duration>> {
         let table = self.guard.table();
-        let age = DB::oldest_guard_age(self.guard.pool(), table).await?;
+        let age = DB::oldest_guard_age(self.guard.pool(), self.guard.sql()).await?;
         record_oldest_age(&table.to_string(), age);
         Ok(age)
     }
@@ -271,7 +266,7 @@ impl<DB: Backend> Pruner<DB> {
             let batch_started = Instant::now();
             let (deleted, last) = {
                 let _writer = self.guard.write_turn().await;
-                DB::prune_guard(pool, table, cutoff, after, self.batch).await?
+                DB::prune_guard(pool, self.guard.sql(), cutoff, after, self.batch).await?
             };
             let took = batch_started.elapsed();
             after = last.unwrap_or(after);
@@ -348,59 +343,4 @@ impl<DB: Backend> Pruner<DB> {
     async fn rest(&self, took: Duration) {
         tokio::time::sleep(self.pause.max(took * REST_PER_BATCH)).await;
     }
-}
-
-/// The pruning statements each backend implements.
-#[doc(hidden)]
-pub trait PruneStore: sqlx::Database + super::JobPruneStore {
-    /// Proof that this process holds a table's turn to prune; released by
-    /// [`end_prune_turn`](Self::end_prune_turn) or, if lost, when dropped.
-    #[doc(hidden)]
-    type PruneTurn: Send + 'static;
-
-    /// Now minus `keep` by the database clock, in microseconds since the Unix epoch.
-    #[doc(hidden)]
-    fn prune_cutoff(
-        pool: &Pool<Self>,
-        keep: Duration,
-    ) -> impl Future<Output = sqlx::Result<i64>> + Send;
-
-    /// Deletes up to `limit` of the oldest guard rows applied at or after `after` and before
-    /// `cutoff`; returns how many, and the newest `applied_at` among them.
-    #[doc(hidden)]
-    fn prune_guard(
-        pool: &Pool<Self>,
-        table: &TableName,
-        cutoff: i64,
-        after: i64,
-        limit: u32,
-    ) -> impl Future<Output = sqlx::Result<(u64, Option<i64>)>> + Send;
-
-    #[doc(hidden)]
-    fn count_guard(
-        pool: &Pool<Self>,
-        table: &TableName,
-        cutoff: i64,
-    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
-
-    #[doc(hidden)]
-    fn oldest_guard_age(
-        pool: &Pool<Self>,
-        table: &TableName,
-    ) -> impl Future<Output = sqlx::Result<Option<Duration>>> + Send;
-
-    /// The table's turn to prune, or `None` when another pruner holds it.
-    #[doc(hidden)]
-    fn take_prune_turn(
-        pool: &Pool<Self>,
-        table: &TableName,
-    ) -> impl Future<Output = sqlx::Result<Option<Self::PruneTurn>>> + Send;
-
-    #[doc(hidden)]
-    fn end_prune_turn(turn: Self::PruneTurn) -> impl Future<Output = ()> + Send;
-}
-
-/// Microseconds as a duration, zero when negative.
-pub(crate) fn micros_duration(micros: i64) -> Duration {
-    Duration::from_micros(micros.max(0) as u64)
 }

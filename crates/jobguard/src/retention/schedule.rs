@@ -11,8 +11,8 @@ use croner::{CivilDate, CivilDateTime, CivilTime, Cron, CronDateTime, Resolution
 use tokio::sync::watch;
 
 use super::prune::{PruneReport, Pruner};
-use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::store::Backend;
 
 /// When a [`Worker`](crate::Worker) prunes the guard table: a cron expression in UTC, with five
 /// fields (minute hour day-of-month month day-of-week) or six (seconds first). Daily at

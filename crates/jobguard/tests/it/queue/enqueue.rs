@@ -278,3 +278,62 @@ async fn configured_table_holds_the_jobs<DB: TestDb>() {
         assert_eq!(DB::count(&pool, sql).await, 1);
     }
 }
+
+/// A job for `enqueue_job_tx`: it only needs a kind, a key and a payload.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Note {
+    order: u32,
+}
+
+impl<D: Backend> jobguard::Job<D> for Note {
+    const KIND: &'static str = "note";
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new("note", [format!("order-{}", self.order)])
+    }
+
+    async fn run(&self, _conn: &mut D::Connection) -> Result<(), jobguard::JobError> {
+        Ok(())
+    }
+}
+
+// `enqueue_job_tx` enqueues in the caller's transaction: a rollback leaves no job, and the job
+// is invisible to other connections until the commit, then fetched with its kind and key.
+backends!(fn enqueue_job_tx_shows_on_commit_and_never_after_rollback);
+async fn enqueue_job_tx_shows_on_commit_and_never_after_rollback<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("enqueue_job_tx_commit_rollback", 4).await else {
+        return;
+    };
+
+    let mut tx = pool.begin().await.unwrap();
+    let enqueued = queue
+        .enqueue_job_tx(&mut *tx, &Note { order: 1 })
+        .await
+        .unwrap();
+    assert!(enqueued.inserted);
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        job_rows::<DB>(&pool).await,
+        0,
+        "rolled back: never enqueued"
+    );
+
+    let mut tx = pool.begin().await.unwrap();
+    let enqueued = queue
+        .enqueue_job_tx(&mut *tx, &Note { order: 2 })
+        .await
+        .unwrap();
+    assert!(enqueued.inserted);
+    assert_eq!(
+        queue.counts().await.unwrap(),
+        counts(0, 0, 0, 0),
+        "not visible before the commit"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(queue.counts().await.unwrap(), counts(1, 0, 0, 0));
+
+    let leased = fetch_one::<DB>(&queue, LONG).await;
+    assert_eq!(leased.lease.job_id, enqueued.id);
+    assert_eq!(leased.kind, "note");
+    assert_eq!(leased.key, "note:order-2");
+}

@@ -1,32 +1,36 @@
-//! The job queue's SQL for SQLite. Times are integer microseconds since the Unix epoch by the
-//! database clock; durations arrive as microseconds.
+//! The job queue's SQL for PostgreSQL. Times are computed by the database clock; durations
+//! arrive as microseconds.
 
-use super::sql::NOW_MICROS as NOW;
-use crate::queue::QueueSql;
+use crate::store::queue::QueueSql;
 use crate::table::TableName;
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
     let live = "state in ('available', 'running')";
+    let micros = "* interval '1 microsecond'";
     let fenced = "where id = $1 and lease_token = $2 and state = 'running'";
-    let create = vec![
+    let mut create = Vec::new();
+    if let Some(schema) = table.schema() {
+        create.push(format!("create schema if not exists \"{schema}\""));
+    }
+    create.extend([
         format!(
             "create table if not exists {t} (
-                id           integer primary key autoincrement,
+                id           bigserial primary key,
                 kind         text not null,
                 job_key      text not null,
                 queue        text not null,
-                payload      text not null,
+                payload      jsonb not null,
                 state        text not null
                              check (state in ('available', 'running', 'completed', 'dead')),
                 attempt      integer not null default 0,
                 lease_token  bigint not null default 0,
                 max_attempts integer not null check (max_attempts > 0),
-                run_at       integer not null,
-                leased_until integer,
+                run_at       timestamptz not null default now(),
+                leased_until timestamptz,
                 last_error   text,
-                created_at   integer not null,
-                finished_at  integer
+                created_at   timestamptz not null default now(),
+                finished_at  timestamptz
             )"
         ),
         // One live job per key: a producer that enqueues the same work twice gets the job
@@ -61,44 +65,48 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "create index if not exists {} on {t} (kind, id) where state = 'dead'",
             table.derived("dead_kind")
         ),
-    ];
+    ]);
     QueueSql {
         table: table.clone(),
         create: create.into_iter().map(Into::into).collect(),
         enqueue: format!(
-            "insert into {t}
-                 (kind, job_key, queue, payload, state, max_attempts, run_at, created_at)
-             values ($1, $2, $3, $4, 'available', $5, {NOW} + $6, {NOW})
+            "insert into {t} (kind, job_key, queue, payload, state, max_attempts, run_at)
+             values ($1, $2, $3, $4, 'available', $5, now() + $6 {micros})
              on conflict (job_key) where {live} do nothing
              returning id"
         )
         .into(),
         live_job: format!("select id, kind, payload from {t} where job_key = $1 and {live}").into(),
-        // One statement, atomic on its own: SQLite's one writer at a time makes two workers
-        // take different jobs.
+        // `skip locked`: concurrent workers take different jobs instead of queueing on one.
         fetch: format!(
-            "update {t}
-             set state = 'running', attempt = attempt + 1, lease_token = lease_token + 1,
-                 leased_until = {NOW} + $3
-             where id in (select id from {t}
-                          where state = 'available' and queue = $1 and run_at <= {NOW}
-                          order by run_at, id limit $2)
-             returning id, kind, job_key, payload, attempt, max_attempts, leased_until, lease_token"
+            "with picked as (
+                 select id from {t}
+                 where state = 'available' and queue = $1 and run_at <= now()
+                 order by run_at, id
+                 limit $2
+                 for update skip locked
+             )
+             update {t} j
+             set state = 'running', attempt = j.attempt + 1, lease_token = j.lease_token + 1,
+                 leased_until = now() + $3 {micros}
+             from picked where j.id = picked.id
+             returning j.id, j.kind, j.job_key, j.payload, j.attempt, j.max_attempts,
+                       (extract(epoch from j.leased_until) * 1000000)::int8, j.lease_token"
         )
         .into(),
         // Every statement that ends or extends a lease names the attempt that holds it, so a
         // worker whose lease expired and was taken over changes nothing.
         complete: format!(
-            "update {t} set state = 'completed', finished_at = {NOW}, leased_until = null {fenced}"
+            "update {t} set state = 'completed', finished_at = now(), leased_until = null {fenced}"
         )
         .into(),
         retry: format!(
-            "update {t} set state = 'available', run_at = {NOW} + $3, last_error = $4,
+            "update {t} set state = 'available', run_at = now() + $3 {micros}, last_error = $4,
              leased_until = null {fenced}"
         )
         .into(),
         dead: format!(
-            "update {t} set state = 'dead', finished_at = {NOW}, last_error = $3,
+            "update {t} set state = 'dead', finished_at = now(), last_error = $3,
              leased_until = null {fenced}"
         )
         .into(),
@@ -106,31 +114,31 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "update {t} set state = 'available', attempt = attempt - 1, leased_until = null {fenced}"
         )
         .into(),
-        // Outside this process's writer turn, through the busy timeout. The worker's own
-        // heartbeats are files instead (see `heartbeat.rs`), which need no write lock.
-        heartbeat: format!("update {t} set leased_until = {NOW} + $3 {fenced}").into(),
+        heartbeat: format!("update {t} set leased_until = now() + $3 {micros} {fenced}").into(),
         // The last attempt is the lesser of the job's own limit and the worker's retry
         // policy ($1), as when an attempt fails: a job is never given more attempts by
         // losing its lease than by failing.
         rescue: format!(
             "update {t}
-             set state = case when attempt >= min(max_attempts, $1) then 'dead'
+             set state = case when attempt >= least(max_attempts, $1) then 'dead'
                               else 'available' end,
-                 finished_at = case when attempt >= min(max_attempts, $1) then {NOW} end,
+                 finished_at = case when attempt >= least(max_attempts, $1) then now() end,
                  last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
                  leased_until = null
-             where state = 'running' and leased_until < {NOW}
-               -- a lease whose heartbeat file says it holds ($2, `id:token`) belongs to a
-               -- worker that is alive, waiting for the write lock: not expired
-               and (id || ':' || lease_token) not in (select value from json_each($2))"
+             where id in (select id from {t}
+                          where state = 'running' and leased_until < now()
+                            -- leases known to hold outside the table ($2, `id:token`):
+                            -- always none on PostgreSQL, whose heartbeats are in the table
+                            and (id::text || ':' || lease_token::text)
+                                not in (select jsonb_array_elements_text($2::jsonb))
+                          -- a running job's own transaction holds its row: not expired
+                          for update skip locked)"
         )
         .into(),
         // Live states are counted exactly through their partial indexes (the fetch and lease
         // indexes), finished ones up to TERMINAL_COUNT_CAP rows through the `finished` index, so
         // a sample costs the same with 10M finished rows as with none. `estimated total` is
-        // what finished states above the cap are estimated from: the span of ids (two
-        // lookups of the rowid's ends: SQLite reads `min` and `max` from the b-tree only one at a
-        // time).
+        // what finished states above the cap are estimated from: the planner's row count.
         counts: format!(
             "select 'available', count(*) from {t} where state = 'available'
              union all select 'running', count(*) from {t} where state = 'running'
@@ -140,56 +148,68 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
              union all select 'dead', count(*) from
                  (select 1 from {t} where state = 'dead'
                   order by state, finished_at limit {cap}) d
-             union all select 'estimated total',
-                 coalesce((select max(id) from {t}) - (select min(id) from {t}) + 1, 0)",
-            cap = crate::queue::TERMINAL_COUNT_CAP
+             union all select 'estimated total', coalesce(
+                 (select reltuples::int8 from pg_class where oid = to_regclass('{t}')), -1)",
+            cap = crate::store::queue::TERMINAL_COUNT_CAP
         )
         .into(),
         // Served by the fetch index (queue, run_at, id) where state = 'available'.
         backlog: format!(
-            "select queue, count(*), {NOW} - min(run_at)
-             from {t} where state = 'available' and run_at <= {NOW}
+            "select queue, count(*),
+                    (extract(epoch from now() - min(run_at)) * 1000000)::int8
+             from {t} where state = 'available' and run_at <= now()
              group by queue order by queue"
         )
         .into(),
         list: format!(
-            "select id, kind, job_key, queue, state, attempt, max_attempts, run_at, last_error,
-                    created_at, payload
+            "select id, kind, job_key, queue, state, attempt, max_attempts,
+                    (extract(epoch from run_at) * 1000000)::int8, last_error,
+                    (extract(epoch from created_at) * 1000000)::int8, payload
              from {t}
-             where ($1 is null or state = $1) and ($2 is null or kind = $2)
+             where ($1::text is null or state = $1) and ($2::text is null or kind = $2)
              order by id desc limit $3"
         )
         .into(),
         // The newest dead job of a key comes back, and only when no live job holds the key.
         replay: format!(
-            "update {t} as j
-             set state = 'available', attempt = 0, run_at = {NOW}, finished_at = null,
+            "update {t} j
+             set state = 'available', attempt = 0, run_at = now(), finished_at = null,
                  leased_until = null
              where j.state = 'dead'
-               and ($1 is null or j.id = $1) and ($2 is null or j.kind = $2)
+               and ($1::int8 is null or j.id = $1) and ($2::text is null or j.kind = $2)
                and j.id = (select max(d.id) from {t} d
                            where d.job_key = j.job_key and d.state = 'dead')
                and not exists (select 1 from {t} l where l.job_key = j.job_key and l.{live})
-             returning id"
+             returning j.id"
         )
         .into(),
-        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2`, from `$4`
-        // on (where the last batch ended); returns the finish times of the jobs deleted. One
-        // statement under SQLite's single writer: no replay can come between the pick and the
-        // delete.
+        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2` and at or
+        // after `$4` (where the last batch ended, past the index entries it left for vacuum), times
+        // in microseconds since the Unix epoch; returns how many, and the latest finish. A job
+        // replayed between the pick and the delete is no longer in state `$1`: the delete re-checks
+        // the state on the row it locks, so a replayed job is never deleted.
         prune_jobs: format!(
-            "delete from {t} where id in (
-                 select id from {t} where state = $1 and finished_at < $2 and finished_at >= $4
-                 order by finished_at limit $3)
-             returning finished_at"
+            "with deleted as (
+                 delete from {t} where id = any(array(
+                     select id from {t}
+                     where state = $1
+                       and finished_at < timestamptz 'epoch' + $2 * interval '1 microsecond'
+                       and finished_at >= timestamptz 'epoch' + $4 * interval '1 microsecond'
+                     order by finished_at limit $3))
+                   and state = $1
+                 returning finished_at
+             )
+             select count(*)::int8, (extract(epoch from max(finished_at)) * 1000000)::int8
+             from deleted"
         )
         .into(),
         // How many jobs in state `$1` finished before `$2`.
         count_prunable_jobs: format!(
-            "select count(*) from {} where state = $1 and finished_at < $2",
+            "select count(*)::int8 from {} where state = $1
+               and finished_at < timestamptz 'epoch' + $2 * interval '1 microsecond'",
             t
         )
         .into(),
-        notify: None,
+        notify: Some("select pg_notify($1, $2)".into()),
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::SqlitePool;
 
-use crate::queue::Lease;
+use crate::store::queue::Lease;
 use crate::table::TableName;
 
 /// How long after its lease ended a heartbeat file is removed by rescue: long enough that a

@@ -1,79 +1,28 @@
-//! The SQLite backend.
+//! The SQLite dialect of the store: the [`Backend`] implementation, with its statements named
+//! by concept in `sqlite/` (guard, queue, outbox, steps) and the heartbeats that keep leases
+//! while the single writer is busy.
 //!
 //! SQLite has one writer at a time. Guarded jobs open their transaction with `begin immediate`,
 //! which takes the write lock up front, and connections made by [`connect`] wait for it through
 //! a busy timeout, so concurrent deliveries queue instead of failing with `database is locked`.
 //! WAL mode lets readers proceed while a job writes.
 
+mod guard;
 mod heartbeat;
-mod outbox_sql;
-mod queue_sql;
-mod sql;
-mod step_sql;
+mod outbox;
+mod prune;
+mod queue;
+mod steps;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::sqlite::{
-    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
-};
+use sqlx::sqlite::Sqlite;
 use sqlx::{AssertSqlSafe, Pool, Transaction};
 
-use crate::backend::{Backend, ClaimRow, GuardSql, NewClaim, sealed};
+use super::{Backend, ClaimRow, GuardSql, NewClaim, sealed};
 use crate::error::Error;
 use crate::table::TableName;
-
-/// A [`Guard`](crate::Guard) on SQLite.
-pub type SqliteGuard = crate::Guard<Sqlite>;
-
-/// How long a connection waits for the write lock before giving up.
-pub const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Opens a pool on a SQLite database set up for guarded jobs: created when missing, WAL
-/// journal, `synchronous = normal` (durable across application crashes; WAL's usual trade-off
-/// across power loss) and a [`BUSY_TIMEOUT`].
-///
-/// `url` is a `sqlite:` URL (`sqlite:jobs.db`, `sqlite::memory:` is refused: each connection
-/// would see its own empty database).
-///
-/// ```no_run
-/// # async fn demo() -> jobguard::Result<()> {
-/// let pool = jobguard::sqlite::connect("sqlite:jobs.db", 8).await?;
-/// let guard = jobguard::SqliteGuard::new(pool);
-/// guard.migrate().await?;
-/// # Ok(()) }
-/// ```
-pub async fn connect(url: &str, max_connections: u32) -> crate::Result<SqlitePool> {
-    let options = SqliteConnectOptions::from_str(url)?;
-    if options.get_filename().as_os_str() == ":memory:" {
-        return Err(Error::Database(sqlx::Error::Configuration(
-            "an in-memory SQLite database is private to one connection; use a file".into(),
-        )));
-    }
-    let options = options
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
-        .busy_timeout(BUSY_TIMEOUT);
-    // Two processes creating the same file at once can both try to switch it to WAL, and the
-    // loser gets SQLITE_BUSY without waiting; once the file exists this cannot happen.
-    let mut attempt = 0;
-    loop {
-        let pool = SqlitePoolOptions::new()
-            .max_connections(max_connections)
-            .connect_with(options.clone())
-            .await;
-        match pool {
-            Err(error) if attempt < 10 && Sqlite::is_transient(&error) => {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
-            }
-            pool => return Ok(pool?),
-        }
-    }
-}
 
 impl sealed::Sealed for Sqlite {}
 
@@ -90,16 +39,19 @@ impl Backend for Sqlite {
         }
         Ok(GuardSql {
             table: table.clone(),
-            create: sql::create(table).into_iter().map(Arc::from).collect(),
-            claim: sql::claim(table).into(),
-            record: sql::record(table).into(),
-            store_result: sql::store_result(table).into(),
+            create: guard::create(table).into_iter().map(Arc::from).collect(),
+            claim: guard::claim(table).into(),
+            record: guard::record(table).into(),
+            store_result: guard::store_result(table).into(),
+            prune: prune::prune_guard(table).into(),
+            count_prunable: prune::count_guard(table).into(),
+            oldest_age: prune::oldest_guard_age(table).into(),
         })
     }
 
-    fn queue_sql(table: &TableName) -> crate::Result<crate::queue::QueueSql> {
+    fn queue_sql(table: &TableName) -> crate::Result<crate::store::queue::QueueSql> {
         Self::guard_sql(table)?;
-        Ok(queue_sql::queue_sql(table))
+        Ok(queue::queue_sql(table))
     }
 
     async fn migrate_statements(
@@ -150,31 +102,35 @@ impl Backend for Sqlite {
         })
     }
 
-    crate::backend::shared_statements!();
+    crate::store::shared_statements!();
 
     fn beat_aside(
         pool: &Pool<Self>,
-        sql: &crate::queue::QueueSql,
-        lease: crate::queue::Lease,
+        sql: &crate::store::queue::QueueSql,
+        lease: crate::store::queue::Lease,
         by: Duration,
     ) -> Option<std::io::Result<()>> {
         let until = std::time::SystemTime::now() + by;
         heartbeat::Heartbeats::of(pool, &sql.table).map(|files| files.beat(lease, until))
     }
 
-    fn held_aside(pool: &Pool<Self>, sql: &crate::queue::QueueSql) -> Vec<String> {
+    fn held_aside(pool: &Pool<Self>, sql: &crate::store::queue::QueueSql) -> Vec<String> {
         heartbeat::Heartbeats::of(pool, &sql.table)
             .map(|files| files.holding(std::time::SystemTime::now()))
             .unwrap_or_default()
     }
 
-    fn forget_aside(pool: &Pool<Self>, sql: &crate::queue::QueueSql, lease: crate::queue::Lease) {
+    fn forget_aside(
+        pool: &Pool<Self>,
+        sql: &crate::store::queue::QueueSql,
+        lease: crate::store::queue::Lease,
+    ) {
         if let Some(files) = heartbeat::Heartbeats::of(pool, &sql.table) {
             files.forget(lease);
         }
     }
 
-    async fn listen(_pool: &Pool<Self>) -> sqlx::Result<Option<crate::backend::Wakeup>> {
+    async fn listen(_pool: &Pool<Self>) -> sqlx::Result<Option<crate::store::Wakeup>> {
         Ok(None)
     }
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use sqlx::sqlite::Sqlite;
 
-use super::sql::NOW_MICROS as NOW;
+use super::guard::NOW_MICROS as NOW;
 use crate::error::Error;
-use crate::outbox::{OutboxSql, OutboxStore};
+use crate::store::outbox::{OutboxSql, OutboxStore};
 use crate::table::TableName;
 
 impl OutboxStore for Sqlite {
@@ -21,7 +21,7 @@ impl OutboxStore for Sqlite {
         Ok(outbox_sql(table))
     }
 
-    crate::outbox::outbox_statements!();
+    crate::store::outbox::outbox_statements!();
 }
 
 fn outbox_sql(table: &TableName) -> OutboxSql {

@@ -1,24 +1,28 @@
+//! The pruning statements each backend implements: the guard and steps tables
+//! ([`PruneStore`]) and the jobs table ([`JobPruneStore`]).
+//!
 //! Pruning the jobs table: completed and dead jobs past their retention, in batches.
 //!
 //! A job's row holds its payload, so a table that only grows holds every payload ever sent.
 //! Once a job has finished, its row is no longer what stops a duplicate (the guard row is), so
-//! completed jobs can go after [`keep_completed`](super::RetentionConfig::keep_completed), and
-//! dead ones after [`keep_dead`](super::RetentionConfig::keep_dead), once they can no longer be
+//! completed jobs can go after [`keep_completed`](crate::RetentionConfig::keep_completed), and
+//! dead ones after [`keep_dead`](crate::RetentionConfig::keep_dead), once they can no longer be
 //! replayed. The statements are in each backend's `queue_sql.rs`.
 
 use std::future::Future;
+use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::queue::QueueSql;
+use super::GuardSql;
+use super::queue::QueueSql;
+use crate::table::TableName;
 
 /// The statements that prune finished jobs, which each backend implements.
-#[doc(hidden)]
 pub trait JobPruneStore: sqlx::Database {
     /// Deletes up to `limit` of the oldest jobs in `state` that finished before `cutoff` and
     /// not before `after` (microseconds since the Unix epoch); returns how many, and the latest
     /// finish time among them.
-    #[doc(hidden)]
     fn prune_jobs(
         pool: &Pool<Self>,
         sql: &QueueSql,
@@ -28,13 +32,54 @@ pub trait JobPruneStore: sqlx::Database {
     ) -> impl Future<Output = sqlx::Result<(u64, Option<i64>)>> + Send;
 
     /// How many jobs in `state` finished before `cutoff`.
-    #[doc(hidden)]
     fn count_prunable_jobs(
         pool: &Pool<Self>,
         sql: &QueueSql,
         state: &'static str,
         cutoff: i64,
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+}
+
+/// The pruning statements each backend implements.
+pub trait PruneStore: sqlx::Database + JobPruneStore {
+    /// Proof that this process holds a table's turn to prune; released by
+    /// [`end_prune_turn`](Self::end_prune_turn) or, if lost, when dropped.
+    type PruneTurn: Send + 'static;
+
+    /// Now minus `keep` by the database clock, in microseconds since the Unix epoch.
+    fn prune_cutoff(
+        pool: &Pool<Self>,
+        keep: Duration,
+    ) -> impl Future<Output = sqlx::Result<i64>> + Send;
+
+    /// Deletes up to `limit` of the oldest guard rows applied at or after `after` and before
+    /// `cutoff`; returns how many, and the newest `applied_at` among them.
+    fn prune_guard(
+        pool: &Pool<Self>,
+        sql: &GuardSql,
+        cutoff: i64,
+        after: i64,
+        limit: u32,
+    ) -> impl Future<Output = sqlx::Result<(u64, Option<i64>)>> + Send;
+
+    fn count_guard(
+        pool: &Pool<Self>,
+        sql: &GuardSql,
+        cutoff: i64,
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+
+    fn oldest_guard_age(
+        pool: &Pool<Self>,
+        sql: &GuardSql,
+    ) -> impl Future<Output = sqlx::Result<Option<Duration>>> + Send;
+
+    /// The table's turn to prune, or `None` when another pruner holds it.
+    fn take_prune_turn(
+        pool: &Pool<Self>,
+        table: &TableName,
+    ) -> impl Future<Output = sqlx::Result<Option<Self::PruneTurn>>> + Send;
+
+    fn end_prune_turn(turn: Self::PruneTurn) -> impl Future<Output = ()> + Send;
 }
 
 #[cfg(feature = "postgres")]

@@ -1,5 +1,5 @@
-//! The guard's SQL for SQLite, and its pruning. Table names come from a validated
-//! [`TableName`].
+//! Pruning on SQLite: the guard table's batches, built once per guard, and this process's
+//! turn to prune a table.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -9,62 +9,11 @@ use std::time::Duration;
 use sqlx::sqlite::Sqlite;
 use sqlx::{AssertSqlSafe, Pool};
 
-use crate::backend::duration_micros;
-use crate::retention::{PruneStore, micros_duration};
+use super::guard::NOW_MICROS;
+use crate::store::GuardSql;
+use crate::store::prune::PruneStore;
 use crate::table::TableName;
-
-/// Now by the database clock, in microseconds since the Unix epoch (millisecond precision).
-pub(crate) const NOW_MICROS: &str =
-    "cast((julianday('now') - 2440587.5) * 86400000000.0 as integer)";
-
-pub(crate) fn create(table: &TableName) -> Vec<String> {
-    let t = table.quoted();
-    vec![
-        format!(
-            "create table if not exists {t} (
-                job_key     text primary key not null,
-                kind        text not null,
-                fingerprint blob,
-                result      text,
-                claim_token blob not null,
-                applied_at  integer not null -- microseconds since the Unix epoch
-            )"
-        ),
-        // Retention prunes by age; without this index every prune scans the whole table.
-        format!(
-            "create index if not exists {} on {t} (applied_at)",
-            table.derived("applied_at_idx")
-        ),
-    ]
-}
-
-/// The guard itself. Guarded transactions start with `begin immediate`, so they hold SQLite's
-/// single write lock from the start and concurrent deliveries queue behind each other: the
-/// second sees the first's committed row and inserts nothing (a duplicate), or, when the first
-/// rolled back, inserts it (the retry applies).
-pub(crate) fn claim(table: &TableName) -> String {
-    format!(
-        "insert into {} (job_key, kind, fingerprint, claim_token, applied_at)
-         values ($1, $2, $3, $4, {NOW_MICROS})
-         on conflict (job_key) do nothing
-         returning 1",
-        table.quoted()
-    )
-}
-
-pub(crate) fn record(table: &TableName) -> String {
-    format!(
-        "select applied_at, fingerprint, result, claim_token from {} where job_key = $1",
-        table.quoted()
-    )
-}
-
-pub(crate) fn store_result(table: &TableName) -> String {
-    format!(
-        "update {} set result = $2 where job_key = $1",
-        table.quoted()
-    )
-}
+use crate::time::{duration_micros, micros_duration};
 
 /// One batch of a prune: up to `$3` of the oldest rows applied at or after `$2` and before the
 /// cutoff `$1`, found through the `applied_at` index and deleted by rowid. It runs under the
@@ -100,7 +49,6 @@ pub(crate) fn oldest_guard_age(table: &TableName) -> String {
 static PRUNING: LazyLock<Mutex<HashSet<(PathBuf, String)>>> = LazyLock::new(Mutex::default);
 
 /// This process's turn to prune one table; given back when dropped.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct SqlitePruneTurn((PathBuf, String));
 
@@ -125,12 +73,12 @@ impl PruneStore for Sqlite {
 
     async fn prune_guard(
         pool: &Pool<Self>,
-        table: &TableName,
+        sql: &GuardSql,
         cutoff: i64,
         after: i64,
         limit: u32,
     ) -> sqlx::Result<(u64, Option<i64>)> {
-        let deleted: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(prune_guard(table)))
+        let deleted: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(sql.prune.clone()))
             .bind(cutoff)
             .bind(after)
             .bind(i64::from(limit))
@@ -139,19 +87,16 @@ impl PruneStore for Sqlite {
         Ok((deleted.len() as u64, deleted.into_iter().max()))
     }
 
-    async fn count_guard(pool: &Pool<Self>, table: &TableName, cutoff: i64) -> sqlx::Result<u64> {
-        let rows: i64 = sqlx::query_scalar(AssertSqlSafe(count_guard(table)))
+    async fn count_guard(pool: &Pool<Self>, sql: &GuardSql, cutoff: i64) -> sqlx::Result<u64> {
+        let rows: i64 = sqlx::query_scalar(AssertSqlSafe(sql.count_prunable.clone()))
             .bind(cutoff)
             .fetch_one(pool)
             .await?;
         Ok(rows.max(0) as u64)
     }
 
-    async fn oldest_guard_age(
-        pool: &Pool<Self>,
-        table: &TableName,
-    ) -> sqlx::Result<Option<Duration>> {
-        let age: Option<i64> = sqlx::query_scalar(AssertSqlSafe(oldest_guard_age(table)))
+    async fn oldest_guard_age(pool: &Pool<Self>, sql: &GuardSql) -> sqlx::Result<Option<Duration>> {
+        let age: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.oldest_age.clone()))
             .fetch_one(pool)
             .await?;
         Ok(age.map(micros_duration))

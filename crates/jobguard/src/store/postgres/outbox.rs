@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::Postgres;
 
-use crate::outbox::{OutboxSql, OutboxStore};
+use crate::store::outbox::{OutboxSql, OutboxStore};
 use crate::table::TableName;
 
 impl OutboxStore for Postgres {
@@ -13,7 +13,7 @@ impl OutboxStore for Postgres {
         Ok(outbox_sql(table))
     }
 
-    crate::outbox::outbox_statements!();
+    crate::store::outbox::outbox_statements!();
 }
 
 fn outbox_sql(table: &TableName) -> OutboxSql {

@@ -10,15 +10,29 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{Database, Pool, Transaction};
 
+use self::queue::{JobRow, Lease, LeasedJob, NewJob, QueueSql, Settle};
 use crate::fingerprint::Fingerprint;
-use crate::queue::{JobRow, Lease, LeasedJob, NewJob, QueueSql, Settle};
 use crate::table::TableName;
+use crate::time::micros_to_time;
+
+pub(crate) mod outbox;
+#[cfg(feature = "postgres")]
+mod postgres;
+pub(crate) mod prune;
+pub(crate) mod queue;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+pub(crate) mod steps;
+
+mod writer;
+
+pub(crate) use writer::WriterLock;
 
 /// A database jobguard can guard jobs on: [`sqlx::Postgres`] or [`sqlx::Sqlite`].
 ///
 /// The trait is sealed; its methods are an internal detail.
 pub trait Backend:
-    Database + sealed::Sealed + crate::outbox::OutboxStore + crate::steps::StepStore
+    Database + sealed::Sealed + self::outbox::OutboxStore + self::steps::StepStore
 {
     /// The backend's name as shown to users: `postgres` or `sqlite`.
     const BACKEND: &'static str;
@@ -61,17 +75,26 @@ pub trait Backend:
         claim: &NewClaim<'_>,
     ) -> impl Future<Output = sqlx::Result<ClaimRow>> + Send;
 
+    /// The worker's statements over its guard and queue tables, built once per worker.
+    /// Backends that claim and complete in one statement override this.
+    #[doc(hidden)]
+    fn worker_sql(_guard: &GuardSql, _queue: &QueueSql) -> WorkerSql {
+        WorkerSql {
+            claim_completing: None,
+        }
+    }
+
     /// Claims the key and completes the job of `lease`; false when the lease is not held.
     /// Backends that can do both in one statement override this.
     #[doc(hidden)]
     fn claim_completing(
         conn: &mut Self::Connection,
-        guard: &GuardSql,
-        queue: &QueueSql,
+        sql: (&GuardSql, &QueueSql, &WorkerSql),
         claim: &NewClaim<'_>,
         lease: Lease,
     ) -> impl Future<Output = sqlx::Result<(ClaimRow, bool)>> + Send {
         async move {
+            let (guard, queue, _) = sql;
             if !Self::settle(conn, queue, lease, Settle::Complete).await? {
                 return Ok((ClaimRow::Vanished, false));
             }
@@ -207,8 +230,16 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
+/// The worker's statements over both its guard and its queue table, built once per
+/// [`Worker`](crate::Worker).
+#[derive(Debug)]
+pub struct WorkerSql {
+    /// Completes the job under its lease token and claims the key in one statement, where the
+    /// backend can (PostgreSQL); `None` where it takes two under the write lock (SQLite).
+    pub(crate) claim_completing: Option<Arc<str>>,
+}
+
 /// The guard table's statements, built once per [`Guard`](crate::Guard) from its validated name.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct GuardSql {
     pub(crate) table: TableName,
@@ -216,10 +247,12 @@ pub struct GuardSql {
     pub(crate) claim: Arc<str>,
     pub(crate) record: Arc<str>,
     pub(crate) store_result: Arc<str>,
+    pub(crate) prune: Arc<str>,
+    pub(crate) count_prunable: Arc<str>,
+    pub(crate) oldest_age: Arc<str>,
 }
 
 /// The values of a guard row about to be inserted.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct NewClaim<'a> {
     pub(crate) key: &'a str,
@@ -229,7 +262,6 @@ pub struct NewClaim<'a> {
 }
 
 /// What inserting a guard row found.
-#[doc(hidden)]
 #[derive(Debug)]
 pub enum ClaimRow {
     /// The row was inserted: this transaction holds the key.
@@ -244,7 +276,6 @@ pub enum ClaimRow {
 ///
 /// After a commit fails with a lost connection, the guard row is the witness of whether the
 /// commit happened; the token says whether the row found is this attempt's or another's.
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClaimToken(pub(crate) [u8; 16]);
 
@@ -300,21 +331,11 @@ impl GuardRecord {
 }
 
 /// Wakes an idle worker when a job is enqueued (PostgreSQL's LISTEN/NOTIFY).
-#[doc(hidden)]
 pub struct Wakeup(pub(crate) Box<dyn WakeupSource>);
 
 pub(crate) trait WakeupSource: Send {
     /// Resolves at the next notification, or after an error has been logged and waited out.
     fn next(&mut self) -> futures::future::BoxFuture<'_, ()>;
-}
-
-/// A time stored or computed as microseconds since the Unix epoch.
-pub(crate) fn micros_to_time(micros: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64)
-}
-
-pub(crate) fn duration_micros(duration: Duration) -> i64 {
-    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// The statements whose binding and decoding are the same on every backend: only their SQL
@@ -324,9 +345,9 @@ macro_rules! shared_statements {
     () => {
         async fn fetch_record(
             conn: &mut Self::Connection,
-            sql: &$crate::backend::GuardSql,
+            sql: &$crate::store::GuardSql,
             key: &str,
-        ) -> sqlx::Result<Option<$crate::backend::GuardRecord>> {
+        ) -> sqlx::Result<Option<$crate::store::GuardRecord>> {
             use sqlx::Row as _;
             let row = sqlx::query(sqlx::AssertSqlSafe(sql.record.clone()))
                 .bind(key)
@@ -334,7 +355,7 @@ macro_rules! shared_statements {
                 .await?;
             row.map(|row| {
                 let result: Option<sqlx::types::Json<serde_json::Value>> = row.try_get(2)?;
-                Ok($crate::backend::GuardRecord::from_columns(
+                Ok($crate::store::GuardRecord::from_columns(
                     row.try_get(0)?,
                     row.try_get(1)?,
                     result.map(|json| json.0),
@@ -346,7 +367,7 @@ macro_rules! shared_statements {
 
         async fn store_result(
             conn: &mut Self::Connection,
-            sql: &$crate::backend::GuardSql,
+            sql: &$crate::store::GuardSql,
             key: &str,
             result: &serde_json::Value,
         ) -> sqlx::Result<()> {
@@ -360,8 +381,8 @@ macro_rules! shared_statements {
 
         async fn enqueue(
             conn: &mut Self::Connection,
-            sql: &$crate::queue::QueueSql,
-            job: &$crate::queue::NewJob,
+            sql: &$crate::store::queue::QueueSql,
+            job: &$crate::store::queue::NewJob,
         ) -> sqlx::Result<Option<i64>> {
             sqlx::query_scalar(sqlx::AssertSqlSafe(sql.enqueue.clone()))
                 .bind(&job.kind)
@@ -369,14 +390,14 @@ macro_rules! shared_statements {
                 .bind(&job.queue)
                 .bind(sqlx::types::Json(&job.payload))
                 .bind(job.max_attempts as i32)
-                .bind($crate::backend::duration_micros(job.delay))
+                .bind($crate::time::duration_micros(job.delay))
                 .fetch_optional(conn)
                 .await
         }
 
         async fn live_job(
             conn: &mut Self::Connection,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             key: &str,
         ) -> sqlx::Result<Option<(i64, String, serde_json::Value)>> {
             let row: Option<(i64, String, sqlx::types::Json<serde_json::Value>)> =
@@ -403,23 +424,23 @@ macro_rules! shared_statements {
 
         async fn fetch(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             queue: &str,
             limit: u32,
             lease: std::time::Duration,
-        ) -> sqlx::Result<Vec<$crate::queue::LeasedJob>> {
+        ) -> sqlx::Result<Vec<$crate::store::queue::LeasedJob>> {
             use sqlx::Row as _;
             let rows = sqlx::query(sqlx::AssertSqlSafe(sql.fetch.clone()))
                 .bind(queue)
                 .bind(i64::from(limit))
-                .bind($crate::backend::duration_micros(lease))
+                .bind($crate::time::duration_micros(lease))
                 .fetch_all(pool)
                 .await?;
             rows.into_iter()
                 .map(|row| {
                     let payload: sqlx::types::Json<serde_json::Value> = row.try_get(3)?;
-                    Ok($crate::queue::LeasedJob {
-                        lease: $crate::queue::Lease {
+                    Ok($crate::store::queue::LeasedJob {
+                        lease: $crate::store::queue::Lease {
                             job_id: row.try_get(0)?,
                             attempt: row.try_get(4)?,
                             token: row.try_get(7)?,
@@ -428,7 +449,7 @@ macro_rules! shared_statements {
                         key: row.try_get(2)?,
                         payload: payload.0,
                         max_attempts: row.try_get(5)?,
-                        leased_until: $crate::backend::micros_to_time(row.try_get(6)?),
+                        leased_until: $crate::time::micros_to_time(row.try_get(6)?),
                     })
                 })
                 .collect()
@@ -436,12 +457,12 @@ macro_rules! shared_statements {
 
         async fn settle(
             conn: &mut Self::Connection,
-            sql: &$crate::queue::QueueSql,
-            lease: $crate::queue::Lease,
-            how: $crate::queue::Settle<'_>,
+            sql: &$crate::store::queue::QueueSql,
+            lease: $crate::store::queue::Lease,
+            how: $crate::store::queue::Settle<'_>,
         ) -> sqlx::Result<bool> {
-            use $crate::backend::duration_micros;
-            use $crate::queue::Settle;
+            use $crate::store::queue::Settle;
+            use $crate::time::duration_micros;
             let statement = match how {
                 Settle::Complete => &sql.complete,
                 Settle::Retry { .. } => &sql.retry,
@@ -463,7 +484,7 @@ macro_rules! shared_statements {
 
         async fn rescue(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             max_attempts: i32,
         ) -> sqlx::Result<u64> {
             // The heartbeats kept outside the table are read once the transaction holds the
@@ -483,7 +504,7 @@ macro_rules! shared_statements {
 
         async fn counts(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
         ) -> sqlx::Result<Vec<(String, i64)>> {
             sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
                 .fetch_all(pool)
@@ -492,7 +513,7 @@ macro_rules! shared_statements {
 
         async fn backlog(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
         ) -> sqlx::Result<Vec<(String, i64, i64)>> {
             sqlx::query_as(sqlx::AssertSqlSafe(sql.backlog.clone()))
                 .fetch_all(pool)
@@ -501,11 +522,11 @@ macro_rules! shared_statements {
 
         async fn list(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             state: Option<&str>,
             kind: Option<&str>,
             limit: u32,
-        ) -> $crate::Result<Vec<$crate::queue::JobRow>> {
+        ) -> $crate::Result<Vec<$crate::store::queue::JobRow>> {
             use sqlx::Row as _;
             let rows = sqlx::query(sqlx::AssertSqlSafe(sql.list.clone()))
                 .bind(state)
@@ -517,7 +538,7 @@ macro_rules! shared_statements {
                 .map(|row| {
                     let state: String = row.try_get(4)?;
                     let payload: sqlx::types::Json<serde_json::Value> = row.try_get(10)?;
-                    Ok($crate::queue::JobRow {
+                    Ok($crate::store::queue::JobRow {
                         id: row.try_get(0)?,
                         kind: row.try_get(1)?,
                         key: row.try_get(2)?,
@@ -525,9 +546,9 @@ macro_rules! shared_statements {
                         state: state.parse()?,
                         attempt: row.try_get(5)?,
                         max_attempts: row.try_get(6)?,
-                        run_at: $crate::backend::micros_to_time(row.try_get(7)?),
+                        run_at: $crate::time::micros_to_time(row.try_get(7)?),
                         last_error: row.try_get(8)?,
-                        created_at: $crate::backend::micros_to_time(row.try_get(9)?),
+                        created_at: $crate::time::micros_to_time(row.try_get(9)?),
                         payload: payload.0,
                     })
                 })
@@ -536,7 +557,7 @@ macro_rules! shared_statements {
 
         async fn replay(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::queue::QueueSql,
+            sql: &$crate::store::queue::QueueSql,
             id: Option<i64>,
             kind: Option<&str>,
         ) -> sqlx::Result<Vec<i64>> {

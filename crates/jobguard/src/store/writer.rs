@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::backend::Backend;
+use crate::store::Backend;
 
 /// Shared by the guard and the queue of one database; a no-op on PostgreSQL.
 #[derive(Clone, Debug, Default)]

@@ -1,14 +1,17 @@
-//! The PostgreSQL backend.
+//! The PostgreSQL dialect of the store: the [`Backend`] implementation, with its statements
+//! named by concept in `postgres/` (guard, queue, outbox, steps), each built once per table.
 //!
 //! Guarded jobs run in `read committed`, PostgreSQL's default: the guard row's primary key
 //! makes concurrent deliveries of one key wait for each other, so no stronger isolation is
 //! needed for the guard. Serialization failures (`40001`) and deadlocks (`40P01`) that the
 //! job's own effect runs into are retried a bounded number of times.
 
-mod outbox_sql;
-mod queue_sql;
-mod sql;
-mod step_sql;
+mod guard;
+mod outbox;
+mod prune;
+mod queue;
+mod steps;
+mod worker;
 
 use std::sync::Arc;
 
@@ -19,15 +22,12 @@ use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
 use futures::future::BoxFuture;
 use sqlx::postgres::{PgListener, PgRow};
 
-use crate::queue::{Lease, QueueSql};
+use crate::store::queue::{Lease, QueueSql};
 
-use crate::backend::{
-    Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, sealed,
+use super::{
+    Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, WorkerSql, sealed,
 };
 use crate::table::TableName;
-
-/// A [`Guard`](crate::Guard) on PostgreSQL.
-pub type PgGuard = crate::Guard<Postgres>;
 
 impl sealed::Sealed for Postgres {}
 
@@ -75,16 +75,19 @@ impl Backend for Postgres {
     fn guard_sql(table: &TableName) -> crate::Result<GuardSql> {
         Ok(GuardSql {
             table: table.clone(),
-            create: sql::create(table).into_iter().map(Arc::from).collect(),
-            claim: sql::claim(table).into(),
-            record: sql::record(table).into(),
-            store_result: sql::store_result(table).into(),
+            create: guard::create(table).into_iter().map(Arc::from).collect(),
+            claim: guard::claim(table).into(),
+            record: guard::record(table).into(),
+            store_result: guard::store_result(table).into(),
+            prune: prune::prune_guard(table).into(),
+            count_prunable: prune::count_guard(table).into(),
+            oldest_age: prune::oldest_guard_age(table).into(),
         })
     }
 
-    fn queue_sql(table: &TableName) -> crate::Result<crate::queue::QueueSql> {
+    fn queue_sql(table: &TableName) -> crate::Result<crate::store::queue::QueueSql> {
         Self::guard_sql(table)?;
-        Ok(queue_sql::queue_sql(table))
+        Ok(queue::queue_sql(table))
     }
 
     async fn migrate_statements(
@@ -162,15 +165,24 @@ impl Backend for Postgres {
         }
     }
 
+    fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
+        WorkerSql {
+            claim_completing: Some(worker::claim_completing(&guard.table, &queue.table).into()),
+        }
+    }
+
     async fn claim_completing(
         conn: &mut Self::Connection,
-        guard: &GuardSql,
-        queue: &QueueSql,
+        sql: (&GuardSql, &QueueSql, &WorkerSql),
         claim: &NewClaim<'_>,
         lease: Lease,
     ) -> sqlx::Result<(ClaimRow, bool)> {
-        let sql = queue_sql::claim_completing(&guard.table, &queue.table);
-        let row = sqlx::query(AssertSqlSafe(sql))
+        let statement = sql
+            .2
+            .claim_completing
+            .as_deref()
+            .expect("built by Postgres::worker_sql");
+        let row = sqlx::query(AssertSqlSafe(statement))
             .bind(claim.key)
             .bind(claim.kind)
             .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
@@ -189,11 +201,11 @@ impl Backend for Postgres {
         Ok((claim_row(&row)?, true))
     }
 
-    crate::backend::shared_statements!();
+    crate::store::shared_statements!();
 
     async fn listen(pool: &Pool<Self>) -> sqlx::Result<Option<Wakeup>> {
         let mut listener = PgListener::connect_with(pool).await?;
-        listener.listen(crate::queue::NOTIFY_CHANNEL).await?;
+        listener.listen(crate::store::queue::NOTIFY_CHANNEL).await?;
         Ok(Some(Wakeup(Box::new(listener))))
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::Postgres;
 
-use crate::steps::{StepSql, StepStore};
+use crate::store::steps::{StepSql, StepStore};
 use crate::table::TableName;
 
 impl StepStore for Postgres {
@@ -112,5 +112,5 @@ impl StepStore for Postgres {
         }
     }
 
-    crate::steps::step_statements!();
+    crate::store::steps::step_statements!();
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use sqlx::sqlite::Sqlite;
 
-use super::sql::NOW_MICROS as NOW;
-use crate::steps::{StepSql, StepStore};
+use super::guard::NOW_MICROS as NOW;
+use crate::store::steps::{StepSql, StepStore};
 use crate::table::TableName;
 
 impl StepStore for Sqlite {
@@ -103,5 +103,5 @@ impl StepStore for Sqlite {
         }
     }
 
-    crate::steps::step_statements!();
+    crate::store::steps::step_statements!();
 }

@@ -1,0 +1,56 @@
+//! A job the [`Worker`](crate::Worker) and the broker [`Consumer`](crate::broker) run: its
+//! kind, the key it derives from the business operation, and its effect on the transaction that
+//! also records the key.
+//!
+//! ```no_run
+//! use jobguard::{Job, JobError, JobKey, KeyError};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Welcome {
+//!     user: i64,
+//! }
+//!
+//! impl Job<sqlx::Postgres> for Welcome {
+//!     const KIND: &'static str = "welcome";
+//!
+//!     fn key(&self) -> Result<JobKey, KeyError> {
+//!         JobKey::new("welcome", [self.user.to_string()])
+//!     }
+//!
+//!     async fn run(&self, conn: &mut sqlx::PgConnection) -> Result<(), JobError> {
+//!         sqlx::query("insert into mails (user_id) values ($1)")
+//!             .bind(self.user)
+//!             .execute(conn)
+//!             .await?;
+//!         Ok(())
+//!     }
+//! }
+//! ```
+
+use std::future::Future;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::JobError;
+use crate::key::{JobKey, KeyError};
+use crate::store::Backend;
+
+/// A kind of job the worker can run.
+///
+/// The job's fields are its payload (stored as JSON); [`key`](Job::key) derives its key from
+/// the business operation; [`run`](Job::run) applies its effect on the worker's open
+/// transaction, after the guard claimed the key and before the job is completed, all of which
+/// commit together.
+pub trait Job<DB: Backend>: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The kind the job is enqueued and registered under.
+    const KIND: &'static str;
+
+    /// The job's key, derived from the business operation, e.g. `credit:order-8812`.
+    fn key(&self) -> Result<JobKey, KeyError>;
+
+    /// The job's effect, on the transaction that commits it with the guard row and the job's
+    /// completion. Return [`JobError::fatal`] for errors no retry can fix.
+    fn run(&self, conn: &mut DB::Connection) -> impl Future<Output = Result<(), JobError>> + Send;
+}

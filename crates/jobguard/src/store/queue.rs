@@ -1,0 +1,311 @@
+//! The queue's rows and statements: what a job is in its table, and the SQL a backend builds
+//! once per [`Queue`](crate::Queue) from its table name. `jobguard::queue` re-exports the types
+//! users name.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::key::{JobKey, check_kind};
+use crate::payload::payload_problem;
+use crate::table::TableName;
+
+/// The queue a job goes to unless told otherwise.
+pub const DEFAULT_QUEUE: &str = "default";
+/// The PostgreSQL channel on which enqueues wake idle workers.
+pub const NOTIFY_CHANNEL: &str = "jobguard_jobs";
+
+/// A job to enqueue: a kind, a key, a JSON payload and where and when to run it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewJob {
+    pub(crate) kind: String,
+    pub(crate) key: JobKey,
+    pub(crate) payload: Value,
+    pub(crate) queue: String,
+    pub(crate) max_attempts: u32,
+    pub(crate) delay: Duration,
+}
+
+impl NewJob {
+    /// A job whose kind is its key's kind, on the default queue, with 10 attempts.
+    ///
+    /// The payload is validated here: it must serialize to JSON of at most
+    /// [`MAX_PAYLOAD_BYTES`](crate::queue::MAX_PAYLOAD_BYTES) without NUL characters (PostgreSQL rejects `\u0000` in `jsonb`).
+    pub fn new<P: Serialize + ?Sized>(key: JobKey, payload: &P) -> Result<Self> {
+        let payload = serde_json::to_value(payload).map_err(|source| Error::Payload {
+            key: key.to_string(),
+            source,
+        })?;
+        if let Some(reason) = payload_problem(&payload, "it", "enqueue") {
+            return Err(Error::InvalidPayload {
+                key: key.to_string(),
+                reason,
+            });
+        }
+        Ok(NewJob {
+            kind: key.kind().to_owned(),
+            key,
+            payload,
+            queue: DEFAULT_QUEUE.to_owned(),
+            max_attempts: 10,
+            delay: Duration::ZERO,
+        })
+    }
+
+    /// Runs the job with the handler registered for `kind` rather than the key's kind.
+    pub fn kind(mut self, kind: &str) -> Result<Self> {
+        check_kind(kind)?;
+        self.kind = kind.to_owned();
+        Ok(self)
+    }
+
+    /// Puts the job on another queue (same naming rules as a kind).
+    pub fn queue(mut self, queue: &str) -> Result<Self> {
+        check_kind(queue)?;
+        self.queue = queue.to_owned();
+        Ok(self)
+    }
+
+    /// Attempts before the job is dead-lettered (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.clamp(1, i32::MAX as u32);
+        self
+    }
+
+    /// Makes the job available only after `delay`, by the database clock.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// The job's key.
+    pub fn key(&self) -> &JobKey {
+        &self.key
+    }
+}
+
+/// What [`Queue::enqueue`](crate::Queue::enqueue) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id.
+    pub id: i64,
+    /// False when a job with the same key was already waiting or running and was returned
+    /// instead of inserting another.
+    pub inserted: bool,
+}
+
+/// The right to finish one attempt of a job.
+///
+/// Every fetch of a job draws a new token, and only the newest token can complete, retry,
+/// extend or release the job: a worker whose lease expired and was taken over is fenced off,
+/// even after the job was released or replayed and its attempt count went back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Lease {
+    /// The job's id.
+    pub job_id: i64,
+    /// The attempt this lease is for, starting at 1.
+    pub attempt: i32,
+    /// The fencing token: how many times the job has been fetched, this time included.
+    pub token: i64,
+}
+
+/// A job taken from the queue under a lease.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeasedJob {
+    /// The lease to complete, retry, extend or release the job with.
+    pub lease: Lease,
+    /// The handler to run.
+    pub kind: String,
+    /// The job key as stored.
+    pub key: String,
+    /// The payload.
+    pub payload: Value,
+    /// Attempts before the job is dead-lettered.
+    pub max_attempts: i32,
+    /// When the lease expires, by the database clock.
+    pub leased_until: SystemTime,
+}
+
+/// Where a job is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting to run, now or at its run time.
+    Available,
+    /// Leased to a worker.
+    Running,
+    /// Finished.
+    Completed,
+    /// Failed for good: out of attempts, or a fatal error. Can be replayed.
+    Dead,
+}
+
+impl JobState {
+    /// The state's name as stored.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            JobState::Available => "available",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "available" => Ok(JobState::Available),
+            "running" => Ok(JobState::Running),
+            "completed" => Ok(JobState::Completed),
+            "dead" => Ok(JobState::Dead),
+            other => Err(Error::Database(sqlx::Error::Decode(
+                format!("unknown job state `{other}`").into(),
+            ))),
+        }
+    }
+}
+
+/// A job as listed by [`Queue::list`](crate::Queue::list).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobRow {
+    /// The job's id.
+    pub id: i64,
+    /// The handler it runs with.
+    pub kind: String,
+    /// The job key.
+    pub key: String,
+    /// The queue it is on.
+    pub queue: String,
+    /// Where it is in its life.
+    pub state: JobState,
+    /// Attempts made so far.
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// When it runs, or ran last.
+    #[serde(serialize_with = "serialize_time")]
+    pub run_at: SystemTime,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
+    /// When it was enqueued.
+    #[serde(serialize_with = "serialize_time")]
+    pub created_at: SystemTime,
+    /// The payload.
+    pub payload: Value,
+}
+
+fn serialize_time<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    let micros = time
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    s.serialize_u64(micros as u64 / 1000)
+}
+
+/// Which dead jobs [`Queue::replay`](crate::Queue::replay) brings back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// One job, by id.
+    Job(i64),
+    /// Every dead job of a kind.
+    Kind(String),
+    /// Every dead job.
+    All,
+}
+
+/// Finished jobs of one state (completed, dead) that [`Queue::counts`](crate::Queue::counts) counts one by one;
+/// above this many it estimates, so that a dashboard sample stays cheap on a huge table.
+pub const TERMINAL_COUNT_CAP: i64 = 100_000;
+
+/// Job counts by state, from [`Queue::counts`](crate::Queue::counts).
+///
+/// Live jobs (available, running) are counted exactly. Finished ones are counted exactly up to
+/// [`TERMINAL_COUNT_CAP`] per state; above it the count is estimated (on PostgreSQL from the
+/// planner's row count of the table, on SQLite from the span of job ids), never less than the
+/// cap, and [`is_estimated`](Self::is_estimated) says so.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Waiting to run.
+    pub available: i64,
+    /// Leased to a worker.
+    pub running: i64,
+    /// Finished.
+    pub completed: i64,
+    /// Dead-lettered.
+    pub dead: i64,
+}
+
+impl Counts {
+    /// Whether `completed` or `dead` is an estimate: [`TERMINAL_COUNT_CAP`] rows or more.
+    pub fn is_estimated(&self) -> bool {
+        self.completed >= TERMINAL_COUNT_CAP || self.dead >= TERMINAL_COUNT_CAP
+    }
+}
+
+/// The jobs of one queue that are ready to run and waiting for a worker, from
+/// [`Queue::backlog`](crate::Queue::backlog).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Backlog {
+    /// The queue's name.
+    pub queue: String,
+    /// Jobs available whose run time has come.
+    pub ready: i64,
+    /// How long the oldest of them has been due, by the database clock.
+    #[serde(serialize_with = "serialize_seconds")]
+    pub oldest_wait: Duration,
+}
+
+fn serialize_seconds<S: serde::Serializer>(wait: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(wait.as_secs_f64())
+}
+
+/// The queue's statements, built once from its validated table name.
+#[derive(Debug)]
+pub struct QueueSql {
+    pub(crate) table: TableName,
+    pub(crate) create: Vec<Arc<str>>,
+    pub(crate) enqueue: Arc<str>,
+    pub(crate) live_job: Arc<str>,
+    pub(crate) fetch: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) retry: Arc<str>,
+    pub(crate) dead: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) heartbeat: Arc<str>,
+    pub(crate) rescue: Arc<str>,
+    pub(crate) counts: Arc<str>,
+    pub(crate) backlog: Arc<str>,
+    pub(crate) list: Arc<str>,
+    pub(crate) replay: Arc<str>,
+    pub(crate) notify: Option<Arc<str>>,
+    /// Deletes a batch of finished jobs of one state: `$1` state, `$2` cutoff, `$3` limit,
+    /// `$4` the earliest finish time to look at; returns the finish times deleted (SQLite) or
+    /// their count and the latest (PostgreSQL).
+    pub(crate) prune_jobs: Arc<str>,
+    /// Counts the finished jobs of one state before a cutoff: `$1` state, `$2` cutoff.
+    pub(crate) count_prunable_jobs: Arc<str>,
+}
+
+/// How a settled lease ends.
+#[derive(Clone, Copy, Debug)]
+pub enum Settle<'a> {
+    Complete,
+    Retry { delay: Duration, error: &'a str },
+    Dead { error: &'a str },
+    Release,
+    Extend { lease: Duration },
+}

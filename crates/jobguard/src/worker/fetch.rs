@@ -1,0 +1,200 @@
+//! The worker's loop: rescue expired leases, fetch jobs for free slots, spawn each, wait for a
+//! slot, a wakeup or the poll interval; at shutdown drain, then give back what did not finish.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::{Counters, Worker, WorkerStats};
+use crate::dispatch::log_join;
+use crate::error::Result;
+use crate::queue::Lease;
+use crate::retention::{PruneReport, Pruner, Retention};
+use crate::steps::Steps;
+use crate::store::{Backend, Wakeup};
+
+impl<DB: Backend> Worker<DB> {
+    /// Runs until `shutdown` resolves (see [`shutdown_signal`](super::shutdown_signal)), or until the queue is empty
+    /// with [`WorkerConfig::stop_when_idle`](super::WorkerConfig::stop_when_idle).
+    ///
+    /// Refuses to start with [`Error::RetentionTooShort`](crate::Error::RetentionTooShort) when the guard's retention is shorter
+    /// than the longest time a duplicate can still arrive, unless overridden. While it runs it
+    /// prunes on [`PruneConfig::schedule`](crate::PruneConfig::schedule), one worker per guard table at a time.
+    ///
+    /// After shutdown is asked it takes no new jobs, lets running jobs finish within
+    /// [`WorkerConfig::shutdown_timeout`](super::WorkerConfig::shutdown_timeout), then rolls back the rest and gives their jobs back.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()> + Send) -> Result<WorkerStats> {
+        let retention = self.retention()?;
+        self.config.concurrency = self.servable_concurrency();
+        let worker = Arc::new(self);
+        let counters = Arc::new(Counters::default());
+        let (stop_pruning, pruning) = worker.prune_on_schedule(retention, &counters);
+        let leases: Arc<Mutex<HashSet<Lease>>> = Arc::default();
+        let permits = Arc::new(Semaphore::new(worker.config.concurrency.max(1)));
+        let mut tasks = JoinSet::new();
+        let mut wakeup = match DB::listen(worker.queue.pool()).await {
+            Ok(wakeup) => wakeup,
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for new jobs; polling only");
+                None
+            }
+        };
+        let rescue_every = (worker.config.lease / 2).max(Duration::from_millis(100));
+        let refill_at = (worker.config.concurrency / 2).max(1);
+        let mut last_rescue: Option<Instant> = None;
+        let mut shutdown = std::pin::pin!(shutdown);
+
+        loop {
+            while let Some(joined) = tasks.try_join_next() {
+                log_join(joined, "a job task panicked outside the job");
+            }
+            // On SQLite a running job holds the only write lock, so the queue's own writes wait
+            // for it: shutdown must not.
+            if last_rescue.is_none_or(|at| at.elapsed() >= rescue_every) {
+                let rescued = tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    rescued = worker.queue.rescue_within(worker.config.retry.max_attempts) => rescued,
+                };
+                match rescued {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(jobs = n, "rescued jobs whose lease expired"),
+                    Err(error) => tracing::warn!(%error, "rescuing expired leases failed"),
+                }
+                last_rescue = Some(Instant::now());
+            }
+            let free = permits.available_permits();
+            let mut fetched = 0;
+            // Fetch in batches: one query for half the slots rather than one per finished job.
+            if free > 0 && (free >= refill_at || tasks.is_empty()) {
+                let fetch =
+                    worker
+                        .queue
+                        .fetch(&worker.config.queue, free as u32, worker.config.lease);
+                let fetched_jobs = tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    jobs = fetch => jobs,
+                };
+                match fetched_jobs {
+                    Ok(jobs) => {
+                        fetched = jobs.len();
+                        for job in jobs {
+                            let permit = Arc::clone(&permits)
+                                .acquire_owned()
+                                .await
+                                .expect("never closed");
+                            leases.lock().expect("not poisoned").insert(job.lease);
+                            let (worker, counters, leases) = (
+                                Arc::clone(&worker),
+                                Arc::clone(&counters),
+                                Arc::clone(&leases),
+                            );
+                            tasks.spawn(async move {
+                                let lease = job.lease;
+                                worker.process(job, &counters, permit).await;
+                                worker.queue.end_heartbeats(lease);
+                                leases.lock().expect("not poisoned").remove(&lease);
+                            });
+                        }
+                    }
+                    Err(error) => tracing::warn!(%error, "fetching jobs failed; retrying"),
+                }
+            }
+            if fetched > 0 && fetched == free {
+                continue;
+            }
+            if worker.config.stop_when_idle && fetched == 0 && tasks.is_empty() {
+                break;
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                Some(joined) = tasks.join_next(), if !tasks.is_empty() => log_join(joined, "a job task panicked outside the job"),
+                () = next_wakeup(&mut wakeup) => {}
+                () = tokio::time::sleep(worker.config.poll_interval) => {}
+            }
+        }
+
+        let drained = tokio::time::timeout(worker.config.shutdown_timeout, async {
+            while let Some(joined) = tasks.join_next().await {
+                log_join(joined, "a job task panicked outside the job");
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                jobs = tasks.len(),
+                "running jobs did not finish in time; rolling them back"
+            );
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+            let unfinished: Vec<Lease> = leases.lock().expect("not poisoned").drain().collect();
+            for lease in unfinished {
+                match worker.queue.release(lease).await {
+                    Ok(()) => {
+                        counters.released.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, job.id = lease.job_id, "giving a job back failed; its lease will expire")
+                    }
+                }
+            }
+        }
+        if let Some(mut pruning) = pruning {
+            // A prune stops after its current batch.
+            let _ = stop_pruning.send(true);
+            let timeout = worker.config.shutdown_timeout;
+            if tokio::time::timeout(timeout, &mut pruning).await.is_err() {
+                pruning.abort();
+            }
+        }
+        Ok(counters.snapshot())
+    }
+
+    /// Starts the scheduled prune, if there is a schedule; it stops when the sender says so.
+    fn prune_on_schedule(
+        &self,
+        retention: Retention,
+        counters: &Arc<Counters>,
+    ) -> (
+        tokio::sync::watch::Sender<bool>,
+        Option<tokio::task::JoinHandle<()>>,
+    ) {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let Some(schedule) = self.config.prune.schedule.clone() else {
+            return (stop, None);
+        };
+        let config = &self.config.prune;
+        let mut pruner = Pruner::new(&self.guard, retention)
+            .batch(config.batch)
+            .pause(config.pause)
+            .jobs(&self.queue);
+        if let Some(steps) = &config.steps {
+            pruner = pruner.steps(Steps::with_config(self.queue.pool().clone(), steps.clone()));
+        }
+        let counters = Arc::clone(counters);
+        let on_round = move |report: Option<&PruneReport>| match report {
+            Some(report) => {
+                let rows = report.guard_rows + report.step_rows;
+                counters.pruned.fetch_add(rows, Ordering::Relaxed);
+            }
+            None => {
+                counters.prunes_skipped.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let task = crate::retention::run_schedule(pruner, schedule, stopped, on_round);
+        (stop, Some(tokio::spawn(task)))
+    }
+}
+
+async fn next_wakeup(wakeup: &mut Option<Wakeup>) {
+    match wakeup {
+        Some(wakeup) => wakeup.0.next().await,
+        None => std::future::pending().await,
+    }
+}
