@@ -65,6 +65,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A job of a batch cannot be enqueued (its key or payload breaks the rules); nothing of
+    /// the batch was enqueued.
+    #[error("job {index} of the batch cannot be enqueued, so none of the batch was: {source}")]
+    InvalidBatchJob {
+        /// The job's position in the batch, from 0.
+        index: usize,
+        /// What is wrong with it.
+        #[source]
+        source: Box<Error>,
+    },
+
     /// An outbox topic that is not a plain name.
     #[error(
         "invalid outbox topic `{topic}`: use 1 to 200 ASCII letters, digits, `.`, `_` and `-`, \

@@ -131,6 +131,23 @@ pub trait Backend:
         key: &str,
     ) -> impl Future<Output = sqlx::Result<Option<(i64, String, serde_json::Value)>>> + Send;
 
+    /// Inserts `jobs` (distinct keys) in one statement; returns the id and key of each job
+    /// inserted, leaving out those whose key a live job holds.
+    #[doc(hidden)]
+    fn enqueue_many(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        jobs: &[&NewJob],
+    ) -> impl Future<Output = sqlx::Result<Vec<(i64, String)>>> + Send;
+
+    /// The live jobs holding any of `keys`: id, key, kind and payload.
+    #[doc(hidden)]
+    fn live_jobs(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        keys: &[&str],
+    ) -> impl Future<Output = sqlx::Result<Vec<LiveJob>>> + Send;
+
     #[doc(hidden)]
     fn notify(
         conn: &mut Self::Connection,
@@ -329,6 +346,9 @@ impl GuardRecord {
         }
     }
 }
+
+/// A live job as [`Backend::live_jobs`] reads it: id, key, kind and payload.
+pub(crate) type LiveJob = (i64, String, String, serde_json::Value);
 
 /// Wakes an idle worker when a job is enqueued (PostgreSQL's LISTEN/NOTIFY).
 pub struct Wakeup(pub(crate) Box<dyn WakeupSource>);

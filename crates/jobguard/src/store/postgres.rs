@@ -22,7 +22,7 @@ use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
 use futures::future::BoxFuture;
 use sqlx::postgres::{PgListener, PgRow};
 
-use crate::store::queue::{Lease, QueueSql};
+use crate::store::queue::{Lease, NewJob, QueueSql};
 
 use super::{
     Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, WorkerSql, sealed,
@@ -202,6 +202,22 @@ impl Backend for Postgres {
     }
 
     crate::store::shared_statements!();
+
+    async fn enqueue_many(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        jobs: &[&NewJob],
+    ) -> sqlx::Result<Vec<(i64, String)>> {
+        queue::enqueue_many(conn, sql, jobs).await
+    }
+
+    async fn live_jobs(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        keys: &[&str],
+    ) -> sqlx::Result<Vec<crate::store::LiveJob>> {
+        queue::live_jobs(conn, sql, keys).await
+    }
 
     async fn listen(pool: &Pool<Self>) -> sqlx::Result<Option<Wakeup>> {
         let mut listener = PgListener::connect_with(pool).await?;

@@ -280,6 +280,11 @@ pub struct QueueSql {
     pub(crate) create: Vec<Arc<str>>,
     pub(crate) enqueue: Arc<str>,
     pub(crate) live_job: Arc<str>,
+    /// Inserts a batch of jobs in one statement, skipping keys a live job holds; returns the
+    /// id and key of each row inserted.
+    pub(crate) enqueue_many: Arc<str>,
+    /// The live jobs holding any of a batch of keys: id, key, kind, payload.
+    pub(crate) live_jobs: Arc<str>,
     pub(crate) fetch: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) retry: Arc<str>,

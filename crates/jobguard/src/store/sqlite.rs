@@ -20,6 +20,7 @@ use std::time::Duration;
 use sqlx::sqlite::Sqlite;
 use sqlx::{AssertSqlSafe, Pool, Transaction};
 
+use super::queue::{NewJob, QueueSql};
 use super::{Backend, ClaimRow, GuardSql, NewClaim, sealed};
 use crate::error::Error;
 use crate::table::TableName;
@@ -103,6 +104,22 @@ impl Backend for Sqlite {
     }
 
     crate::store::shared_statements!();
+
+    async fn enqueue_many(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        jobs: &[&NewJob],
+    ) -> sqlx::Result<Vec<(i64, String)>> {
+        queue::enqueue_many(conn, sql, jobs).await
+    }
+
+    async fn live_jobs(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        keys: &[&str],
+    ) -> sqlx::Result<Vec<crate::store::LiveJob>> {
+        queue::live_jobs(conn, sql, keys).await
+    }
 
     fn beat_aside(
         pool: &Pool<Self>,

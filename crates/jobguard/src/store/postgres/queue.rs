@@ -1,7 +1,12 @@
 //! The job queue's SQL for PostgreSQL. Times are computed by the database clock; durations
 //! arrive as microseconds.
 
-use crate::store::queue::QueueSql;
+use sqlx::AssertSqlSafe;
+use sqlx::types::Json;
+
+use crate::store::LiveJob;
+use crate::store::queue::{NewJob, QueueSql};
+use crate::time::duration_micros;
 use crate::table::TableName;
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
@@ -77,6 +82,27 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         live_job: format!("select id, kind, payload from {t} where job_key = $1 and {live}").into(),
+        // A batch in one statement: one array per column, unnested into rows, so the statement
+        // is the same for any batch size. `on conflict ... do nothing` against the live-key
+        // index leaves out, without an error, each key a live job already holds (or that a
+        // concurrent transaction inserts first: the statement waits for it to commit or roll
+        // back), and `returning` names the rows inserted; the caller reads the others with
+        // `live_jobs`. The caller passes the keys sorted, so that two batches sharing keys
+        // wait for each other in the same order instead of deadlocking.
+        enqueue_many: format!(
+            "insert into {t} (kind, job_key, queue, payload, state, max_attempts, run_at)
+             select b.kind, b.job_key, b.queue, b.payload::jsonb, 'available', b.max_attempts,
+                    now() + b.delay {micros}
+             from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[])
+                  as b(kind, job_key, queue, payload, max_attempts, delay)
+             on conflict (job_key) where {live} do nothing
+             returning id, job_key"
+        )
+        .into(),
+        live_jobs: format!(
+            "select id, job_key, kind, payload from {t} where job_key = any($1::text[]) and {live}"
+        )
+        .into(),
         // `skip locked`: concurrent workers take different jobs instead of queueing on one.
         fetch: format!(
             "with picked as (
@@ -212,4 +238,44 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         .into(),
         notify: Some("select pg_notify($1, $2)".into()),
     }
+}
+
+/// Binds a batch for the `enqueue_many` statement: one array per column.
+pub(super) async fn enqueue_many(
+    conn: &mut sqlx::PgConnection,
+    sql: &QueueSql,
+    jobs: &[&NewJob],
+) -> sqlx::Result<Vec<(i64, String)>> {
+    let kinds: Vec<&str> = jobs.iter().map(|job| job.kind.as_str()).collect();
+    let keys: Vec<&str> = jobs.iter().map(|job| job.key.as_str()).collect();
+    let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
+    let payloads: Vec<String> = jobs.iter().map(|job| job.payload.to_string()).collect();
+    let attempts: Vec<i32> = jobs.iter().map(|job| job.max_attempts as i32).collect();
+    let delays: Vec<i64> = jobs.iter().map(|job| duration_micros(job.delay)).collect();
+    sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
+        .bind(kinds)
+        .bind(keys)
+        .bind(queues)
+        .bind(payloads)
+        .bind(attempts)
+        .bind(delays)
+        .fetch_all(conn)
+        .await
+}
+
+/// The live jobs holding any of `keys`.
+pub(super) async fn live_jobs(
+    conn: &mut sqlx::PgConnection,
+    sql: &QueueSql,
+    keys: &[&str],
+) -> sqlx::Result<Vec<LiveJob>> {
+    let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
+        sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
+            .bind(keys)
+            .fetch_all(conn)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, key, kind, payload)| (id, key, kind, payload.0))
+        .collect())
 }

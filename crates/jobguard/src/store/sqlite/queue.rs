@@ -2,7 +2,12 @@
 //! database clock; durations arrive as microseconds.
 
 use super::guard::NOW_MICROS as NOW;
-use crate::store::queue::QueueSql;
+use sqlx::AssertSqlSafe;
+use sqlx::types::Json;
+
+use crate::store::LiveJob;
+use crate::store::queue::{NewJob, QueueSql};
+use crate::time::duration_micros;
 use crate::table::TableName;
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
@@ -74,6 +79,29 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         live_job: format!("select id, kind, payload from {t} where job_key = $1 and {live}").into(),
+        // A batch in one statement and one bound parameter: a JSON array of
+        // `[kind, key, queue, payload, max_attempts, delay]` rows, so neither the statement nor
+        // SQLite's limit on bound parameters depends on the batch size. The payload travels as
+        // a JSON string whose text is stored as is. `on conflict ... do nothing` against the
+        // live-key index leaves out each key a live job holds, and `returning` names the rows
+        // inserted. (`where true`: SQLite would read `on conflict` after a bare `from` as a
+        // join's `on`.)
+        enqueue_many: format!(
+            "insert into {t}
+                 (kind, job_key, queue, payload, state, max_attempts, run_at, created_at)
+             select json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+                    json_extract(value, '$[2]'), json_extract(value, '$[3]'), 'available',
+                    json_extract(value, '$[4]'), {NOW} + json_extract(value, '$[5]'), {NOW}
+             from json_each($1) where true
+             on conflict (job_key) where {live} do nothing
+             returning id, job_key"
+        )
+        .into(),
+        live_jobs: format!(
+            "select id, job_key, kind, payload from {t}
+             where job_key in (select value from json_each($1)) and {live}"
+        )
+        .into(),
         // One statement, atomic on its own: SQLite's one writer at a time makes two workers
         // take different jobs.
         fetch: format!(
@@ -192,4 +220,48 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         .into(),
         notify: None,
     }
+}
+
+/// Binds a batch for the `enqueue_many` statement: one JSON array of rows.
+pub(super) async fn enqueue_many(
+    conn: &mut sqlx::SqliteConnection,
+    sql: &QueueSql,
+    jobs: &[&NewJob],
+) -> sqlx::Result<Vec<(i64, String)>> {
+    let rows: Vec<_> = jobs
+        .iter()
+        .map(|job| {
+            (
+                &job.kind,
+                job.key.as_str(),
+                &job.queue,
+                job.payload.to_string(),
+                job.max_attempts as i32,
+                duration_micros(job.delay),
+            )
+        })
+        .collect();
+    let rows = serde_json::to_string(&rows).expect("strings and numbers serialize");
+    sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
+        .bind(rows)
+        .fetch_all(conn)
+        .await
+}
+
+/// The live jobs holding any of `keys`.
+pub(super) async fn live_jobs(
+    conn: &mut sqlx::SqliteConnection,
+    sql: &QueueSql,
+    keys: &[&str],
+) -> sqlx::Result<Vec<LiveJob>> {
+    let keys = serde_json::to_string(keys).expect("strings serialize");
+    let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
+        sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
+            .bind(keys)
+            .fetch_all(conn)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, key, kind, payload)| (id, key, kind, payload.0))
+        .collect())
 }
