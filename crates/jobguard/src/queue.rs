@@ -180,8 +180,13 @@ impl<DB: Backend> Queue<DB> {
     ///
     /// The batch is all or nothing: a key already live with another payload or kind fails it
     /// with [`Error::KeyReused`] and none of its jobs is enqueued. The same key twice in one
-    /// batch is one job, reported for both entries (another payload or kind for it is
+    /// batch is one job, reported for both entries as if they were enqueued one by one: the
+    /// first as inserted, the second as finding it (another payload or kind for it is
     /// [`Error::KeyReused`] too).
+    ///
+    /// On PostgreSQL the batch is one `insert ... select from unnest(...)`, then one `select`
+    /// for the keys a live job held; on SQLite one insert from a JSON array, under this
+    /// process's turn to write. Each queue that received jobs is notified once.
     ///
     /// ```no_run
     /// use jobguard::queue::{NewJob, Queue};
@@ -309,9 +314,16 @@ impl<DB: Backend> Queue<DB> {
         for queue in queues {
             self.notify(conn, queue).await?;
         }
+        // As if enqueued one by one in order: a key's later entries find its first one's job.
+        let mut reported = vec![false; distinct.len()];
         Ok(jobs
             .iter()
-            .map(|job| results[slot_of_key[job.key.as_str()]].expect("inserted or found live"))
+            .map(|job| {
+                let slot = slot_of_key[job.key.as_str()];
+                let mut result = results[slot].expect("inserted or found live");
+                result.inserted &= !std::mem::replace(&mut reported[slot], true);
+                result
+            })
             .collect())
     }
 

@@ -337,3 +337,265 @@ async fn enqueue_job_tx_shows_on_commit_and_never_after_rollback<DB: TestDb>() {
     assert_eq!(leased.kind, "note");
     assert_eq!(leased.key, "note:order-2");
 }
+
+/// The job ids a batch reported, in its order.
+fn ids(results: &[jobguard::queue::Enqueued]) -> Vec<i64> {
+    results.iter().map(|e| e.id).collect()
+}
+
+// A batch of fresh keys and keys a live job holds (waiting, or running): the fresh ones are
+// inserted, the live ones report their job, in the order given.
+backends!(fn enqueue_many_inserts_fresh_keys_and_finds_live_ones);
+async fn enqueue_many_inserts_fresh_keys_and_finds_live_ones<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("enqueue_many_fresh_and_live", 4).await else {
+        return;
+    };
+    let running = queue.enqueue(&job("credit", 1)).await.unwrap();
+    let leased = fetch_one::<DB>(&queue, LONG);
+    let leased = leased.await;
+    assert_eq!(leased.lease.job_id, running.id);
+    let waiting = queue.enqueue(&job("credit", 2)).await.unwrap();
+
+    let batch = [
+        job("credit", 3),
+        job("credit", 1),
+        job("credit", 4),
+        job("credit", 2),
+    ];
+    let results = queue.enqueue_many(&batch).await.unwrap();
+
+    let inserted: Vec<bool> = results.iter().map(|e| e.inserted).collect();
+    assert_eq!(inserted, [true, false, true, false], "{results:?}");
+    assert_eq!(results[1].id, running.id);
+    assert_eq!(results[3].id, waiting.id);
+    let all: BTreeSet<i64> = ids(&results).into_iter().collect();
+    assert_eq!(all.len(), 4, "four different jobs: {results:?}");
+    assert_eq!(job_rows::<DB>(&pool).await, 4);
+    assert_eq!(queue.counts().await.unwrap(), counts(3, 1, 0, 0));
+    for (job, result) in batch.iter().zip(&results) {
+        let row = row::<DB>(&queue, result.id).await;
+        assert_eq!(row.key, job.key().as_str());
+        assert_eq!(row.kind, "credit");
+        assert_eq!(row.payload["order"], row.key[13..].parse::<i64>().unwrap());
+    }
+
+    // Once a key's job completed, a batch enqueues it anew, as `enqueue` does.
+    complete::<DB>(&pool, &queue, leased.lease).await.unwrap();
+    let again = queue.enqueue_many(&[job("credit", 1)]).await.unwrap();
+    assert!(again[0].inserted && again[0].id != running.id, "{again:?}");
+    assert!(queue.enqueue_many(&[]).await.unwrap().is_empty());
+    assert_eq!(job_rows::<DB>(&pool).await, 5);
+}
+
+// The same key twice in one batch is one job, reported as if enqueued one by one; the same key
+// with another payload in one batch refuses the batch.
+backends!(fn enqueue_many_makes_one_job_of_a_key_given_twice);
+async fn enqueue_many_makes_one_job_of_a_key_given_twice<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("enqueue_many_key_twice", 4).await else {
+        return;
+    };
+    let batch = [job("credit", 5), job("credit", 6), job("credit", 5)];
+    let results = queue.enqueue_many(&batch).await.unwrap();
+    assert_eq!(results[0].id, results[2].id, "{results:?}");
+    assert_ne!(results[0].id, results[1].id, "{results:?}");
+    let inserted: Vec<bool> = results.iter().map(|e| e.inserted).collect();
+    assert_eq!(inserted, [true, true, false], "{results:?}");
+    assert_eq!(job_rows::<DB>(&pool).await, 2);
+
+    let other = NewJob::new(key("credit", 7), &json!({"amount": 900})).unwrap();
+    let batch = [job("credit", 7), job("credit", 8), other];
+    let result = queue.enqueue_many(&batch).await;
+    assert!(
+        matches!(&result, Err(Error::KeyReused { key }) if key == "credit:order-7"),
+        "{result:?}"
+    );
+    assert_eq!(job_rows::<DB>(&pool).await, 2, "nothing of the batch");
+}
+
+// A key a live job holds with another payload or kind refuses the whole batch: none of its
+// jobs is inserted, also inside the caller's transaction, which goes on.
+backends!(fn enqueue_many_refuses_the_whole_batch_for_a_reused_key);
+async fn enqueue_many_refuses_the_whole_batch_for_a_reused_key<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("enqueue_many_reused_key", 4).await else {
+        return;
+    };
+    assert!(queue.enqueue(&job("credit", 9)).await.unwrap().inserted);
+    let other_payload = NewJob::new(key("credit", 9), &json!({"amount": 900})).unwrap();
+    let other_kind = job("credit", 9).kind("refund").unwrap();
+
+    for reused in [other_payload, other_kind] {
+        // Fresh keys on both sides of the reused one, sorting before and after it.
+        let batch = [job("credit", 10), reused.clone(), job("credit", 1)];
+        let result = queue.enqueue_many(&batch).await;
+        assert!(
+            matches!(&result, Err(Error::KeyReused { key }) if key == "credit:order-9"),
+            "{reused:?}: {result:?}"
+        );
+        assert!(!result.unwrap_err().is_retryable());
+        assert_eq!(job_rows::<DB>(&pool).await, 1, "nothing of the batch");
+
+        // In the caller's transaction: the batch is undone, what came before it stays.
+        let mut tx = pool.begin().await.unwrap();
+        let before = queue.enqueue_tx(&mut tx, &job("credit", 11)).await.unwrap();
+        let result = queue.enqueue_many_tx(&mut tx, &batch).await;
+        assert!(matches!(result, Err(Error::KeyReused { .. })), "{result:?}");
+        let after = queue.enqueue_tx(&mut tx, &job("credit", 12)).await.unwrap();
+        tx.commit().await.unwrap();
+        let rows: BTreeSet<String> = queue
+            .list(None, None, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|row| row.key)
+            .collect();
+        let expected: BTreeSet<String> = ["credit:order-9", "credit:order-11", "credit:order-12"]
+            .map(String::from)
+            .into();
+        assert_eq!(rows, expected, "the batch left nothing, the rest committed");
+        assert!(before.inserted && after.inserted);
+        let mut conn = pool.acquire().await.unwrap();
+        let sql = "delete from jobguard_jobs where job_key <> 'credit:order-9'";
+        DB::execute(&mut conn, sql).await.unwrap();
+    }
+}
+
+/// A job whose payload is free text, so that a batch can hold one that cannot be enqueued.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Memo {
+    order: u32,
+    text: String,
+}
+
+impl<D: Backend> jobguard::Job<D> for Memo {
+    const KIND: &'static str = "memo";
+
+    fn key(&self) -> Result<JobKey, KeyError> {
+        JobKey::new("memo", [format!("order-{}", self.order)])
+    }
+
+    async fn run(&self, _conn: &mut D::Connection) -> Result<(), jobguard::JobError> {
+        Ok(())
+    }
+}
+
+// A job of the batch that cannot be enqueued fails the batch with its index before anything
+// is written.
+backends!(fn enqueue_jobs_refuses_a_batch_with_a_bad_job);
+async fn enqueue_jobs_refuses_a_batch_with_a_bad_job<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("enqueue_jobs_bad_job", 4).await else {
+        return;
+    };
+    let memo = |order, text: &str| Memo {
+        order,
+        text: text.into(),
+    };
+    let bad = [
+        ("NUL", "a\u{0}b".to_owned()),
+        ("over the limit", "x".repeat(MAX_PAYLOAD_BYTES)),
+    ];
+    for (what, text) in bad {
+        let batch = [memo(1, "ok"), memo(2, "ok"), memo(3, &text), memo(4, "ok")];
+        let result = queue.enqueue_jobs(&batch).await;
+        let Err(Error::InvalidBatchJob { index, source }) = &result else {
+            panic!("{what}: {result:?}")
+        };
+        assert_eq!(*index, 2, "{what}");
+        assert!(
+            matches!(&**source, Error::InvalidPayload { key, .. } if key == "memo:order-3"),
+            "{what}: {source:?}"
+        );
+        let mut tx = pool.begin().await.unwrap();
+        let result = queue.enqueue_jobs_tx(&mut tx, &batch).await;
+        assert!(
+            matches!(result, Err(Error::InvalidBatchJob { index: 2, .. })),
+            "{what}: {result:?}"
+        );
+        tx.commit().await.unwrap();
+        assert_eq!(job_rows::<DB>(&pool).await, 0, "{what}: nothing enqueued");
+    }
+    let good = [memo(1, "ok"), memo(2, "ok")];
+    let results = queue.enqueue_jobs(&good).await.unwrap();
+    assert!(results.iter().all(|e| e.inserted), "{results:?}");
+    let row = row::<DB>(&queue, results[1].id).await;
+    assert_eq!(
+        (row.kind.as_str(), row.key.as_str()),
+        ("memo", "memo:order-2")
+    );
+    assert_eq!(row.payload, json!({"order": 2, "text": "ok"}));
+}
+
+// `enqueue_many_tx` follows the caller's transaction: rolled back it leaves no job, committed
+// it makes the whole batch visible at once, and not before.
+backends!(fn enqueue_many_tx_follows_the_callers_commit_and_rollback);
+async fn enqueue_many_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("enqueue_many_tx_commit_rollback", 4).await else {
+        return;
+    };
+    let batch: Vec<NewJob> = (1..=50).map(|n| job("credit", n)).collect();
+
+    let mut tx = pool.begin().await.unwrap();
+    let results = queue.enqueue_many_tx(&mut tx, &batch).await.unwrap();
+    assert!(results.iter().all(|e| e.inserted), "{results:?}");
+    tx.rollback().await.unwrap();
+    assert_eq!(job_rows::<DB>(&pool).await, 0, "rolled back: never enqueued");
+    assert!(
+        queue
+            .fetch(DEFAULT_QUEUE, 100, LONG)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let mut tx = pool.begin().await.unwrap();
+    let results = queue.enqueue_many_tx(&mut tx, &batch).await.unwrap();
+    assert!(results.iter().all(|e| e.inserted), "{results:?}");
+    let again = queue.enqueue_many_tx(&mut tx, &batch).await.unwrap();
+    assert_eq!(ids(&again), ids(&results), "the transaction sees its own jobs");
+    assert!(again.iter().all(|e| !e.inserted), "{again:?}");
+    assert_eq!(
+        queue.counts().await.unwrap(),
+        counts(0, 0, 0, 0),
+        "not visible before the commit"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(queue.counts().await.unwrap(), counts(50, 0, 0, 0));
+    let fetched: BTreeSet<i64> = queue
+        .fetch(DEFAULT_QUEUE, 100, LONG)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|job| job.lease.job_id)
+        .collect();
+    assert_eq!(fetched, ids(&results).into_iter().collect());
+}
+
+// Ten thousand jobs in one call, then a worker runs every one of them once.
+backends!(fn enqueue_many_of_ten_thousand_jobs_is_drained_by_the_worker);
+async fn enqueue_many_of_ten_thousand_jobs_is_drained_by_the_worker<DB: TestDb>() {
+    let Some((pool, queue)) = crate::common::setup::<DB>("q_enqueue_many_ten_thousand").await
+    else {
+        return;
+    };
+    let notes: Vec<Note> = (0..10_000).map(|order| Note { order }).collect();
+    let results = queue.enqueue_jobs(&notes).await.unwrap();
+    assert_eq!(results.len(), 10_000);
+    assert!(results.iter().all(|e| e.inserted));
+    let distinct: BTreeSet<i64> = ids(&results).into_iter().collect();
+    assert_eq!(distinct.len(), 10_000);
+    assert_eq!(queue.counts().await.unwrap(), counts(10_000, 0, 0, 0));
+
+    let worker = jobguard::Worker::with_config(queue.clone(), crate::common::draining())
+        .unwrap()
+        .register::<Note>();
+    let stats = tokio::time::timeout(Duration::from_secs(600), worker.run(std::future::pending()))
+        .await
+        .expect("the worker drained the queue")
+        .unwrap();
+    assert_eq!(
+        (stats.applied, stats.duplicates, stats.failed, stats.dead),
+        (10_000, 0, 0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(queue.counts().await.unwrap(), counts(0, 0, 10_000, 0));
+    assert_eq!(job_rows::<DB>(&pool).await, 10_000);
+}
