@@ -1,7 +1,8 @@
 //! `jobguard bench`: what the guard costs ([`guard`]), how fast the worker drains the queue
 //! ([`queue`]), and what pruning and a big guard table cost the jobs that run meanwhile
-//! ([`prune`]).
+//! ([`prune`]), and what enqueueing in batches saves ([`enqueue`]).
 
+pub mod enqueue;
 pub mod guard;
 pub mod prune;
 pub mod queue;

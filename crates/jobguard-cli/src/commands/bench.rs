@@ -1,4 +1,4 @@
-//! `jobguard bench guard|queue|prune`: what the guard costs, measured.
+//! `jobguard bench guard|queue|prune|enqueue`: what the guard costs, measured.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::demo::ExperimentArgs;
-use crate::bench::{guard, prune, queue};
+use crate::bench::{enqueue, guard, prune, queue};
 use crate::database::{DEFAULT_URL, Database};
 use crate::demo;
 use crate::{on_pool, report};
@@ -20,6 +20,8 @@ pub enum BenchCommand {
     /// On PostgreSQL: the worker's throughput while a prune deletes old guard rows, and with a
     /// big guard table against an empty one.
     Prune(prune::BenchPruneArgs),
+    /// Jobs per second enqueued one by one against one `enqueue_many` call.
+    Enqueue(enqueue::BenchEnqueueArgs),
 }
 
 #[derive(Args)]
@@ -53,6 +55,7 @@ pub async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Guard(args) => bench_guard(args).await,
         BenchCommand::Queue(args) => bench_queue(args).await,
         BenchCommand::Prune(args) => prune::run(args).await,
+        BenchCommand::Enqueue(args) => enqueue::run(args).await,
     }
 }
 
