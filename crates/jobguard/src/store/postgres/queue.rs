@@ -6,8 +6,8 @@ use sqlx::types::Json;
 
 use crate::store::LiveJob;
 use crate::store::queue::{NewJob, QueueSql};
-use crate::time::duration_micros;
 use crate::table::TableName;
+use crate::time::duration_micros;
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();

@@ -537,7 +537,11 @@ async fn enqueue_many_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
     let results = queue.enqueue_many_tx(&mut tx, &batch).await.unwrap();
     assert!(results.iter().all(|e| e.inserted), "{results:?}");
     tx.rollback().await.unwrap();
-    assert_eq!(job_rows::<DB>(&pool).await, 0, "rolled back: never enqueued");
+    assert_eq!(
+        job_rows::<DB>(&pool).await,
+        0,
+        "rolled back: never enqueued"
+    );
     assert!(
         queue
             .fetch(DEFAULT_QUEUE, 100, LONG)
@@ -550,7 +554,11 @@ async fn enqueue_many_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
     let results = queue.enqueue_many_tx(&mut tx, &batch).await.unwrap();
     assert!(results.iter().all(|e| e.inserted), "{results:?}");
     let again = queue.enqueue_many_tx(&mut tx, &batch).await.unwrap();
-    assert_eq!(ids(&again), ids(&results), "the transaction sees its own jobs");
+    assert_eq!(
+        ids(&again),
+        ids(&results),
+        "the transaction sees its own jobs"
+    );
     assert!(again.iter().all(|e| !e.inserted), "{again:?}");
     assert_eq!(
         queue.counts().await.unwrap(),
