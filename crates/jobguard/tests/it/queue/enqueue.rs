@@ -607,3 +607,43 @@ async fn enqueue_many_of_ten_thousand_jobs_is_drained_by_the_worker<DB: TestDb>(
     assert_eq!(queue.counts().await.unwrap(), counts(0, 0, 10_000, 0));
     assert_eq!(job_rows::<DB>(&pool).await, 10_000);
 }
+
+// Batches sharing keys, given in opposite orders, enqueued at once: every batch succeeds and
+// each key is one job, which every batch reports. On PostgreSQL, batches inserting their keys
+// in the order given wait for each other's uncommitted keys and deadlock (40P01); enough keys
+// that the batches overlap in time.
+backends!(fn concurrent_batches_sharing_keys_insert_each_key_once, worker_threads = 4);
+async fn concurrent_batches_sharing_keys_insert_each_key_once<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("enqueue_many_concurrent_batches", 10).await else {
+        return;
+    };
+    let forward: Vec<NewJob> = (0..5000).map(|n| job("credit", n)).collect();
+    let backward: Vec<NewJob> = forward.iter().rev().cloned().collect();
+    let start = Arc::new(tokio::sync::Barrier::new(8));
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let batch = if i % 2 == 0 { &forward } else { &backward }.clone();
+            let (queue, start) = (queue.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                queue.enqueue_many(&batch).await.map(|results| (i, results))
+            })
+        })
+        .collect();
+    let mut by_key: std::collections::BTreeMap<usize, BTreeSet<i64>> = Default::default();
+    let mut inserted = 0;
+    for task in tasks {
+        let (i, results) = task.await.unwrap().expect("every batch succeeds");
+        for (n, result) in results.iter().enumerate() {
+            let n = if i % 2 == 0 { n } else { 4999 - n };
+            by_key.entry(n).or_default().insert(result.id);
+            inserted += usize::from(result.inserted);
+        }
+    }
+    assert_eq!(inserted, 5000, "each key inserted by one batch");
+    assert!(
+        by_key.values().all(|ids| ids.len() == 1),
+        "every batch reported the same job for a key"
+    );
+    assert_eq!(job_rows::<DB>(&pool).await, 5000);
+}
