@@ -47,6 +47,18 @@ pub trait Job<DB: Backend>: Serialize + DeserializeOwned + Send + Sync + 'static
     /// The kind the job is enqueued and registered under.
     const KIND: &'static str;
 
+    /// Whether the [`Worker`](crate::Worker) may run jobs of this kind in batches, when its
+    /// [`batch_size`](crate::WorkerConfig::batch_size) is above 1: up to that many fetched jobs
+    /// in one transaction, with one commit instead of one per job.
+    ///
+    /// A batch's effects commit together, and every row an effect locks stays locked until the
+    /// whole batch commits: kinds whose jobs write the same rows (one account's balance, one
+    /// counter) contend across batches and deadlock more, and are better run one per
+    /// transaction. When any job of a batch fails, panics or meets a serialization failure or
+    /// deadlock, the batch rolls back and its jobs run again one per transaction, so a job must
+    /// not rely on running only once per fetch. Off by default.
+    const BATCH: bool = false;
+
     /// The job's key, derived from the business operation, e.g. `credit:order-8812`.
     fn key(&self) -> Result<JobKey, KeyError>;
 

@@ -46,13 +46,29 @@
 //! println!("{} applied, {} duplicates", stats.applied, stats.duplicates);
 //! # Ok(()) }
 //! ```
+//!
+//! # Batches
+//!
+//! A kind that sets [`Job::BATCH`] runs in batches when [`WorkerConfig::batch_size`] is above
+//! 1: the worker runs up to that many fetched jobs of such kinds in one transaction, each
+//! completed under its lease token and its key claimed in one statement, its effect right
+//! after, in fetch order, and one commit for all. A fenced job completes and claims nothing and
+//! is left out; a key already held, even by an earlier job of the same batch, is a duplicate.
+//! Any error, panic, serialization failure, deadlock or lost commit rolls the whole batch back,
+//! and its jobs run again one per transaction: a failing job retries alone, the others apply.
+//! Outcomes, metrics and [`WorkerStats`] count each job as the per-job path does.
+//!
+//! A batch holds every row its effects lock until it commits: kinds whose jobs write the same
+//! rows contend across batches and are better left at one job per transaction.
 
+mod batch;
 mod fetch;
 mod heartbeat;
 mod run;
 mod runnable;
 mod shutdown;
 
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -155,6 +171,13 @@ pub struct WorkerConfig {
     /// How long running jobs get to finish after shutdown is asked; then they are rolled back
     /// and their jobs given back.
     pub shutdown_timeout: Duration,
+    /// Jobs of kinds that opted in with [`Job::BATCH`] run up to this many in one transaction
+    /// (see [`batch`](self#batches)). 1, the default, runs every job in its own transaction.
+    pub batch_size: usize,
+    /// How long a batch that the fetch did not fill waits for more jobs before it runs. Only
+    /// applies when the fetch returned fewer batchable jobs than `batch_size`; short, so a short
+    /// queue keeps its latency.
+    pub batch_linger: Duration,
     /// Return as soon as the queue is empty and no job is running (for tests and benchmarks).
     pub stop_when_idle: bool,
     /// The guard table.
@@ -175,6 +198,8 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_secs(1),
             retry: RetryPolicy::default(),
             shutdown_timeout: Duration::from_secs(30),
+            batch_size: 1,
+            batch_linger: Duration::from_millis(2),
             stop_when_idle: false,
             guard: GuardConfig::default(),
             retention: RetentionConfig::default(),
@@ -243,6 +268,8 @@ pub struct Worker<DB: Backend> {
     queue: Queue<DB>,
     guard: Guard<DB>,
     handlers: Registry<dyn Runnable<DB>>,
+    /// The registered kinds whose [`Job::BATCH`] is true.
+    batched: HashSet<String>,
     /// The claim that completes the job, built once.
     sql: WorkerSql,
     config: WorkerConfig,
@@ -267,6 +294,7 @@ impl<DB: Backend> Worker<DB> {
             guard,
             sql,
             handlers: Registry::default(),
+            batched: HashSet::new(),
             config,
             connections: Mutex::default(),
         })
@@ -295,6 +323,11 @@ impl<DB: Backend> Worker<DB> {
     /// Runs jobs of kind `J::KIND` as `J`.
     pub fn register<J: Job<DB>>(mut self) -> Self {
         self.handlers.insert(J::KIND, decode_job::<DB, J>);
+        if J::BATCH {
+            self.batched.insert(J::KIND.to_owned());
+        } else {
+            self.batched.remove(J::KIND);
+        }
         self
     }
 
@@ -302,6 +335,7 @@ impl<DB: Backend> Worker<DB> {
     pub fn register_external<J: ExternalJob<DB>>(mut self, context: J::Context) -> Self {
         self.handlers
             .insert(J::KIND, external_decoder::<DB, J>(context));
+        self.batched.remove(J::KIND);
         self
     }
 

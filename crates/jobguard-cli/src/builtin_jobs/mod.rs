@@ -353,6 +353,8 @@ impl ExampleDb for Sqlite {
 
 impl<DB: ExampleDb> Job<DB> for Credit {
     const KIND: &'static str = <Self as Example>::KIND;
+    // Each credit appends its own ledger row: batches lock no row that another batch writes.
+    const BATCH: bool = true;
 
     fn key(&self) -> Result<JobKey, KeyError> {
         self.job_key()
@@ -372,6 +374,7 @@ impl<DB: ExampleDb> Job<DB> for Credit {
 
 impl<DB: ExampleDb> Job<DB> for Noop {
     const KIND: &'static str = <Self as Example>::KIND;
+    const BATCH: bool = true;
 
     fn key(&self) -> Result<JobKey, KeyError> {
         self.job_key()

@@ -32,6 +32,14 @@ pub struct WorkerArgs {
     /// Jobs run at once.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     concurrency: u32,
+    /// Jobs of batchable kinds (the built-in `credit` and `noop`) run up to this many in one
+    /// transaction; when one fails, the batch rolls back and its jobs run one per transaction.
+    /// 1 runs every job in its own transaction.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    batch_size: u32,
+    /// How long a batch the fetch left short waits for more jobs before it runs.
+    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    batch_linger: Duration,
     /// How long a job is leased for (e.g. 30s); running jobs extend it every third of it.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     lease: Duration,
@@ -150,6 +158,8 @@ async fn run<DB: ExampleDb>(
     let config = WorkerConfig {
         queue: args.queue.clone(),
         concurrency: args.concurrency as usize,
+        batch_size: args.batch_size as usize,
+        batch_linger: args.batch_linger,
         lease: args.lease,
         poll_interval: args.poll,
         retry: retry_policy(args.backoff),

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use super::{Counters, Worker, WorkerStats};
 use crate::dispatch::log_join;
 use crate::error::Result;
-use crate::queue::Lease;
+use crate::queue::{Lease, LeasedJob};
 use crate::retention::{PruneReport, Pruner, Retention};
 use crate::steps::Steps;
 use crate::store::{Backend, Wakeup};
@@ -70,12 +70,11 @@ impl<DB: Backend> Worker<DB> {
             }
             let free = permits.available_permits();
             let mut fetched = 0;
-            // Fetch in batches: one query for half the slots rather than one per finished job.
+            // Fetch in batches: one query for half the slots rather than one per finished job;
+            // with batches, enough jobs to fill a batch per free slot.
+            let wanted = free * worker.batch_size();
             if free > 0 && (free >= refill_at || tasks.is_empty()) {
-                let fetch =
-                    worker
-                        .queue
-                        .fetch(&worker.config.queue, free as u32, worker.config.lease);
+                let fetch = worker.fetch_jobs(wanted);
                 let fetched_jobs = tokio::select! {
                     biased;
                     () = &mut shutdown => break,
@@ -84,29 +83,36 @@ impl<DB: Backend> Worker<DB> {
                 match fetched_jobs {
                     Ok(jobs) => {
                         fetched = jobs.len();
-                        for job in jobs {
+                        for group in worker.group(jobs) {
                             let permit = Arc::clone(&permits)
                                 .acquire_owned()
                                 .await
                                 .expect("never closed");
-                            leases.lock().expect("not poisoned").insert(job.lease);
+                            let group_leases: Vec<Lease> =
+                                group.iter().map(|job| job.lease).collect();
+                            leases
+                                .lock()
+                                .expect("not poisoned")
+                                .extend(group_leases.iter().copied());
                             let (worker, counters, leases) = (
                                 Arc::clone(&worker),
                                 Arc::clone(&counters),
                                 Arc::clone(&leases),
                             );
                             tasks.spawn(async move {
-                                let lease = job.lease;
-                                worker.process(job, &counters, permit).await;
-                                worker.queue.end_heartbeats(lease);
-                                leases.lock().expect("not poisoned").remove(&lease);
+                                worker.process_batch(group, &counters, permit).await;
+                                let mut held = leases.lock().expect("not poisoned");
+                                for lease in group_leases {
+                                    worker.queue.end_heartbeats(lease);
+                                    held.remove(&lease);
+                                }
                             });
                         }
                     }
                     Err(error) => tracing::warn!(%error, "fetching jobs failed; retrying"),
                 }
             }
-            if fetched > 0 && fetched == free {
+            if fetched > 0 && fetched == wanted {
                 continue;
             }
             if worker.config.stop_when_idle && fetched == 0 && tasks.is_empty() {
@@ -189,6 +195,58 @@ impl<DB: Backend> Worker<DB> {
         };
         let task = crate::retention::run_schedule(pruner, schedule, stopped, on_round);
         (stop, Some(tokio::spawn(task)))
+    }
+}
+
+impl<DB: Backend> Worker<DB> {
+    /// Jobs per transaction for kinds that opted in: 1 when none did.
+    fn batch_size(&self) -> usize {
+        if self.batched.is_empty() {
+            1
+        } else {
+            self.config.batch_size.max(1)
+        }
+    }
+
+    /// Up to `limit` jobs. When batching and the fetch left a batch short (a short queue),
+    /// waits [`WorkerConfig::batch_linger`](super::WorkerConfig::batch_linger) once for more to
+    /// fill it.
+    async fn fetch_jobs(&self, limit: usize) -> Result<Vec<LeasedJob>> {
+        let (queue, lease) = (&self.config.queue, self.config.lease);
+        let mut jobs = self.queue.fetch(queue, limit as u32, lease).await?;
+        let size = self.batch_size();
+        let batchable = jobs
+            .iter()
+            .filter(|job| self.batched.contains(&job.kind))
+            .count();
+        let short = size - batchable % size;
+        if size > 1 && batchable > 0 && short < size && !self.config.batch_linger.is_zero() {
+            tokio::time::sleep(self.config.batch_linger).await;
+            jobs.extend(self.queue.fetch(queue, short as u32, lease).await?);
+        }
+        Ok(jobs)
+    }
+
+    /// The tasks for fetched jobs: jobs of batched kinds in groups of up to the batch size, in
+    /// fetch order; every other job alone.
+    fn group(&self, jobs: Vec<LeasedJob>) -> Vec<Vec<LeasedJob>> {
+        let size = self.batch_size();
+        let mut groups = Vec::new();
+        let mut batch = Vec::new();
+        for job in jobs {
+            if size > 1 && self.batched.contains(&job.kind) {
+                batch.push(job);
+                if batch.len() == size {
+                    groups.push(std::mem::take(&mut batch));
+                }
+            } else {
+                groups.push(vec![job]);
+            }
+        }
+        if !batch.is_empty() {
+            groups.push(batch);
+        }
+        groups
     }
 }
 

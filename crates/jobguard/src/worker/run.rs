@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use sqlx::pool::PoolConnection;
-use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::runnable::Runnable;
@@ -21,7 +20,7 @@ use crate::spikes::record_outcome;
 use crate::store::{Backend, ClaimToken, NewClaim, is_connection_error};
 
 /// Why an attempt did not commit.
-enum Failure {
+pub(super) enum Failure {
     /// Rolled back by contention; run the attempt again now.
     Transient(sqlx::Error),
     /// The connection broke; run the attempt again now on another one.
@@ -45,43 +44,12 @@ impl From<Error> for Failure {
 }
 
 impl<DB: Backend> Worker<DB> {
-    pub(super) async fn process(
-        &self,
-        job: LeasedJob,
-        counters: &Counters,
-        _permit: OwnedSemaphorePermit,
-    ) {
-        let span = tracing::info_span!(
-            "job",
-            job.id = job.lease.job_id,
-            job.kind = %job.kind,
-            job.key = %job.key,
-            attempt = job.lease.attempt,
-        );
+    /// Runs one job on the per-job path and records how it ended.
+    pub(super) async fn process_one(&self, job: &LeasedJob, counters: &Counters) {
+        let span = job_span(job);
         let started = Instant::now();
-        let ended = self.execute(&job).instrument(span.clone()).await;
-        let took = started.elapsed();
-        span.in_scope(|| {
-            tracing::debug!(
-                outcome = ended.label(),
-                seconds = took.as_secs_f64(),
-                "job ended"
-            );
-        });
-        if ended == Ended::Duplicate {
-            let source = DuplicateSource::infer(job.lease.attempt, job.lease.token);
-            record_duplicate_source(&job.kind, source);
-            // In the job's span, so the log names the key that was a duplicate.
-            span.in_scope(|| {
-                tracing::info!(
-                    %source,
-                    "duplicate: the key was already applied; completed without the effect"
-                );
-            });
-        }
-        record_outcome(&job.kind, ended.label());
-        record_job_duration(&job.kind, ended.label(), took);
-        counters.count(ended);
+        let ended = self.execute(job).instrument(span.clone()).await;
+        report(job, ended, started.elapsed(), &span, counters);
     }
 
     async fn execute(&self, job: &LeasedJob) -> Ended {
@@ -186,7 +154,10 @@ impl<DB: Backend> Worker<DB> {
     }
 
     /// The job's handler, payload and key, or why it can never run.
-    fn decode(&self, job: &LeasedJob) -> Result<(Box<dyn Runnable<DB>>, JobKey), String> {
+    pub(super) fn decode(
+        &self,
+        job: &LeasedJob,
+    ) -> Result<(Box<dyn Runnable<DB>>, JobKey), String> {
         let runnable = self.handlers.decode(&job.kind, &job.payload, "worker")?;
         let key = JobKey::parse(&job.key)
             .map_err(|error| format!("the stored job key is invalid: {error}"))?;
@@ -194,7 +165,7 @@ impl<DB: Backend> Worker<DB> {
     }
 
     /// A connection kept from an earlier job, or a new one from the pool.
-    async fn checkout(&self) -> Result<PoolConnection<DB>> {
+    pub(super) async fn checkout(&self) -> Result<PoolConnection<DB>> {
         let kept = self.connections.lock().expect("not poisoned").pop();
         match kept {
             Some(conn) => Ok(conn),
@@ -207,7 +178,7 @@ impl<DB: Backend> Worker<DB> {
     ///
     /// At most one connection per job slot is kept, and never the pool's last
     /// [`SPARE_CONNECTIONS`], so fetching and heartbeats always find one.
-    fn check_in(&self, conn: Option<PoolConnection<DB>>) {
+    pub(super) fn check_in(&self, conn: Option<PoolConnection<DB>>) {
         let pool = self.queue.pool().options().get_max_connections() as usize;
         let keep = self
             .config
@@ -331,7 +302,7 @@ impl<DB: Backend> Worker<DB> {
     ///
     /// Completing before the effect runs is safe because both commit or roll back together,
     /// and it means a worker whose lease was taken over never runs the effect at all.
-    async fn claim_completing(
+    pub(super) async fn claim_completing(
         &self,
         conn: &mut DB::Connection,
         key: &JobKey,
@@ -360,7 +331,53 @@ impl<DB: Backend> Worker<DB> {
     }
 }
 
-fn transient_or<DB: Backend>(error: Error, otherwise: impl FnOnce(Error) -> Failure) -> Failure {
+/// The span a job's logs are written in.
+pub(super) fn job_span(job: &LeasedJob) -> tracing::Span {
+    tracing::info_span!(
+        "job",
+        job.id = job.lease.job_id,
+        job.kind = %job.kind,
+        job.key = %job.key,
+        attempt = job.lease.attempt,
+    )
+}
+
+/// Records how a job ended: its log line, duplicate source, outcome and duration metrics, and
+/// the worker's stats. The same for a job run alone and one run in a batch.
+pub(super) fn report(
+    job: &LeasedJob,
+    ended: Ended,
+    took: std::time::Duration,
+    span: &tracing::Span,
+    counters: &Counters,
+) {
+    span.in_scope(|| {
+        tracing::debug!(
+            outcome = ended.label(),
+            seconds = took.as_secs_f64(),
+            "job ended"
+        );
+    });
+    if ended == Ended::Duplicate {
+        let source = DuplicateSource::infer(job.lease.attempt, job.lease.token);
+        record_duplicate_source(&job.kind, source);
+        // In the job's span, so the log names the key that was a duplicate.
+        span.in_scope(|| {
+            tracing::info!(
+                %source,
+                "duplicate: the key was already applied; completed without the effect"
+            );
+        });
+    }
+    record_outcome(&job.kind, ended.label());
+    record_job_duration(&job.kind, ended.label(), took);
+    counters.count(ended);
+}
+
+pub(super) fn transient_or<DB: Backend>(
+    error: Error,
+    otherwise: impl FnOnce(Error) -> Failure,
+) -> Failure {
     match error {
         Error::Database(db) if DB::is_transient(&db) => Failure::Transient(db),
         Error::Database(db) if is_connection_error(&db) => Failure::Reconnect(db),

@@ -14,6 +14,7 @@
 mod common;
 
 mod api_key;
+mod batch;
 #[cfg(all(feature = "rabbitmq", feature = "nats", feature = "redis"))]
 mod brokers;
 mod external;
