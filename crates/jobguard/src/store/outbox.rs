@@ -371,6 +371,14 @@ pub trait OutboxStore: sqlx::Database {
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 }
 
+/// Dead-letters a pending message, the same in both dialects: `$1` its seq, `$2` the error.
+pub(crate) fn dead_sql(t: &str) -> String {
+    format!(
+        "update {t} set state = 'dead', attempts = attempts + 1, last_error = $2
+         where seq = $1 and state = 'pending'"
+    )
+}
+
 /// The outbox table's indexes, the same in both dialects.
 pub(crate) fn outbox_indexes(table: &TableName) -> [String; 3] {
     let t = table.quoted();

@@ -92,11 +92,7 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
              where seq = $1 and state = 'pending'"
         )
         .into(),
-        dead: format!(
-            "update {t} set state = 'dead', attempts = attempts + 1, last_error = $2
-             where seq = $1 and state = 'pending'"
-        )
-        .into(),
+        dead: crate::store::outbox::dead_sql(&t).into(),
         // One relay at a time: the row is taken when free or expired (by the database clock)
         // and renewed by its holder; a concurrent taker waits on the primary key, then sees
         // the winner's row and gets nothing back.
