@@ -72,14 +72,7 @@ impl Backend for Postgres {
     const SINGLE_WRITER: bool = false;
     const BACKEND: &'static str = "postgres";
 
-    fn guard_sql(table: &TableName) -> crate::Result<GuardSql> {
-        Ok(crate::store::guard_sql!(table))
-    }
-
-    fn queue_sql(table: &TableName) -> crate::Result<crate::store::queue::QueueSql> {
-        Self::guard_sql(table)?;
-        Ok(queue::queue_sql(table))
-    }
+    crate::store::table_sql!();
 
     async fn migrate_statements(
         pool: &Pool<Self>,
