@@ -75,17 +75,6 @@ pub fn shorten(text: &str, max: usize) -> String {
     short
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_text_is_shortened() {
-        assert_eq!(shorten("abc", 3), "abc");
-        assert_eq!(shorten("abcdef", 4), "abc…");
-    }
-}
-
 /// The cells that open a dead job's row in a table: id, kind, key and attempts.
 pub fn dead_job_cells(
     id: i64,
@@ -100,4 +89,15 @@ pub fn dead_job_cells(
         Cell::new(key),
         Cell::new(format!("{attempt}/{max_attempts}")).set_alignment(CellAlignment::Right),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_text_is_shortened() {
+        assert_eq!(shorten("abc", 3), "abc");
+        assert_eq!(shorten("abcdef", 4), "abc…");
+    }
 }
