@@ -75,6 +75,22 @@ pub fn shorten(text: &str, max: usize) -> String {
     short
 }
 
+/// The cells that open a dead job's row in a table: id, kind, key and attempts.
+pub fn dead_job_cells(
+    id: i64,
+    kind: &str,
+    key: &str,
+    attempt: i32,
+    max_attempts: i32,
+) -> Vec<Cell> {
+    vec![
+        Cell::new(id).set_alignment(CellAlignment::Right),
+        Cell::new(kind),
+        Cell::new(key),
+        Cell::new(format!("{attempt}/{max_attempts}")).set_alignment(CellAlignment::Right),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -50,7 +50,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, JobError, Result, effect_error};
-use crate::guard::{Duplicate, Guard, Outcome};
+use crate::guard::{Guard, Outcome};
 use crate::key::{JobKey, KeyError, check_kind};
 use crate::store::Backend;
 
@@ -246,19 +246,9 @@ impl<DB: Backend> Guard<DB> {
         R: AsyncFnMut(&mut DB::Connection, &T) -> Result<(), JobError> + Send,
     {
         if let Some(recorded) = self.lookup(key).await? {
-            let result = recorded
-                .result
-                .map(serde_json::from_value)
-                .transpose()
-                .map_err(|source| Error::StoredResult {
-                    key: key.to_string(),
-                    source,
-                })?;
+            let duplicate = crate::guard::duplicate_of(key, recorded)?;
             crate::spikes::record_outcome(key.kind(), "duplicate");
-            return Ok(Outcome::Duplicate(Duplicate {
-                first_applied_at: recorded.applied_at,
-                result,
-            }));
+            return Ok(Outcome::Duplicate(duplicate));
         }
         let value = match call(api_key.as_str()).await {
             Ok(value) => value,

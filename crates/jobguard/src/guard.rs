@@ -676,7 +676,11 @@ pub(crate) fn fingerprint_of<P: Serialize + ?Sized>(
     })
 }
 
-fn duplicate_of<T: DeserializeOwned>(key: &JobKey, record: GuardRecord) -> Result<Duplicate<T>> {
+/// The [`Duplicate`] a recorded guard row stands for, its stored result decoded as `T`.
+pub(crate) fn duplicate_of<T: DeserializeOwned>(
+    key: &JobKey,
+    record: GuardRecord,
+) -> Result<Duplicate<T>> {
     let result = record
         .result
         .map(serde_json::from_value)

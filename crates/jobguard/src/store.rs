@@ -269,6 +269,39 @@ pub struct GuardSql {
     pub(crate) oldest_age: Arc<str>,
 }
 
+/// The [`Backend::guard_sql`] and [`Backend::queue_sql`] of a dialect, built from its `guard`,
+/// `prune` and `queue` SQL modules, which must be in scope where it is used: both dialects fill
+/// the same fields from functions of the same names. `$check` refuses a table name the dialect
+/// cannot hold.
+macro_rules! table_sql {
+    ($($check:path)?) => {
+        fn guard_sql(table: &$crate::table::TableName) -> $crate::Result<$crate::store::GuardSql> {
+            $($check(table)?;)?
+            Ok($crate::store::GuardSql {
+                table: table.clone(),
+                create: guard::create(table)
+                    .into_iter()
+                    .map(std::sync::Arc::from)
+                    .collect(),
+                claim: guard::claim(table).into(),
+                record: guard::record(table).into(),
+                store_result: guard::store_result(table).into(),
+                prune: prune::prune_guard(table).into(),
+                count_prunable: prune::count_guard(table).into(),
+                oldest_age: prune::oldest_guard_age(table).into(),
+            })
+        }
+
+        fn queue_sql(
+            table: &$crate::table::TableName,
+        ) -> $crate::Result<$crate::store::queue::QueueSql> {
+            Self::guard_sql(table)?;
+            Ok(queue::queue_sql(table))
+        }
+    };
+}
+pub(crate) use table_sql;
+
 /// The values of a guard row about to be inserted.
 #[derive(Debug)]
 pub struct NewClaim<'a> {

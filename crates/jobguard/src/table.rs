@@ -91,6 +91,15 @@ impl TableName {
         format!("\"{stem}_{hash}_{suffix}\"")
     }
 
+    /// The statements a PostgreSQL setup opens with: `create schema` when the table has one,
+    /// none otherwise. The caller extends them with its own `create` statements.
+    pub(crate) fn schema_statements(&self) -> Vec<String> {
+        self.schema
+            .iter()
+            .map(|schema| format!("create schema if not exists \"{schema}\""))
+            .collect()
+    }
+
     /// [`derived`](Self::derived), qualified by the table's schema, for objects such as
     /// functions that do not follow their table into its schema.
     pub(crate) fn derived_qualified(&self, suffix: &str) -> String {

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{ArgGroup, Args, Subcommand};
-use comfy_table::{Cell, CellAlignment};
+use comfy_table::Cell;
 use jobguard::queue::{JobRow, JobState, Replay};
 use jobguard::{Backend, Queue};
 use serde::Serialize;
@@ -94,15 +94,13 @@ fn render(jobs: &[JobRow], kind: Option<&str>) -> String {
     }
     let mut table = table(&["id", "kind", "key", "attempts", "last run (UTC)", "error"]);
     for job in jobs {
-        table.add_row(vec![
-            Cell::new(job.id).set_alignment(CellAlignment::Right),
-            Cell::new(&job.kind),
-            Cell::new(&job.key),
-            Cell::new(format!("{}/{}", job.attempt, job.max_attempts))
-                .set_alignment(CellAlignment::Right),
+        let mut row =
+            report::dead_job_cells(job.id, &job.kind, &job.key, job.attempt, job.max_attempts);
+        row.extend([
             Cell::new(time(job.run_at)),
             Cell::new(job.last_error.as_deref().unwrap_or("")),
         ]);
+        table.add_row(row);
     }
     format!(
         "{} dead job{}{of_kind}, newest first:\n{table}\nreplay with `jobguard dead replay --id ID`, \

@@ -154,14 +154,10 @@ pub fn render(figures: &Figures) -> String {
     } else {
         let mut table = table(&["id", "kind", "key", "attempts", "error"]);
         for job in &figures.dead_letters {
-            table.add_row(vec![
-                Cell::new(job.id).set_alignment(CellAlignment::Right),
-                Cell::new(&job.kind),
-                Cell::new(&job.key),
-                Cell::new(format!("{}/{}", job.attempt, job.max_attempts))
-                    .set_alignment(CellAlignment::Right),
-                Cell::new(shorten(job.error.as_deref().unwrap_or(""), 60)),
-            ]);
+            let mut row =
+                report::dead_job_cells(job.id, &job.kind, &job.key, job.attempt, job.max_attempts);
+            row.push(Cell::new(shorten(job.error.as_deref().unwrap_or(""), 60)));
+            table.add_row(row);
         }
         out += &format!(
             "dead letters: {dead} (newest first; replay with `jobguard dead replay --id ID`)\n\

@@ -20,7 +20,7 @@ use jobguard::queue::NewJob;
 use jobguard::{JobKey, Queue};
 use serde_json::{Value, json};
 
-use crate::common::{AnyPool, Db, Proc, jobguard, spawn};
+use crate::common::{AnyPool, Db, Proc, free_port, jobguard, spawn};
 use crate::{each_backend, on_pool};
 
 /// The longest any single command of the binary may take before the test fails.
@@ -52,6 +52,13 @@ fn worker(db: &Db, name: &str, extra: &[&str]) -> Proc {
     let mut args = vec!["worker", "--json"];
     args.extend_from_slice(extra);
     db.spawn(name, &args)
+}
+
+/// A worker with a one-second lease that polls every 100 ms, so that a lost lease shows soon.
+fn short_lease_worker(db: &Db, name: &str, extra: &[&str]) -> Proc {
+    let mut args = extra.to_vec();
+    args.extend(["--lease", "1s", "--poll", "100ms"]);
+    worker(db, name, &args)
 }
 
 fn enqueue_credit(db: &Db, payload: &Value) -> Value {
@@ -391,11 +398,7 @@ fn sigstop_past_the_lease(db: &Db) {
     for n in 1..=JOBS {
         enqueue_credit(db, &credit(n, 300));
     }
-    let mut a = worker(
-        db,
-        "a",
-        &["--concurrency", "2", "--lease", "1s", "--poll", "100ms"],
-    );
+    let mut a = short_lease_worker(db, "a", &["--concurrency", "2"]);
     wait_for(
         db,
         "worker A to take jobs",
@@ -409,11 +412,7 @@ fn sigstop_past_the_lease(db: &Db) {
     std::thread::sleep(Duration::from_millis(1300));
 
     let b_started = Instant::now();
-    let mut b = worker(
-        db,
-        "b",
-        &["--until-idle", "--lease", "1s", "--poll", "100ms"],
-    );
+    let mut b = short_lease_worker(db, "b", &["--until-idle"]);
     // On PostgreSQL B must finish while A is stopped; on SQLite it waits for A's write lock
     // (unless A was stopped between two transactions), so A is resumed after a while.
     let patience = if db.is_postgres() { 20 } else { 2 };
@@ -547,11 +546,7 @@ fn stalled_claim_keeps_the_job(db: &Db) {
         assert_eq!(claim, jobguard::Claim::Claimed);
         (conn, pid)
     });
-    let mut a = worker(
-        db,
-        "a",
-        &["--concurrency", "1", "--lease", "1s", "--poll", "100ms"],
-    );
+    let mut a = short_lease_worker(db, "a", &["--concurrency", "1"]);
     enqueue_credit(
         db,
         &json!({"order": "order-fenced", "account": 1, "amount": 5}),
@@ -639,15 +634,6 @@ fn stalled_claim_keeps_the_job_on_postgres() {
         return;
     };
     stalled_claim_keeps_the_job(&db);
-}
-
-/// A port on 127.0.0.1 where nothing listens (it was free a moment ago).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `jobguard ARGS --database-url URL` in `dir`, logging at `info`.

@@ -21,6 +21,12 @@ async fn jobguard(url: &str, args: &[&str]) -> Exit {
     Exit::from(output)
 }
 
+/// Runs `jobguard ARGS` and checks that it fails with `reason` on stderr.
+async fn refused(url: &str, args: &[&str], reason: &str) {
+    let run = jobguard(url, args).await;
+    assert!(!run.ok && run.stderr.contains(reason), "{}", run.stderr);
+}
+
 /// A poison message is dead-lettered by `jobguard relay`, listed by `jobguard outbox list`,
 /// and delivered once replayed and no longer refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,22 +82,18 @@ async fn outbox_list_and_replay() {
     );
 
     // Bad ids are refused with a reason; unknown ones say nothing was replayed.
-    let bad = jobguard(url, &["outbox", "replay", "--id", "no-topic"]).await;
-    assert!(
-        !bad.ok && bad.stderr.contains("<job key>/<topic>"),
-        "{}",
-        bad.stderr
-    );
-    let unknown = jobguard(
+    refused(
         url,
-        &["outbox", "replay", "--id", "invoice:order-9/invoices"],
+        &["outbox", "replay", "--id", "no-topic"],
+        "<job key>/<topic>",
     )
     .await;
-    assert!(
-        !unknown.ok && unknown.stderr.contains("not replayed"),
-        "{}",
-        unknown.stderr
-    );
+    refused(
+        url,
+        &["outbox", "replay", "--id", "invoice:order-9/invoices"],
+        "not replayed",
+    )
+    .await;
 
     let run = jobguard(
         url,
@@ -161,12 +163,7 @@ async fn steps_list_and_resolve() {
     ];
     let run = jobguard(url, &args).await;
     assert!(run.ok, "{}", run.stderr);
-    let again = jobguard(url, &args).await;
-    assert!(
-        !again.ok && again.stderr.contains("does not need attention"),
-        "{}",
-        again.stderr
-    );
+    refused(url, &args, "does not need attention").await;
     let run = jobguard(url, &["steps", "list", "--json"]).await;
     assert_eq!(run.json, json!([]));
 

@@ -69,6 +69,29 @@ pub trait Delivery: Send + Sync + 'static {
     fn progress(&self) -> impl Future<Output = Result<()>> + Send;
 }
 
+/// The [`Source`] methods that only read the source's config, for a broker whose delivery
+/// lease is the config field `$lease`: progress is due every third of it.
+macro_rules! source_settings {
+    ($lease:ident) => {
+        fn broker(&self) -> &'static str {
+            BROKER
+        }
+
+        fn prefetch(&self) -> usize {
+            self.config.prefetch.max(1)
+        }
+
+        fn max_deliveries(&self) -> u32 {
+            self.config.max_deliveries
+        }
+
+        fn progress_interval(&self) -> Option<Duration> {
+            Some(self.config.$lease / 3)
+        }
+    };
+}
+pub(crate) use source_settings;
+
 /// Where a [`Consumer`] receives messages from: a queue, stream or subject on one broker.
 pub trait Source: Send + 'static {
     /// The messages it hands out.

@@ -319,21 +319,7 @@ impl NatsSource {
 impl Source for NatsSource {
     type Delivery = NatsDelivery;
 
-    fn broker(&self) -> &'static str {
-        BROKER
-    }
-
-    fn prefetch(&self) -> usize {
-        self.config.prefetch.max(1)
-    }
-
-    fn max_deliveries(&self) -> u32 {
-        self.config.max_deliveries
-    }
-
-    fn progress_interval(&self) -> Option<Duration> {
-        Some(self.config.ack_wait / 3)
-    }
+    super::consumer::source_settings!(ack_wait);
 
     async fn receive(&mut self, max: usize) -> Result<Vec<NatsDelivery>> {
         let pull = || format!("pull from the consumer `{}`", self.config.consumer);

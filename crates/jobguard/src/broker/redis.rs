@@ -231,21 +231,7 @@ impl RedisSource {
 impl Source for RedisSource {
     type Delivery = RedisDelivery;
 
-    fn broker(&self) -> &'static str {
-        BROKER
-    }
-
-    fn prefetch(&self) -> usize {
-        self.config.prefetch.max(1)
-    }
-
-    fn max_deliveries(&self) -> u32 {
-        self.config.max_deliveries
-    }
-
-    fn progress_interval(&self) -> Option<Duration> {
-        Some(self.config.claim_idle / 3)
-    }
+    super::consumer::source_settings!(claim_idle);
 
     async fn receive(&mut self, max: usize) -> Result<Vec<RedisDelivery>> {
         if self.last_claim.is_none_or(|at| at.elapsed() >= CLAIM_SCAN) {

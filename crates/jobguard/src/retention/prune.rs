@@ -258,7 +258,6 @@ impl<DB: Backend> Pruner<DB> {
         let table_label = table.to_string();
         let cutoff = DB::prune_cutoff(pool, self.retention.keep()).await?;
         let mut report = PruneReport::default();
-        let batch = u64::from(self.batch);
         // Each batch starts where the last one ended, rather than at the start of the index
         // where the entries of the rows just deleted still wait for vacuum.
         let mut after = FAR_PAST_MICROS;
@@ -272,15 +271,14 @@ impl<DB: Backend> Pruner<DB> {
             after = last.unwrap_or(after);
             record_pruned(&table_label, deleted);
             report.guard_rows += deleted;
-            report.batches += 1;
-            report.elapsed = started.elapsed();
-            if progress(&report).is_break() {
-                return Ok(report);
+            match self
+                .after_batch(&mut report, started, deleted, took, progress)
+                .await
+            {
+                AfterBatch::Stop => return Ok(report),
+                AfterBatch::Done => break,
+                AfterBatch::Next => {}
             }
-            if deleted < batch {
-                break;
-            }
-            self.rest(took).await;
         }
         if let Some(steps) = &self.steps {
             let steps_label = steps.table().to_string();
@@ -293,15 +291,14 @@ impl<DB: Backend> Pruner<DB> {
                 let took = batch_started.elapsed();
                 record_pruned(&steps_label, deleted);
                 report.step_rows += deleted;
-                report.batches += 1;
-                report.elapsed = started.elapsed();
-                if progress(&report).is_break() {
-                    return Ok(report);
+                match self
+                    .after_batch(&mut report, started, deleted, took, progress)
+                    .await
+                {
+                    AfterBatch::Stop => return Ok(report),
+                    AfterBatch::Done => break,
+                    AfterBatch::Next => {}
                 }
-                if deleted < batch {
-                    break;
-                }
-                self.rest(took).await;
             }
         }
         let Some(queue) = &self.jobs else {
@@ -325,22 +322,54 @@ impl<DB: Backend> Pruner<DB> {
                     JobState::Dead => report.dead_jobs += deleted,
                     _ => report.completed_jobs += deleted,
                 }
-                report.batches += 1;
-                report.elapsed = started.elapsed();
-                if progress(&report).is_break() {
-                    return Ok(report);
+                match self
+                    .after_batch(&mut report, started, deleted, took, progress)
+                    .await
+                {
+                    AfterBatch::Stop => return Ok(report),
+                    AfterBatch::Done => break,
+                    AfterBatch::Next => {}
                 }
-                if deleted < batch {
-                    break;
-                }
-                self.rest(took).await;
             }
         }
         Ok(report)
+    }
+
+    /// Counts a batch of `deleted` rows, which took `took`, and says what comes next: stop when
+    /// `progress` asks to, leave the loop after a short batch (the table has no more), or rest
+    /// and go on.
+    async fn after_batch(
+        &self,
+        report: &mut PruneReport,
+        started: Instant,
+        deleted: u64,
+        took: Duration,
+        progress: &mut (impl FnMut(&PruneReport) -> ControlFlow<()> + Send),
+    ) -> AfterBatch {
+        report.batches += 1;
+        report.elapsed = started.elapsed();
+        if progress(report).is_break() {
+            return AfterBatch::Stop;
+        }
+        if deleted < u64::from(self.batch) {
+            return AfterBatch::Done;
+        }
+        self.rest(took).await;
+        AfterBatch::Next
     }
 
     /// The pause after a batch that took `took`.
     async fn rest(&self, took: Duration) {
         tokio::time::sleep(self.pause.max(took * REST_PER_BATCH)).await;
     }
+}
+
+/// What a prune loop does after a batch.
+enum AfterBatch {
+    /// `progress` asked to stop: return the report as it is.
+    Stop,
+    /// The batch was short: this table or state is done.
+    Done,
+    /// Another batch.
+    Next,
 }

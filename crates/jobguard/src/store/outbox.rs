@@ -371,6 +371,36 @@ pub trait OutboxStore: sqlx::Database {
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 }
 
+/// Dead-letters a pending message, the same in both dialects: `$1` its seq, `$2` the error.
+pub(crate) fn dead_sql(t: &str) -> String {
+    format!(
+        "update {t} set state = 'dead', attempts = attempts + 1, last_error = $2
+         where seq = $1 and state = 'pending'"
+    )
+}
+
+/// The outbox table's indexes, the same in both dialects.
+pub(crate) fn outbox_indexes(table: &TableName) -> [String; 3] {
+    let t = table.quoted();
+    [
+        // The relay's scan: pending messages in seq order.
+        format!(
+            "create index if not exists {} on {t} (seq) where state = 'pending'",
+            table.derived("pending")
+        ),
+        // Whether a topic has a pending message backing off, which holds back the rest.
+        format!(
+            "create index if not exists {} on {t} (topic, next_attempt_at) \
+             where state = 'pending'",
+            table.derived("blocked")
+        ),
+        format!(
+            "create index if not exists {} on {t} (sent_at) where state = 'sent'",
+            table.derived("sent_at")
+        ),
+    ]
+}
+
 /// The outbox statements whose binding and decoding are the same on every backend: only their
 /// SQL differs, and that comes from the backend's [`OutboxSql`]. Expanded inside each
 /// `impl OutboxStore`, where the backend's `Row` and `Connection` types are concrete. Times

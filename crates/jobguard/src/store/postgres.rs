@@ -72,23 +72,7 @@ impl Backend for Postgres {
     const SINGLE_WRITER: bool = false;
     const BACKEND: &'static str = "postgres";
 
-    fn guard_sql(table: &TableName) -> crate::Result<GuardSql> {
-        Ok(GuardSql {
-            table: table.clone(),
-            create: guard::create(table).into_iter().map(Arc::from).collect(),
-            claim: guard::claim(table).into(),
-            record: guard::record(table).into(),
-            store_result: guard::store_result(table).into(),
-            prune: prune::prune_guard(table).into(),
-            count_prunable: prune::count_guard(table).into(),
-            oldest_age: prune::oldest_guard_age(table).into(),
-        })
-    }
-
-    fn queue_sql(table: &TableName) -> crate::Result<crate::store::queue::QueueSql> {
-        Self::guard_sql(table)?;
-        Ok(queue::queue_sql(table))
-    }
+    crate::store::table_sql!();
 
     async fn migrate_statements(
         pool: &Pool<Self>,

@@ -18,6 +18,55 @@ use super::GuardSql;
 use super::queue::QueueSql;
 use crate::table::TableName;
 
+/// [`JobPruneStore::count_prunable_jobs`], the same count in both dialects.
+macro_rules! count_prunable_jobs {
+    () => {
+        async fn count_prunable_jobs(
+            pool: &Pool<Self>,
+            sql: &QueueSql,
+            state: &'static str,
+            cutoff: i64,
+        ) -> sqlx::Result<u64> {
+            let rows: i64 =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.count_prunable_jobs.clone()))
+                    .bind(state)
+                    .bind(cutoff)
+                    .fetch_one(pool)
+                    .await?;
+            Ok(rows.max(0) as u64)
+        }
+    };
+}
+
+/// [`PruneStore::count_guard`] and [`PruneStore::oldest_guard_age`], the same reads in both
+/// dialects.
+macro_rules! guard_prune_reads {
+    () => {
+        async fn count_guard(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::GuardSql,
+            cutoff: i64,
+        ) -> sqlx::Result<u64> {
+            let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.count_prunable.clone()))
+                .bind(cutoff)
+                .fetch_one(pool)
+                .await?;
+            Ok(rows.max(0) as u64)
+        }
+
+        async fn oldest_guard_age(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::GuardSql,
+        ) -> sqlx::Result<Option<std::time::Duration>> {
+            let age: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.oldest_age.clone()))
+                .fetch_one(pool)
+                .await?;
+            Ok(age.map($crate::time::micros_duration))
+        }
+    };
+}
+pub(crate) use guard_prune_reads;
+
 /// The statements that prune finished jobs, which each backend implements.
 pub trait JobPruneStore: sqlx::Database {
     /// Deletes up to `limit` of the oldest jobs in `state` that finished before `cutoff` and
@@ -102,19 +151,7 @@ impl JobPruneStore for sqlx::Postgres {
         Ok((deleted.max(0) as u64, last))
     }
 
-    async fn count_prunable_jobs(
-        pool: &Pool<Self>,
-        sql: &QueueSql,
-        state: &'static str,
-        cutoff: i64,
-    ) -> sqlx::Result<u64> {
-        let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.count_prunable_jobs.clone()))
-            .bind(state)
-            .bind(cutoff)
-            .fetch_one(pool)
-            .await?;
-        Ok(rows.max(0) as u64)
-    }
+    count_prunable_jobs!();
 }
 
 #[cfg(feature = "sqlite")]
@@ -136,17 +173,5 @@ impl JobPruneStore for sqlx::Sqlite {
         Ok((finished.len() as u64, finished.into_iter().max()))
     }
 
-    async fn count_prunable_jobs(
-        pool: &Pool<Self>,
-        sql: &QueueSql,
-        state: &'static str,
-        cutoff: i64,
-    ) -> sqlx::Result<u64> {
-        let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.count_prunable_jobs.clone()))
-            .bind(state)
-            .bind(cutoff)
-            .fetch_one(pool)
-            .await?;
-        Ok(rows.max(0) as u64)
-    }
+    count_prunable_jobs!();
 }

@@ -27,33 +27,22 @@ use crate::table::TableName;
 
 impl sealed::Sealed for Sqlite {}
 
+/// Refuses a table name with a schema: SQLite has none.
+fn no_schema(table: &TableName) -> crate::Result<()> {
+    match table.schema() {
+        Some(schema) => Err(Error::InvalidName {
+            what: "schema (SQLite has none)",
+            name: schema.into(),
+        }),
+        None => Ok(()),
+    }
+}
+
 impl Backend for Sqlite {
     const SINGLE_WRITER: bool = true;
     const BACKEND: &'static str = "sqlite";
 
-    fn guard_sql(table: &TableName) -> crate::Result<GuardSql> {
-        if let Some(schema) = table.schema() {
-            return Err(Error::InvalidName {
-                what: "schema (SQLite has none)",
-                name: schema.into(),
-            });
-        }
-        Ok(GuardSql {
-            table: table.clone(),
-            create: guard::create(table).into_iter().map(Arc::from).collect(),
-            claim: guard::claim(table).into(),
-            record: guard::record(table).into(),
-            store_result: guard::store_result(table).into(),
-            prune: prune::prune_guard(table).into(),
-            count_prunable: prune::count_guard(table).into(),
-            oldest_age: prune::oldest_guard_age(table).into(),
-        })
-    }
-
-    fn queue_sql(table: &TableName) -> crate::Result<crate::store::queue::QueueSql> {
-        Self::guard_sql(table)?;
-        Ok(queue::queue_sql(table))
-    }
+    crate::store::table_sql!(no_schema);
 
     async fn migrate_statements(
         pool: &Pool<Self>,

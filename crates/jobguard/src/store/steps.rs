@@ -149,6 +149,29 @@ pub trait StepStore: sqlx::Database + super::prune::PruneStore {
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 }
 
+/// The step table's indexes, the same in both dialects.
+pub(crate) fn step_indexes(table: &TableName) -> [String; 2] {
+    let t = table.quoted();
+    [
+        format!(
+            "create index if not exists {} on {t} (lease_until) where state = 'started'",
+            table.derived("stale")
+        ),
+        // Pruning deletes the oldest `done` steps, batch by batch.
+        format!(
+            "create index if not exists {} on {t} (updated_at) where state = 'done'",
+            table.derived("done")
+        ),
+    ]
+}
+
+// Every change names the token of the delivery that holds the step and the state it expects,
+// so a delivery whose lease was taken over changes nothing.
+pub(crate) const HELD: &str =
+    "where job_key = $1 and step = $2 and token = $3 and state = 'started'";
+/// The one step a statement reads or writes.
+pub(crate) const KEY: &str = "where job_key = $1 and step = $2";
+
 /// The binding and decoding of the step statements, the same on every backend; expanded in
 /// each backend's `impl StepStore`, where its types are concrete.
 macro_rules! step_statements {

@@ -1,7 +1,6 @@
 //! A headless Chromium driven over WebDriver, for the dashboard's test: Debian's chromium and
 //! chromedriver, found or installed when running as root; every process killed when dropped.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -10,8 +9,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use super::block_on;
 use super::services::is_ci;
+use super::{block_on, free_port};
 
 /// The longest any wait on the browser may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -101,14 +100,6 @@ fn which(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
         .find(|candidate| candidate.is_file())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A running chromedriver, killed (with its browsers) when dropped.

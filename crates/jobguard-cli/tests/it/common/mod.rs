@@ -16,6 +16,15 @@ pub use machine::alone;
 pub use process::{Exit, Proc, jobguard, spawn, tail};
 pub use services::service_url;
 
+/// A port on 127.0.0.1 where nothing listens (it was free a moment ago).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Runs `future` to its end on a runtime of its own.
 pub fn block_on<T>(future: impl Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()

@@ -5,10 +5,7 @@ use crate::table::TableName;
 
 pub(crate) fn create(table: &TableName) -> Vec<String> {
     let t = table.quoted();
-    let mut statements = Vec::new();
-    if let Some(schema) = table.schema() {
-        statements.push(format!("create schema if not exists \"{schema}\""));
-    }
+    let mut statements = table.schema_statements();
     statements.push(format!(
         "create table if not exists {t} (
             job_key     text primary key,

@@ -21,10 +21,7 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
     let lease = table.derived_qualified("relay");
     let micros = "* interval '1 microsecond'";
     let epoch = |column: &str| format!("(extract(epoch from {column}) * 1000000)::int8");
-    let mut create = Vec::new();
-    if let Some(schema) = table.schema() {
-        create.push(format!("create schema if not exists \"{schema}\""));
-    }
+    let mut create = table.schema_statements();
     create.extend([
         // `seq` is the order of the outbox: per topic, the relay delivers by it.
         format!(
@@ -43,29 +40,15 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
                 sent_at         timestamptz
             )"
         ),
-        // The relay's scan: pending messages in seq order.
-        format!(
-            "create index if not exists {} on {t} (seq) where state = 'pending'",
-            table.derived("pending")
-        ),
-        // Whether a topic has a pending message backing off, which holds back the rest.
-        format!(
-            "create index if not exists {} on {t} (topic, next_attempt_at) \
-             where state = 'pending'",
-            table.derived("blocked")
-        ),
-        format!(
-            "create index if not exists {} on {t} (sent_at) where state = 'sent'",
-            table.derived("sent_at")
-        ),
-        format!(
-            "create table if not exists {lease} (
+    ]);
+    create.extend(crate::store::outbox::outbox_indexes(table));
+    create.extend([format!(
+        "create table if not exists {lease} (
                 name         text primary key,
                 holder       text not null,
                 leased_until timestamptz not null
             )"
-        ),
-    ]);
+    )]);
     OutboxSql {
         table: table.clone(),
         create: create.into_iter().map(Arc::from).collect(),
@@ -109,11 +92,7 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
              where seq = $1 and state = 'pending'"
         )
         .into(),
-        dead: format!(
-            "update {t} set state = 'dead', attempts = attempts + 1, last_error = $2
-             where seq = $1 and state = 'pending'"
-        )
-        .into(),
+        dead: crate::store::outbox::dead_sql(&t).into(),
         // One relay at a time: the row is taken when free or expired (by the database clock)
         // and renewed by its holder; a concurrent taker waits on the primary key, then sees
         // the winner's row and gets nothing back.

@@ -9,7 +9,7 @@ use sqlx::{AssertSqlSafe, Connection, Pool};
 use crate::store::GuardSql;
 use crate::store::prune::PruneStore;
 use crate::table::TableName;
-use crate::time::{duration_micros, micros_duration};
+use crate::time::duration_micros;
 
 /// A timestamp from a parameter in microseconds since the Unix epoch.
 fn from_micros(param: &str) -> String {
@@ -97,20 +97,7 @@ impl PruneStore for Postgres {
         Ok((deleted.max(0) as u64, last))
     }
 
-    async fn count_guard(pool: &Pool<Self>, sql: &GuardSql, cutoff: i64) -> sqlx::Result<u64> {
-        let rows: i64 = sqlx::query_scalar(AssertSqlSafe(sql.count_prunable.clone()))
-            .bind(cutoff)
-            .fetch_one(pool)
-            .await?;
-        Ok(rows.max(0) as u64)
-    }
-
-    async fn oldest_guard_age(pool: &Pool<Self>, sql: &GuardSql) -> sqlx::Result<Option<Duration>> {
-        let age: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.oldest_age.clone()))
-            .fetch_one(pool)
-            .await?;
-        Ok(age.map(micros_duration))
-    }
+    crate::store::prune::guard_prune_reads!();
 
     async fn take_prune_turn(
         pool: &Pool<Self>,

@@ -27,7 +27,7 @@ impl OutboxStore for Sqlite {
 fn outbox_sql(table: &TableName) -> OutboxSql {
     let t = table.quoted();
     let lease = table.derived("relay");
-    let create = vec![
+    let mut create = vec![
         // `seq` is the order of the outbox: per topic, the relay delivers by it. SQLite has
         // one writer at a time, so seq order is commit order.
         format!(
@@ -46,29 +46,15 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
                 sent_at         integer
             )"
         ),
-        // The relay's scan: pending messages in seq order.
-        format!(
-            "create index if not exists {} on {t} (seq) where state = 'pending'",
-            table.derived("pending")
-        ),
-        // Whether a topic has a pending message backing off, which holds back the rest.
-        format!(
-            "create index if not exists {} on {t} (topic, next_attempt_at) \
-             where state = 'pending'",
-            table.derived("blocked")
-        ),
-        format!(
-            "create index if not exists {} on {t} (sent_at) where state = 'sent'",
-            table.derived("sent_at")
-        ),
-        format!(
-            "create table if not exists {lease} (
-                name         text primary key not null,
-                holder       text not null,
-                leased_until integer not null
-            )"
-        ),
     ];
+    create.extend(crate::store::outbox::outbox_indexes(table));
+    create.push(format!(
+        "create table if not exists {lease} (
+            name         text primary key not null,
+            holder       text not null,
+            leased_until integer not null
+        )"
+    ));
     OutboxSql {
         table: table.clone(),
         create: create.into_iter().map(Arc::from).collect(),
@@ -108,11 +94,7 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
              where seq = $1 and state = 'pending'"
         )
         .into(),
-        dead: format!(
-            "update {t} set state = 'dead', attempts = attempts + 1, last_error = $2
-             where seq = $1 and state = 'pending'"
-        )
-        .into(),
+        dead: crate::store::outbox::dead_sql(&t).into(),
         // One relay at a time: the row is taken when free or expired (by the database clock)
         // and renewed by its holder. SQLite's single writer makes the upsert atomic.
         take_lease: format!(

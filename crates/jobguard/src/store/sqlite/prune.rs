@@ -13,7 +13,7 @@ use super::guard::NOW_MICROS;
 use crate::store::GuardSql;
 use crate::store::prune::PruneStore;
 use crate::table::TableName;
-use crate::time::{duration_micros, micros_duration};
+use crate::time::duration_micros;
 
 /// One batch of a prune: up to `$3` of the oldest rows applied at or after `$2` and before the
 /// cutoff `$1`, found through the `applied_at` index and deleted by rowid. It runs under the
@@ -87,20 +87,7 @@ impl PruneStore for Sqlite {
         Ok((deleted.len() as u64, deleted.into_iter().max()))
     }
 
-    async fn count_guard(pool: &Pool<Self>, sql: &GuardSql, cutoff: i64) -> sqlx::Result<u64> {
-        let rows: i64 = sqlx::query_scalar(AssertSqlSafe(sql.count_prunable.clone()))
-            .bind(cutoff)
-            .fetch_one(pool)
-            .await?;
-        Ok(rows.max(0) as u64)
-    }
-
-    async fn oldest_guard_age(pool: &Pool<Self>, sql: &GuardSql) -> sqlx::Result<Option<Duration>> {
-        let age: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.oldest_age.clone()))
-            .fetch_one(pool)
-            .await?;
-        Ok(age.map(micros_duration))
-    }
+    crate::store::prune::guard_prune_reads!();
 
     async fn take_prune_turn(
         pool: &Pool<Self>,

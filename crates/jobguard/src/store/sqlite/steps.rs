@@ -12,9 +12,8 @@ use crate::table::TableName;
 impl StepStore for Sqlite {
     fn step_sql(table: &TableName) -> StepSql {
         let t = table.quoted();
-        let create = vec![
-            format!(
-                "create table if not exists {t} (
+        let mut create = vec![format!(
+            "create table if not exists {t} (
                     job_key     text not null,
                     step        text not null,
                     kind        text not null,
@@ -28,21 +27,9 @@ impl StepStore for Sqlite {
                     updated_at  integer not null,
                     primary key (job_key, step)
                 )"
-            ),
-            format!(
-                "create index if not exists {} on {t} (lease_until) where state = 'started'",
-                table.derived("stale")
-            ),
-            // Pruning deletes the oldest `done` steps, batch by batch.
-            format!(
-                "create index if not exists {} on {t} (updated_at) where state = 'done'",
-                table.derived("done")
-            ),
-        ];
-        // Every change names the token of the delivery that holds the step and the state it
-        // expects, so a delivery whose lease was taken over changes nothing.
-        let held = "where job_key = $1 and step = $2 and token = $3 and state = 'started'";
-        let key = "where job_key = $1 and step = $2";
+        )];
+        create.extend(crate::store::steps::step_indexes(table));
+        let (held, key) = (crate::store::steps::HELD, crate::store::steps::KEY);
         let sql = |text: String| -> Arc<str> { text.into() };
         StepSql {
             table: table.clone(),
