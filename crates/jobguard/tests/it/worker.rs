@@ -9,7 +9,9 @@ use jobguard::{Job, JobError, JobKey, KeyError, Outcome, Queue, Worker, WorkerCo
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::common::{Credit, TestDb, draining, guard_rows, ledger_rows, ledger_total, setup};
+use crate::common::{
+    Credit, TestDb, draining, guard_rows, ledger_rows, ledger_total, setup, setup_with,
+};
 
 /// Writes its effect, then fails: retryable unless `fatal`, or panics.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -242,17 +244,9 @@ backends!(fn a_worker_runs_no_more_jobs_at_once_than_its_pool_serves);
 /// job holds a connection, and fetch, rescue and heartbeats need two more. With a pool of 3 it
 /// runs one job at a time.
 async fn a_worker_runs_no_more_jobs_at_once_than_its_pool_serves<DB: TestDb>() {
-    let Some(pool) = DB::open("worker_pool_serves", 3).await else {
+    let Some((pool, queue)) = setup_with::<DB>("worker_pool_serves", 3).await else {
         return;
     };
-    let queue = Queue::new(pool.clone());
-    queue.migrate().await.unwrap();
-    queue
-        .guard(Default::default())
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
     for order in 0..20 {
         queue.enqueue_job(&Counted { order }).await.unwrap();
     }

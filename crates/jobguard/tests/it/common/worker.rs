@@ -24,7 +24,12 @@ pub fn draining() -> WorkerConfig {
 
 /// The test's database with the queue and the guard migrated.
 pub async fn setup<DB: TestDb>(test: &str) -> Option<(Pool<DB>, Queue<DB>)> {
-    let pool = DB::open(test, 8).await?;
+    setup_with(test, 8).await
+}
+
+/// [`setup`] with a pool of `connections`.
+pub async fn setup_with<DB: TestDb>(test: &str, connections: u32) -> Option<(Pool<DB>, Queue<DB>)> {
+    let pool = DB::open(test, connections).await?;
     let queue = Queue::new(pool.clone());
     queue.migrate().await.unwrap();
     queue

@@ -156,14 +156,7 @@ async fn fetch_respects_queues_delays_and_order<DB: TestDb>() {
 
     let on_mail = queue.fetch("mail", 10, LONG).await.unwrap();
     assert_eq!(on_mail.len(), 1);
-    assert_eq!(
-        on_mail[0].lease,
-        Lease {
-            job_id: mail,
-            attempt: 1,
-            token: 1,
-        }
-    );
+    assert_eq!(on_mail[0].lease, lease(mail, 1, 1));
     assert_eq!(row::<DB>(&queue, delayed).await.state, JobState::Available);
     assert_eq!(queue.counts().await.unwrap(), counts(1, 4, 0, 0));
 }
@@ -176,14 +169,7 @@ async fn expired_lease_is_fenced_after_rescue<DB: TestDb>() {
     };
     let id = queue.enqueue(&job("credit", 7)).await.unwrap().id;
     let first = fetch_one::<DB>(&queue, SHORT).await;
-    assert_eq!(
-        first.lease,
-        Lease {
-            job_id: id,
-            attempt: 1,
-            token: 1,
-        }
-    );
+    assert_eq!(first.lease, lease(id, 1, 1));
     assert_eq!(
         queue.rescue().await.unwrap(),
         0,
@@ -197,14 +183,7 @@ async fn expired_lease_is_fenced_after_rescue<DB: TestDb>() {
     let error = rescued.last_error.unwrap_or_default();
     assert!(error.contains("lease"), "{error}");
     let second = fetch_one::<DB>(&queue, LONG).await;
-    assert_eq!(
-        second.lease,
-        Lease {
-            job_id: id,
-            attempt: 2,
-            token: 2,
-        }
-    );
+    assert_eq!(second.lease, lease(id, 2, 2));
 
     // The worker of attempt 1 comes back: whatever it did in its transaction rolls back.
     let mut tx = pool.begin().await.unwrap();
@@ -282,11 +261,7 @@ async fn extend_keeps_the_lease_and_release_gives_the_job_back<DB: TestDb>() {
     let again = fetch_one::<DB>(&queue, LONG).await;
     assert_eq!(
         again.lease,
-        Lease {
-            job_id: id,
-            attempt: 1,
-            token: 2,
-        },
+        lease(id, 1, 2),
         "the release did not count, the fetch did"
     );
     // The released lease is over, although the new one has the same attempt number.
@@ -331,14 +306,7 @@ async fn complete_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
     assert_eq!(queue.rescue().await.unwrap(), 1);
     assert_eq!(row::<DB>(&queue, id).await.state, JobState::Available);
     let again = fetch_one::<DB>(&queue, LONG).await;
-    assert_eq!(
-        again.lease,
-        Lease {
-            job_id: id,
-            attempt: 2,
-            token: 2,
-        }
-    );
+    assert_eq!(again.lease, lease(id, 2, 2));
 
     let mut tx = pool.begin().await.unwrap();
     DB::insert_ledger(&mut tx, 7, 500).await.unwrap();

@@ -46,6 +46,15 @@ fn job(kind: &str, n: usize) -> NewJob {
     NewJob::new(key(kind, n), &json!({"account": 7, "order": n})).expect("valid job")
 }
 
+/// The lease of attempt `attempt` of job `job_id`, drawn with fencing token `token`.
+fn lease(job_id: i64, attempt: i32, token: i64) -> Lease {
+    Lease {
+        job_id,
+        attempt,
+        token,
+    }
+}
+
 fn counts(available: i64, running: i64, completed: i64, dead: i64) -> Counts {
     Counts {
         available,

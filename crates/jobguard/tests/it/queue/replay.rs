@@ -44,14 +44,7 @@ async fn dead_letters_are_listed_and_replayed<DB: TestDb>() {
     let replayed = row::<DB>(&queue, id).await;
     assert_eq!((replayed.state, replayed.attempt), (JobState::Available, 0));
     let again = fetch_one::<DB>(&queue, LONG).await;
-    assert_eq!(
-        again.lease,
-        Lease {
-            job_id: id,
-            attempt: 1,
-            token: 3,
-        }
-    );
+    assert_eq!(again.lease, lease(id, 1, 3));
     complete::<DB>(&pool, &queue, again.lease).await.unwrap();
     assert!(
         queue.replay(&Replay::Job(id)).await.unwrap().is_empty(),
