@@ -227,12 +227,20 @@ impl Backend for Postgres {
             .collect();
         let mut held = std::collections::HashMap::new();
         if !unclaimed.is_empty() {
-            let statement = statements.held.as_deref().expect("built by Postgres::worker_sql");
-            let found: Vec<(String, i64, Option<Vec<u8>>, Option<Json<serde_json::Value>>, Vec<u8>)> =
-                sqlx::query_as(AssertSqlSafe(statement))
-                    .bind(unclaimed)
-                    .fetch_all(&mut *conn)
-                    .await?;
+            let statement = statements
+                .held
+                .as_deref()
+                .expect("built by Postgres::worker_sql");
+            let found: Vec<(
+                String,
+                i64,
+                Option<Vec<u8>>,
+                Option<Json<serde_json::Value>>,
+                Vec<u8>,
+            )> = sqlx::query_as(AssertSqlSafe(statement))
+                .bind(unclaimed)
+                .fetch_all(&mut *conn)
+                .await?;
             for (key, applied_at, fingerprint, result, token) in found {
                 let record =
                     GuardRecord::from_columns(applied_at, fingerprint, result.map(|j| j.0), token);

@@ -238,7 +238,11 @@ async fn a_key_twice_in_one_batch_applies_once<DB: TestDb>() {
         (3, 1, 0, 0)
     );
     assert_eq!(runs::<DB>(TAG), 3, "the batch committed the first time");
-    assert_eq!(ledger_rows(&pool).await, 3, "the key's second job ran no effect");
+    assert_eq!(
+        ledger_rows(&pool).await,
+        3,
+        "the key's second job ran no effect"
+    );
     assert_eq!(guard_rows(&pool).await, 3);
     assert_eq!(queue.counts().await.unwrap().completed, 4);
 }
@@ -274,7 +278,11 @@ async fn a_key_applied_before_the_batch_is_a_duplicate<DB: TestDb>() {
         (3, 1, 0, 0)
     );
     assert_eq!(runs::<DB>(TAG), 3, "the batch committed the first time");
-    assert_eq!(ledger_rows(&pool).await, 4, "three in the batch, one before it");
+    assert_eq!(
+        ledger_rows(&pool).await,
+        4,
+        "three in the batch, one before it"
+    );
     assert_eq!(guard_rows(&pool).await, 4);
 }
 

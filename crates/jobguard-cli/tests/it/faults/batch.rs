@@ -66,12 +66,7 @@ pub(super) fn sigkill_mid_batch(db: &Db) {
         "{}: jobs completed outside whole batches: {seen:?}",
         db.backend()
     );
-    assert_eq!(
-        killed.completed % BATCH,
-        0,
-        "{}: {killed:?}",
-        db.backend()
-    );
+    assert_eq!(killed.completed % BATCH, 0, "{}: {killed:?}", db.backend());
     assert_eq!(
         rows,
         killed.completed,
