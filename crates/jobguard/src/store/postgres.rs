@@ -41,6 +41,16 @@ fn schema_marker(statements: &[Arc<str>]) -> String {
     format!("jobguard schema {}", &hasher.finalize().to_hex()[..16])
 }
 
+/// A guard row as the batch's `held` statement reads it: key, applied at (micros), fingerprint,
+/// result, claim token.
+type HeldRow = (
+    String,
+    i64,
+    Option<Vec<u8>>,
+    Option<Json<serde_json::Value>>,
+    Vec<u8>,
+);
+
 /// Decodes a row of the claim function: `claimed`, then the row that holds the key.
 fn claim_row(row: &PgRow) -> sqlx::Result<ClaimRow> {
     if row.try_get::<bool, _>(0)? {
@@ -231,13 +241,7 @@ impl Backend for Postgres {
                 .held
                 .as_deref()
                 .expect("built by Postgres::worker_sql");
-            let found: Vec<(
-                String,
-                i64,
-                Option<Vec<u8>>,
-                Option<Json<serde_json::Value>>,
-                Vec<u8>,
-            )> = sqlx::query_as(AssertSqlSafe(statement))
+            let found: Vec<HeldRow> = sqlx::query_as(AssertSqlSafe(statement))
                 .bind(unclaimed)
                 .fetch_all(&mut *conn)
                 .await?;
