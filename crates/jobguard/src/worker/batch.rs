@@ -18,6 +18,7 @@
 //! claimed, as [`Guard`](crate::Guard) settles one job's.
 
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use sqlx::Transaction;
@@ -29,6 +30,7 @@ use super::{Counters, Ended, Worker};
 use crate::dispatch::catch_panic;
 use crate::guard::{Claim, check_claim, fingerprint_of};
 use crate::key::JobKey;
+use crate::metrics::count_batch;
 use crate::queue::{Lease, LeasedJob};
 use crate::store::{Backend, ClaimToken, NewClaim};
 
@@ -46,12 +48,16 @@ impl<DB: Backend> Worker<DB> {
         let started = Instant::now();
         match self.execute_batch(&jobs).await {
             Ok(ended) => {
+                counters.batches.fetch_add(1, Ordering::Relaxed);
+                count_batch(&self.config.queue, "committed");
                 let took = started.elapsed();
                 for (job, ended) in jobs.iter().zip(ended) {
                     report(job, ended, took, &job_span(job), counters);
                 }
             }
             Err(reason) => {
+                counters.batches_rolled_back.fetch_add(1, Ordering::Relaxed);
+                count_batch(&self.config.queue, "rolled_back");
                 tracing::info!(
                     jobs = jobs.len(),
                     reason,

@@ -126,6 +126,7 @@ async fn a_failing_job_rolls_its_batch_back_and_retries_alone<DB: TestDb>() {
         (stats.applied, stats.duplicates, stats.failed, stats.dead),
         (9, 0, 1, 1)
     );
+    assert_eq!((stats.batches, stats.batches_rolled_back), (0, 1));
     // The batch ran up to the failing job and rolled back; then each job alone: nine
     // applied, and the failing one in its two attempts.
     assert_eq!(runs::<DB>(TAG), 5 + 9 + 2);
@@ -150,6 +151,7 @@ async fn a_batch_commits_its_jobs_together<DB: TestDb>() {
     }
     let stats = drain::<DB>(queue.clone(), batching()).await;
     assert_eq!((stats.applied, stats.duplicates, stats.failed), (30, 0, 0));
+    assert_eq!((stats.batches, stats.batches_rolled_back), (3, 0));
     assert_eq!(runs::<DB>(TAG), 30, "every effect ran once");
     assert_eq!(ledger_rows(&pool).await, 30);
     assert_eq!(guard_rows(&pool).await, 30);
