@@ -9,6 +9,7 @@ mod common;
 
 mod brokers;
 mod chaos;
+mod contention;
 mod demo;
 mod faults;
 mod operators;
