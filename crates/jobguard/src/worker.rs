@@ -50,18 +50,25 @@
 //! # Batches
 //!
 //! A kind that sets [`Job::BATCH`] runs in batches when [`WorkerConfig::batch_size`] is above
-//! 1: the worker runs up to that many fetched jobs of such kinds in one transaction, each
-//! completed under its lease token and its key claimed in one statement, its effect right
-//! after, in fetch order, and one commit for all. A fenced job completes and claims nothing and
-//! is left out; a key already held, even by an earlier job of the same batch, is a duplicate.
-//! Any error, panic, serialization failure, deadlock or lost commit rolls the whole batch back,
-//! and its jobs run again one per transaction: a failing job retries alone, the others apply.
-//! Outcomes, metrics and [`WorkerStats`] count each job as the per-job path does.
+//! 1: the worker runs up to that many fetched jobs of such kinds in one transaction. One
+//! statement (on PostgreSQL) completes them all under their lease tokens and claims all their
+//! keys; their effects run in fetch order; one commit for all. A fenced job completes and
+//! claims nothing and is left out; a key already held, even by an earlier job of the same
+//! batch, is a duplicate. Any error, panic, serialization failure or deadlock rolls the whole
+//! batch back, and its jobs run again one per transaction: a failing job retries alone, the
+//! others apply. A commit whose answer was lost is settled for the whole batch by the guard row
+//! of a key it claimed. Outcomes, metrics and [`WorkerStats`] count each job as the per-job
+//! path does, and [`WorkerStats::batches`] and [`WorkerStats::batches_rolled_back`] the
+//! batches.
 //!
 //! A batch holds every row its effects lock until it commits: kinds whose jobs write the same
-//! rows contend across batches and are better left at one job per transaction.
+//! rows contend across batches and are better left at one job per transaction. The worker
+//! adapts: a batch rolled back by contention (a deadlock, a serialization failure, a busy
+//! database) halves the batch size, and each group that commits grows it by one, up to
+//! `batch_size`. `jobguard bench contention` measures both cases.
 
 mod batch;
+mod batch_limit;
 mod fetch;
 mod heartbeat;
 mod run;
@@ -173,6 +180,8 @@ pub struct WorkerConfig {
     pub shutdown_timeout: Duration,
     /// Jobs of kinds that opted in with [`Job::BATCH`] run up to this many in one transaction
     /// (see [`batch`](self#batches)). 1, the default, runs every job in its own transaction.
+    /// The worker runs smaller batches, down to one job, while batches roll back on
+    /// contention, and grows them back to this size as they commit.
     pub batch_size: usize,
     /// How long a batch that the fetch did not fill waits for more jobs before it runs. Only
     /// applies when the fetch returned fewer batchable jobs than `batch_size`; short, so a short
@@ -279,6 +288,8 @@ pub struct Worker<DB: Backend> {
     batched: HashSet<String>,
     /// The claim that completes the job, built once.
     sql: WorkerSql,
+    /// Jobs per batch now: the configured size, lowered while batches contend.
+    batch_limit: batch_limit::BatchLimit,
     config: WorkerConfig,
     /// Connections kept between jobs. The pool tests a connection with a round trip when it is
     /// taken and again when it is given back; at thousands of jobs a second that doubles the
@@ -302,6 +313,7 @@ impl<DB: Backend> Worker<DB> {
             sql,
             handlers: Registry::default(),
             batched: HashSet::new(),
+            batch_limit: batch_limit::BatchLimit::new(config.batch_size),
             config,
             connections: Mutex::default(),
         })

@@ -34,6 +34,31 @@ use crate::metrics::count_batch;
 use crate::queue::{Lease, LeasedJob};
 use crate::store::{Backend, ClaimToken, NewClaim};
 
+/// Why a batch rolled back, and whether contention did it: a deadlock, a serialization
+/// failure or a busy database, which smaller batches make rarer.
+struct Rollback {
+    reason: String,
+    contention: bool,
+}
+
+impl Rollback {
+    /// Not contention: a job failed, panicked or could not be decoded.
+    fn job(reason: String) -> Self {
+        Rollback {
+            reason,
+            contention: false,
+        }
+    }
+
+    /// A database error, which is contention when retrying the transaction may succeed.
+    fn database<DB: Backend>(what: &str, error: &sqlx::Error) -> Self {
+        Rollback {
+            reason: format!("{what}: {error}"),
+            contention: DB::is_transient(error),
+        }
+    }
+}
+
 impl<DB: Backend> Worker<DB> {
     /// Runs `jobs` as one batch, or one per transaction when the batch rolled back.
     pub(super) async fn process_batch(
@@ -43,11 +68,16 @@ impl<DB: Backend> Worker<DB> {
         _permit: OwnedSemaphorePermit,
     ) {
         if jobs.len() == 1 {
-            return self.process_one(&jobs[0], counters).await;
+            self.process_one(&jobs[0], counters).await;
+            if self.batched.contains(&jobs[0].kind) {
+                self.batch_limit.grow();
+            }
+            return;
         }
         let started = Instant::now();
         match self.execute_batch(&jobs).await {
             Ok(ended) => {
+                self.batch_limit.grow();
                 counters.batches.fetch_add(1, Ordering::Relaxed);
                 count_batch(&self.config.queue, "committed");
                 let took = started.elapsed();
@@ -55,12 +85,16 @@ impl<DB: Backend> Worker<DB> {
                     report(job, ended, took, &job_span(job), counters);
                 }
             }
-            Err(reason) => {
+            Err(Rollback { reason, contention }) => {
+                if contention {
+                    self.batch_limit.shrink();
+                }
                 counters.batches_rolled_back.fetch_add(1, Ordering::Relaxed);
                 count_batch(&self.config.queue, "rolled_back");
                 tracing::info!(
                     jobs = jobs.len(),
                     reason,
+                    contention,
                     "the batch rolled back; running its jobs one per transaction"
                 );
                 for job in &jobs {
@@ -71,11 +105,12 @@ impl<DB: Backend> Worker<DB> {
     }
 
     /// One transaction for all of `jobs`; how each ended when it committed, or why not.
-    async fn execute_batch(&self, jobs: &[LeasedJob]) -> Result<Vec<Ended>, String> {
+    async fn execute_batch(&self, jobs: &[LeasedJob]) -> Result<Vec<Ended>, Rollback> {
         let decoded = jobs
             .iter()
             .map(|job| self.decode(job))
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(Rollback::job)?;
         // Leases not claimed yet: they need heartbeats while the batch waits for its turn and
         // for the effects before theirs. A claimed job's row is locked by the batch.
         let pending = Mutex::new(jobs.iter().map(|job| job.lease).collect::<Vec<_>>());
@@ -84,7 +119,8 @@ impl<DB: Backend> Worker<DB> {
             (turn, self.checkout().await)
         };
         let (_turn, conn) = self.with_heartbeats(&pending, waiting).await;
-        let mut conn = conn.map_err(|error| format!("no connection for the batch: {error}"))?;
+        let mut conn =
+            conn.map_err(|error| Rollback::job(format!("no connection for the batch: {error}")))?;
         let result = self.commit_batch(&mut conn, jobs, &decoded, &pending).await;
         // A connection whose commit failed may be broken; the pool's check decides.
         match &result {
@@ -101,12 +137,12 @@ impl<DB: Backend> Worker<DB> {
         jobs: &[LeasedJob],
         decoded: &[(Box<dyn Runnable<DB>>, JobKey)],
         pending: &Mutex<Vec<Lease>>,
-    ) -> Result<Vec<Ended>, String> {
+    ) -> Result<Vec<Ended>, Rollback> {
         let mut guarded = self
             .guard
             .begin_on(conn)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| Rollback::job(error.to_string()))?;
         let ran = self
             .with_heartbeats(
                 pending,
@@ -137,8 +173,8 @@ impl<DB: Backend> Worker<DB> {
         ended: Vec<Ended>,
         claimed: &[(JobKey, ClaimToken)],
         error: sqlx::Error,
-    ) -> Result<Vec<Ended>, String> {
-        let failed = format!("the batch's commit failed: {error}");
+    ) -> Result<Vec<Ended>, Rollback> {
+        let failed = Rollback::database::<DB>("the batch's commit failed", &error);
         let Some((key, token)) = claimed.first() else {
             return Err(failed);
         };
@@ -157,13 +193,13 @@ impl<DB: Backend> Worker<DB> {
         jobs: &[LeasedJob],
         decoded: &[(Box<dyn Runnable<DB>>, JobKey)],
         pending: &Mutex<Vec<Lease>>,
-    ) -> Result<(Vec<Ended>, Vec<(JobKey, ClaimToken)>), String> {
+    ) -> Result<(Vec<Ended>, Vec<(JobKey, ClaimToken)>), Rollback> {
         let fingerprints = jobs
             .iter()
             .zip(decoded)
             .map(|(job, (_, key))| fingerprint_of(key, &job.payload))
             .collect::<crate::Result<Vec<_>>>()
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| Rollback::job(error.to_string()))?;
         let tokens: Vec<ClaimToken> = jobs.iter().map(|_| ClaimToken::new()).collect();
         let claims: Vec<(NewClaim<'_>, Lease)> = jobs
             .iter()
@@ -185,7 +221,7 @@ impl<DB: Backend> Worker<DB> {
             &claims,
         )
         .await
-        .map_err(|error| format!("claiming the batch's keys: {error}"))?;
+        .map_err(|error| Rollback::database::<DB>("claiming the batch's keys", &error))?;
         // Every job's row is now locked by the batch, or taken over: no more heartbeats.
         pending.lock().expect("not poisoned").clear();
         let mut ended = Vec::with_capacity(jobs.len());
@@ -203,7 +239,7 @@ impl<DB: Backend> Worker<DB> {
                 continue;
             };
             let claim = check_claim(key, Some(fingerprint), row)
-                .map_err(|error| format!("job {}: {error}", job.lease.job_id))?;
+                .map_err(|error| Rollback::job(format!("job {}: {error}", job.lease.job_id)))?;
             ended.push(match claim {
                 Claim::Duplicate(_) => Ended::Duplicate,
                 Claim::Claimed => match catch_panic(runnable.run(tx)).await {
@@ -211,8 +247,23 @@ impl<DB: Backend> Worker<DB> {
                         claimed.push((key.clone(), *token));
                         Ended::Applied
                     }
-                    Ok(Err(error)) => return Err(format!("job {}: {error}", job.lease.job_id)),
-                    Err(panicked) => return Err(format!("job {}: {panicked}", job.lease.job_id)),
+                    Ok(Err(error)) => {
+                        // A deadlock or serialization failure the effect ran into.
+                        let contention = error
+                            .inner()
+                            .downcast_ref::<sqlx::Error>()
+                            .is_some_and(DB::is_transient);
+                        return Err(Rollback {
+                            reason: format!("job {}: {error}", job.lease.job_id),
+                            contention,
+                        });
+                    }
+                    Err(panicked) => {
+                        return Err(Rollback::job(format!(
+                            "job {}: {panicked}",
+                            job.lease.job_id
+                        )));
+                    }
                 },
             });
         }

@@ -199,12 +199,13 @@ impl<DB: Backend> Worker<DB> {
 }
 
 impl<DB: Backend> Worker<DB> {
-    /// Jobs per transaction for kinds that opted in: 1 when none did.
+    /// Jobs per transaction for kinds that opted in: 1 when none did, else the batch size
+    /// as contention has adapted it (see `batch_limit.rs`).
     fn batch_size(&self) -> usize {
         if self.batched.is_empty() {
             1
         } else {
-            self.config.batch_size.max(1)
+            self.batch_limit.current()
         }
     }
 
