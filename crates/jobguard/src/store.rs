@@ -82,6 +82,7 @@ pub trait Backend:
         WorkerSql {
             claim_completing: None,
             claim_completing_many: None,
+            complete_many: None,
             held: None,
         }
     }
@@ -277,8 +278,11 @@ pub struct WorkerSql {
     /// Completes the job under its lease token and claims the key in one statement, where the
     /// backend can (PostgreSQL); `None` where it takes two under the write lock (SQLite).
     pub(crate) claim_completing: Option<Arc<str>>,
-    /// Completes a batch's jobs and claims their keys in one statement, where the backend can.
+    /// Completes a batch's jobs and claims their keys in one statement (PostgreSQL), or claims
+    /// the keys of the jobs [`WorkerSql::complete_many`] completed (SQLite).
     pub(crate) claim_completing_many: Option<Arc<str>>,
+    /// Completes a batch's jobs under their lease tokens, where that is a statement of its own.
+    pub(crate) complete_many: Option<Arc<str>>,
     /// Reads the rows holding a batch's keys that it did not claim, in a new statement.
     pub(crate) held: Option<Arc<str>>,
 }
@@ -405,6 +409,60 @@ impl GuardRecord {
             token: <[u8; 16]>::try_from(token.as_slice()).ok().map(ClaimToken),
         }
     }
+}
+
+/// A guard row as a batch's `held` statement reads it: key, applied at (micros), fingerprint,
+/// result, claim token.
+pub(crate) type HeldRow = (
+    String,
+    i64,
+    Option<Vec<u8>>,
+    Option<sqlx::types::Json<serde_json::Value>>,
+    Vec<u8>,
+);
+
+/// The keys of a batch's jobs that completed but did not claim their key, given per job
+/// whether it completed and whether it claimed.
+pub(crate) fn unclaimed_keys<'a>(
+    claims: &[(NewClaim<'a>, Lease)],
+    rows: &[(bool, bool)],
+) -> Vec<&'a str> {
+    claims
+        .iter()
+        .zip(rows)
+        .filter(|(_, (completed, claimed))| *completed && !*claimed)
+        .map(|((claim, _), _)| claim.key)
+        .collect()
+}
+
+/// What [`Backend::claim_completing_many`] returns, from whether each job completed and claimed
+/// and the rows that hold the keys it did not claim.
+pub(crate) fn batch_claim_rows(
+    claims: &[(NewClaim<'_>, Lease)],
+    rows: &[(bool, bool)],
+    held: Vec<HeldRow>,
+) -> Vec<Option<ClaimRow>> {
+    let held: std::collections::HashMap<String, GuardRecord> = held
+        .into_iter()
+        .map(|(key, applied_at, fingerprint, result, token)| {
+            let result = result.map(|json| json.0);
+            let record = GuardRecord::from_columns(applied_at, fingerprint, result, token);
+            (key, record)
+        })
+        .collect();
+    claims
+        .iter()
+        .zip(rows)
+        .map(|((claim, _), (completed, claimed))| {
+            completed.then(|| match claimed {
+                true => ClaimRow::Claimed,
+                false => held
+                    .get(claim.key)
+                    .cloned()
+                    .map_or(ClaimRow::Vanished, ClaimRow::Held),
+            })
+        })
+        .collect()
 }
 
 /// A live job as [`Backend::live_jobs`] reads it: id, key, kind and payload.

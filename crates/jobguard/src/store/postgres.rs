@@ -25,7 +25,8 @@ use sqlx::postgres::{PgListener, PgRow};
 use crate::store::queue::{Lease, NewJob, QueueSql};
 
 use super::{
-    Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, WorkerSql, sealed,
+    Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, WorkerSql,
+    batch_claim_rows, sealed, unclaimed_keys,
 };
 use crate::table::TableName;
 
@@ -40,16 +41,6 @@ fn schema_marker(statements: &[Arc<str>]) -> String {
     }
     format!("jobguard schema {}", &hasher.finalize().to_hex()[..16])
 }
-
-/// A guard row as the batch's `held` statement reads it: key, applied at (micros), fingerprint,
-/// result, claim token.
-type HeldRow = (
-    String,
-    i64,
-    Option<Vec<u8>>,
-    Option<Json<serde_json::Value>>,
-    Vec<u8>,
-);
 
 /// Decodes a row of the claim function: `claimed`, then the row that holds the key.
 fn claim_row(row: &PgRow) -> sqlx::Result<ClaimRow> {
@@ -165,6 +156,7 @@ impl Backend for Postgres {
             claim_completing_many: Some(
                 worker::claim_completing_many(&guard.table, &queue.table).into(),
             ),
+            complete_many: None,
             held: Some(worker::held(&guard.table).into()),
         }
     }
@@ -229,41 +221,19 @@ impl Backend for Postgres {
             .fetch_all(&mut *conn)
             .await?;
         // Keys the batch completed a job for but did not claim: read who holds them.
-        let unclaimed: Vec<&str> = claims
-            .iter()
-            .zip(&rows)
-            .filter(|(_, (completed, claimed))| *completed && !*claimed)
-            .map(|((claim, _), _)| claim.key)
-            .collect();
-        let mut held = std::collections::HashMap::new();
+        let unclaimed = unclaimed_keys(claims, &rows);
+        let mut held = Vec::new();
         if !unclaimed.is_empty() {
             let statement = statements
                 .held
                 .as_deref()
                 .expect("built by Postgres::worker_sql");
-            let found: Vec<HeldRow> = sqlx::query_as(AssertSqlSafe(statement))
+            held = sqlx::query_as(AssertSqlSafe(statement))
                 .bind(unclaimed)
                 .fetch_all(&mut *conn)
                 .await?;
-            for (key, applied_at, fingerprint, result, token) in found {
-                let record =
-                    GuardRecord::from_columns(applied_at, fingerprint, result.map(|j| j.0), token);
-                held.insert(key, record);
-            }
         }
-        Ok(claims
-            .iter()
-            .zip(rows)
-            .map(|((claim, _), (completed, claimed))| {
-                completed.then(|| match claimed {
-                    true => ClaimRow::Claimed,
-                    false => held
-                        .get(claim.key)
-                        .cloned()
-                        .map_or(ClaimRow::Vanished, ClaimRow::Held),
-                })
-            })
-            .collect())
+        Ok(batch_claim_rows(claims, &rows, held))
     }
 
     crate::store::shared_statements!();

@@ -1,5 +1,5 @@
 //! The SQLite dialect of the store: the [`Backend`] implementation, with its statements named
-//! by concept in `sqlite/` (guard, queue, outbox, steps) and the heartbeats that keep leases
+//! by concept in `sqlite/` (guard, queue, outbox, steps, the worker's batch) and the heartbeats that keep leases
 //! while the single writer is busy.
 //!
 //! SQLite has one writer at a time. Guarded jobs open their transaction with `begin immediate`,
@@ -13,6 +13,7 @@ mod outbox;
 mod prune;
 mod queue;
 mod steps;
+mod worker;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +21,9 @@ use std::time::Duration;
 use sqlx::sqlite::Sqlite;
 use sqlx::{AssertSqlSafe, Pool, Transaction};
 
+use super::queue::Lease;
 use super::queue::{NewJob, QueueSql};
-use super::{Backend, ClaimRow, GuardSql, NewClaim, sealed};
+use super::{Backend, ClaimRow, GuardSql, NewClaim, WorkerSql, sealed};
 use crate::error::Error;
 use crate::table::TableName;
 
@@ -90,6 +92,18 @@ impl Backend for Sqlite {
             Some(record) => ClaimRow::Held(record),
             None => ClaimRow::Vanished,
         })
+    }
+
+    fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
+        worker::worker_sql(&guard.table, &queue.table)
+    }
+
+    async fn claim_completing_many(
+        conn: &mut Self::Connection,
+        sql: (&GuardSql, &QueueSql, &WorkerSql),
+        claims: &[(NewClaim<'_>, Lease)],
+    ) -> sqlx::Result<Vec<Option<ClaimRow>>> {
+        worker::claim_completing_many(conn, sql, claims).await
     }
 
     crate::store::shared_statements!();

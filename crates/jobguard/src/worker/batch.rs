@@ -1,9 +1,8 @@
 //! Running a batch: up to [`WorkerConfig::batch_size`](super::WorkerConfig::batch_size) leased
 //! jobs of kinds that opted in ([`Job::BATCH`](crate::Job::BATCH)), in one transaction.
 //!
-//! One statement (on PostgreSQL; one per job on SQLite, under the write lock the batch holds
-//! anyway) completes every job under its lease token and claims the keys of the completed
-//! ones; a second reads the rows of keys it found held, only when there are some. The effects
+//! One statement (on PostgreSQL; two on SQLite, under the write lock the batch holds anyway)
+//! completes every job under its lease token and claims the keys of the completed ones; a second reads the rows of keys it found held, only when there are some. The effects
 //! then run on the same transaction, in fetch order, and one commit makes all of them true at
 //! once or none. A fenced job completes nothing and claims nothing, so the batch goes on
 //! without it. A key held before the batch, or claimed by an earlier job of the same batch, is

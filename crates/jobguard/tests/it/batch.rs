@@ -251,7 +251,7 @@ async fn a_key_twice_in_one_batch_applies_once<DB: TestDb>() {
 
 backends!(fn a_key_applied_before_the_batch_is_a_duplicate);
 async fn a_key_applied_before_the_batch_is_a_duplicate<DB: TestDb>() {
-    const TAG: usize = 5;
+    const TAG: usize = 6;
     let Some((pool, queue)) = setup::<DB>("batch_key_held").await else {
         return;
     };
