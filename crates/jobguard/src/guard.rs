@@ -568,33 +568,7 @@ impl<DB: Backend> Guard<DB> {
         T: DeserializeOwned,
     {
         tracing::warn!(job.key = %key, error = %commit_error, "commit failed; checking the guard row");
-        // Claiming the key in a new transaction waits for the old one if the server is still
-        // committing it: inserted means it rolled back, a conflict means it committed. A plain
-        // read could miss a commit that is still in flight.
-        let probe = async {
-            let mut tx = DB::begin(&self.inner.pool).await?;
-            let probe_token = ClaimToken::new();
-            let new = NewClaim {
-                key: key.as_str(),
-                kind: key.kind(),
-                fingerprint: None,
-                token: &probe_token,
-            };
-            let record = match DB::claim(&mut tx, &self.inner.sql, &new).await? {
-                ClaimRow::Held(record) => Some(record),
-                ClaimRow::Claimed | ClaimRow::Vanished => None,
-            };
-            tx.rollback().await?;
-            Ok::<_, sqlx::Error>(record)
-        };
-        let probe = tokio::time::timeout(WITNESS_TIMEOUT, probe)
-            .await
-            .unwrap_or_else(|_| {
-                Err(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the guard row stayed locked while checking whether the commit happened",
-                )))
-            });
+        let probe = self.holder(key).await;
         let record = match probe.map_err(Error::Database) {
             Ok(record) => record,
             Err(Error::Database(source)) => {
@@ -617,6 +591,39 @@ impl<DB: Backend> Guard<DB> {
             }
             None => Err(Error::Database(commit_error)),
         }
+    }
+
+    /// The committed row holding `key`, if any: the witness of whether a transaction whose
+    /// commit failed with a lost connection did commit (the row holds its claim token) or not.
+    ///
+    /// Claiming the key in a new transaction waits for the old one if the server is still
+    /// committing it: inserted means it rolled back, a conflict means it committed. A plain read
+    /// could miss a commit that is still in flight.
+    pub(crate) async fn holder(&self, key: &JobKey) -> sqlx::Result<Option<GuardRecord>> {
+        let probe = async {
+            let mut tx = DB::begin(&self.inner.pool).await?;
+            let probe_token = ClaimToken::new();
+            let new = NewClaim {
+                key: key.as_str(),
+                kind: key.kind(),
+                fingerprint: None,
+                token: &probe_token,
+            };
+            let record = match DB::claim(&mut tx, &self.inner.sql, &new).await? {
+                ClaimRow::Held(record) => Some(record),
+                ClaimRow::Claimed | ClaimRow::Vanished => None,
+            };
+            tx.rollback().await?;
+            Ok::<_, sqlx::Error>(record)
+        };
+        tokio::time::timeout(WITNESS_TIMEOUT, probe)
+            .await
+            .unwrap_or_else(|_| {
+                Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the guard row stayed locked while checking whether the commit happened",
+                )))
+            })
     }
 
     async fn claim_in(

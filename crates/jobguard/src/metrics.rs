@@ -82,6 +82,13 @@ pub(crate) fn record_pruned(table: &str, rows: u64) {
 }
 
 /// Duplicates per job kind by where they came from, where that is known:
+/// Counter: worker batches by how they ended (`committed`, `rolled_back`), per queue.
+pub const BATCHES_TOTAL: &str = "jobguard_batches_total";
+
+pub(crate) fn count_batch(queue: &str, ended: &'static str) {
+    metrics::counter!(BATCHES_TOTAL, "queue" => queue.to_owned(), "outcome" => ended).increment(1);
+}
+
 /// `jobguard_duplicates_total{kind, source}`, `source` one of [`DuplicateSource`]'s names.
 ///
 /// The [`Worker`](crate::Worker) infers the source of every duplicate it completes (see
@@ -250,6 +257,10 @@ pub fn describe() {
         "Age of the oldest guard row: how far back the guard remembers keys."
     );
     describe_counter!(PRUNED_ROWS_TOTAL, "Rows deleted by pruning, per table.");
+    describe_counter!(
+        BATCHES_TOTAL,
+        "Worker batches, committed or rolled back (their jobs then ran one per transaction)."
+    );
     describe_counter!(
         STEPS_ATTENTION_TOTAL,
         "External steps marked attention, per job kind."

@@ -81,6 +81,8 @@ pub trait Backend:
     fn worker_sql(_guard: &GuardSql, _queue: &QueueSql) -> WorkerSql {
         WorkerSql {
             claim_completing: None,
+            claim_completing_many: None,
+            held: None,
         }
     }
 
@@ -99,6 +101,27 @@ pub trait Backend:
                 return Ok((ClaimRow::Vanished, false));
             }
             Ok((Self::claim(conn, guard, claim).await?, true))
+        }
+    }
+
+    /// Completes the jobs of a batch under their leases and claims the keys of the completed
+    /// ones, in order: for each job, `None` when its lease is not held (it completed nothing and
+    /// claimed nothing), else what claiming its key found. A key that an earlier job of the
+    /// batch claimed is found held by this transaction. Backends that can do it in one
+    /// statement override this; the default runs [`Backend::claim_completing`] per job.
+    #[doc(hidden)]
+    fn claim_completing_many(
+        conn: &mut Self::Connection,
+        sql: (&GuardSql, &QueueSql, &WorkerSql),
+        claims: &[(NewClaim<'_>, Lease)],
+    ) -> impl Future<Output = sqlx::Result<Vec<Option<ClaimRow>>>> + Send {
+        async move {
+            let mut rows = Vec::with_capacity(claims.len());
+            for (claim, lease) in claims {
+                let (row, completed) = Self::claim_completing(conn, sql, claim, *lease).await?;
+                rows.push(completed.then_some(row));
+            }
+            Ok(rows)
         }
     }
 
@@ -254,6 +277,10 @@ pub struct WorkerSql {
     /// Completes the job under its lease token and claims the key in one statement, where the
     /// backend can (PostgreSQL); `None` where it takes two under the write lock (SQLite).
     pub(crate) claim_completing: Option<Arc<str>>,
+    /// Completes a batch's jobs and claims their keys in one statement, where the backend can.
+    pub(crate) claim_completing_many: Option<Arc<str>>,
+    /// Reads the rows holding a batch's keys that it did not claim, in a new statement.
+    pub(crate) held: Option<Arc<str>>,
 }
 
 /// The guard table's statements, built once per [`Guard`](crate::Guard) from its validated name.

@@ -227,6 +227,11 @@ pub struct WorkerStats {
     pub pruned: u64,
     /// Scheduled prunes skipped because another worker was pruning the guard table.
     pub prunes_skipped: u64,
+    /// Batches of two or more jobs committed in one transaction (see [`Job::BATCH`]).
+    pub batches: u64,
+    /// Batches rolled back (a job failed, a deadlock, a lost commit) whose jobs then ran one
+    /// per transaction. Many of them mean the batched kinds contend for the same rows.
+    pub batches_rolled_back: u64,
 }
 
 #[derive(Default)]
@@ -239,6 +244,8 @@ struct Counters {
     released: AtomicU64,
     pruned: AtomicU64,
     prunes_skipped: AtomicU64,
+    batches: AtomicU64,
+    batches_rolled_back: AtomicU64,
 }
 
 /// How one job ended for this worker.
@@ -382,6 +389,8 @@ impl Counters {
             released: get(&self.released),
             pruned: get(&self.pruned),
             prunes_skipped: get(&self.prunes_skipped),
+            batches: get(&self.batches),
+            batches_rolled_back: get(&self.batches_rolled_back),
         }
     }
 }

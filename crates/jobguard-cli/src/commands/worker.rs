@@ -331,8 +331,14 @@ fn render(report: &WorkerReport) -> String {
         Some(relay) => format!("outbox relay\n{}\n", super::relay::render(relay)),
         None => String::new(),
     };
+    let batches = match (stats.batches, stats.batches_rolled_back) {
+        (0, 0) => String::new(),
+        (committed, rolled_back) => format!(
+            "batches: {committed} committed, {rolled_back} rolled back (their jobs ran one per transaction)\n"
+        ),
+    };
     format!(
-        "worker stopped after {:.2} s on queue `{}`\n{table}\n{relay}",
+        "worker stopped after {:.2} s on queue `{}`\n{table}\n{batches}{relay}",
         report.seconds, report.queue
     )
 }

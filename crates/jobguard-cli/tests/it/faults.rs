@@ -3,7 +3,8 @@
 //! its leases while another one takes over, and a job delivered again across processes; and, on
 //! PostgreSQL, a worker whose claim waits on another transaction past its lease keeps the job.
 //! A worker started before its database is reachable waits for it up to `--connect-timeout`,
-//! then exits 1 naming the database; one-shot commands fail at once.
+//! then exits 1 naming the database; one-shot commands fail at once. A worker running batches
+//! is killed inside a batch's transaction, which applies nothing (`faults/batch.rs`).
 //!
 //! Whatever the fault, every credit must land in `jobguard_ledger` exactly once: as many ledger
 //! rows as distinct keys as jobs, every job completed, none left running. Each scenario runs on
@@ -22,6 +23,9 @@ use serde_json::{Value, json};
 
 use crate::common::{AnyPool, Db, Proc, free_port, jobguard, spawn};
 use crate::{each_backend, on_pool};
+
+mod batch;
+use batch::sigkill_mid_batch;
 
 /// The longest any single command of the binary may take before the test fails.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(40);
@@ -623,6 +627,7 @@ fn stalled_claim_keeps_the_job(db: &Db) {
 
 each_backend!(
     sigkill_mid_job,
+    sigkill_mid_batch,
     sigkill_around_commits,
     sigstop_past_the_lease,
     duplicate_across_processes,

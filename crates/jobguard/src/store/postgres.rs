@@ -41,6 +41,16 @@ fn schema_marker(statements: &[Arc<str>]) -> String {
     format!("jobguard schema {}", &hasher.finalize().to_hex()[..16])
 }
 
+/// A guard row as the batch's `held` statement reads it: key, applied at (micros), fingerprint,
+/// result, claim token.
+type HeldRow = (
+    String,
+    i64,
+    Option<Vec<u8>>,
+    Option<Json<serde_json::Value>>,
+    Vec<u8>,
+);
+
 /// Decodes a row of the claim function: `claimed`, then the row that holds the key.
 fn claim_row(row: &PgRow) -> sqlx::Result<ClaimRow> {
     if row.try_get::<bool, _>(0)? {
@@ -152,6 +162,10 @@ impl Backend for Postgres {
     fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
         WorkerSql {
             claim_completing: Some(worker::claim_completing(&guard.table, &queue.table).into()),
+            claim_completing_many: Some(
+                worker::claim_completing_many(&guard.table, &queue.table).into(),
+            ),
+            held: Some(worker::held(&guard.table).into()),
         }
     }
 
@@ -183,6 +197,73 @@ impl Backend for Postgres {
             return Ok((ClaimRow::Vanished, true));
         }
         Ok((claim_row(&row)?, true))
+    }
+
+    async fn claim_completing_many(
+        conn: &mut Self::Connection,
+        sql: (&GuardSql, &QueueSql, &WorkerSql),
+        claims: &[(NewClaim<'_>, Lease)],
+    ) -> sqlx::Result<Vec<Option<ClaimRow>>> {
+        let statements = sql.2;
+        let many = statements
+            .claim_completing_many
+            .as_deref()
+            .expect("built by Postgres::worker_sql");
+        let rows: Vec<(bool, bool)> = sqlx::query_as(AssertSqlSafe(many))
+            .bind(claims.iter().map(|(_, l)| l.job_id).collect::<Vec<i64>>())
+            .bind(claims.iter().map(|(_, l)| l.token).collect::<Vec<i64>>())
+            .bind(claims.iter().map(|(c, _)| c.key).collect::<Vec<&str>>())
+            .bind(claims.iter().map(|(c, _)| c.kind).collect::<Vec<&str>>())
+            .bind(
+                claims
+                    .iter()
+                    .map(|(c, _)| c.fingerprint.map(|f| f.as_bytes().as_slice()))
+                    .collect::<Vec<Option<&[u8]>>>(),
+            )
+            .bind(
+                claims
+                    .iter()
+                    .map(|(c, _)| c.token.0.as_slice())
+                    .collect::<Vec<&[u8]>>(),
+            )
+            .fetch_all(&mut *conn)
+            .await?;
+        // Keys the batch completed a job for but did not claim: read who holds them.
+        let unclaimed: Vec<&str> = claims
+            .iter()
+            .zip(&rows)
+            .filter(|(_, (completed, claimed))| *completed && !*claimed)
+            .map(|((claim, _), _)| claim.key)
+            .collect();
+        let mut held = std::collections::HashMap::new();
+        if !unclaimed.is_empty() {
+            let statement = statements
+                .held
+                .as_deref()
+                .expect("built by Postgres::worker_sql");
+            let found: Vec<HeldRow> = sqlx::query_as(AssertSqlSafe(statement))
+                .bind(unclaimed)
+                .fetch_all(&mut *conn)
+                .await?;
+            for (key, applied_at, fingerprint, result, token) in found {
+                let record =
+                    GuardRecord::from_columns(applied_at, fingerprint, result.map(|j| j.0), token);
+                held.insert(key, record);
+            }
+        }
+        Ok(claims
+            .iter()
+            .zip(rows)
+            .map(|((claim, _), (completed, claimed))| {
+                completed.then(|| match claimed {
+                    true => ClaimRow::Claimed,
+                    false => held
+                        .get(claim.key)
+                        .cloned()
+                        .map_or(ClaimRow::Vanished, ClaimRow::Held),
+                })
+            })
+            .collect())
     }
 
     crate::store::shared_statements!();

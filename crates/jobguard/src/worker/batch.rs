@@ -1,19 +1,24 @@
 //! Running a batch: up to [`WorkerConfig::batch_size`](super::WorkerConfig::batch_size) leased
 //! jobs of kinds that opted in ([`Job::BATCH`](crate::Job::BATCH)), in one transaction.
 //!
-//! Each job's completion under its lease token and its key's claim are one statement, as on
-//! the per-job path; its effect runs right after, on the same transaction, in fetch order; one
-//! commit makes all of them true at once or none. A fenced job's statement completes nothing
-//! and claims nothing, so the batch goes on without it. A key held before the batch, or claimed
-//! by an earlier job of the same batch, is a duplicate: the key applies once.
+//! One statement (on PostgreSQL; one per job on SQLite, under the write lock the batch holds
+//! anyway) completes every job under its lease token and claims the keys of the completed
+//! ones; a second reads the rows of keys it found held, only when there are some. The effects
+//! then run on the same transaction, in fetch order, and one commit makes all of them true at
+//! once or none. A fenced job completes nothing and claims nothing, so the batch goes on
+//! without it. A key held before the batch, or claimed by an earlier job of the same batch, is
+//! a duplicate: the key applies once.
 //!
 //! Anything else that stops the batch (an effect's error or panic, a serialization failure, a
 //! deadlock, a lost connection or commit, a payload that does not decode) rolls the whole batch
 //! back, and its jobs run again one per transaction on the per-job path: a failing job retries
 //! alone and the others apply, and a commit whose outcome was lost is settled job by job as the
 //! per-job path settles it (a job whose completion did commit is no longer held by its lease).
+//! A commit whose answer was lost is settled for the whole batch by the guard row of a key it
+//! claimed, as [`Guard`](crate::Guard) settles one job's.
 
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use sqlx::Transaction;
@@ -23,10 +28,11 @@ use super::run::{job_span, report};
 use super::runnable::Runnable;
 use super::{Counters, Ended, Worker};
 use crate::dispatch::catch_panic;
-use crate::guard::Claim;
+use crate::guard::{Claim, check_claim, fingerprint_of};
 use crate::key::JobKey;
+use crate::metrics::count_batch;
 use crate::queue::{Lease, LeasedJob};
-use crate::store::Backend;
+use crate::store::{Backend, ClaimToken, NewClaim};
 
 impl<DB: Backend> Worker<DB> {
     /// Runs `jobs` as one batch, or one per transaction when the batch rolled back.
@@ -42,12 +48,16 @@ impl<DB: Backend> Worker<DB> {
         let started = Instant::now();
         match self.execute_batch(&jobs).await {
             Ok(ended) => {
+                counters.batches.fetch_add(1, Ordering::Relaxed);
+                count_batch(&self.config.queue, "committed");
                 let took = started.elapsed();
                 for (job, ended) in jobs.iter().zip(ended) {
                     report(job, ended, took, &job_span(job), counters);
                 }
             }
             Err(reason) => {
+                counters.batches_rolled_back.fetch_add(1, Ordering::Relaxed);
+                count_batch(&self.config.queue, "rolled_back");
                 tracing::info!(
                     jobs = jobs.len(),
                     reason,
@@ -104,12 +114,10 @@ impl<DB: Backend> Worker<DB> {
             )
             .await;
         match ran {
-            Ok(ended) => guarded
-                .tx
-                .commit()
-                .await
-                .map(|()| ended)
-                .map_err(|error| format!("the batch's commit failed: {error}")),
+            Ok((ended, claimed)) => match guarded.tx.commit().await {
+                Ok(()) => Ok(ended),
+                Err(error) => self.settle_lost_commit(ended, &claimed, error).await,
+            },
             Err(reason) => {
                 // Now, not when the kept connection is next used: the per-job runs that follow
                 // need the rows the batch locked.
@@ -119,36 +127,95 @@ impl<DB: Backend> Worker<DB> {
         }
     }
 
-    /// Claims and completes each job in turn, running its effect when its key was fresh.
+    /// After the batch's commit failed: the guard row of a key the batch claimed is the witness
+    /// of whether the commit happened, for the whole batch, since its rows commit together. When
+    /// it did, the batch ended as it ran; when it did not, or the witness cannot tell (the batch
+    /// claimed no key, the database is unreachable), its jobs run again one per transaction,
+    /// where a job whose completion did commit is found no longer leased and is left alone.
+    async fn settle_lost_commit(
+        &self,
+        ended: Vec<Ended>,
+        claimed: &[(JobKey, ClaimToken)],
+        error: sqlx::Error,
+    ) -> Result<Vec<Ended>, String> {
+        let failed = format!("the batch's commit failed: {error}");
+        let Some((key, token)) = claimed.first() else {
+            return Err(failed);
+        };
+        tracing::warn!(%error, "the batch's commit failed; checking the guard row of its first key");
+        match self.guard.holder(key).await {
+            Ok(Some(record)) if record.token.as_ref() == Some(token) => Ok(ended),
+            _ => Err(failed),
+        }
+    }
+
+    /// Completes all the jobs and claims their keys (one statement on PostgreSQL), then runs
+    /// the effect of each job that claimed its key, in fetch order.
     async fn run_batch(
         &self,
         tx: &mut Transaction<'_, DB>,
         jobs: &[LeasedJob],
         decoded: &[(Box<dyn Runnable<DB>>, JobKey)],
         pending: &Mutex<Vec<Lease>>,
-    ) -> Result<Vec<Ended>, String> {
+    ) -> Result<(Vec<Ended>, Vec<(JobKey, ClaimToken)>), String> {
+        let fingerprints = jobs
+            .iter()
+            .zip(decoded)
+            .map(|(job, (_, key))| fingerprint_of(key, &job.payload))
+            .collect::<crate::Result<Vec<_>>>()
+            .map_err(|error| error.to_string())?;
+        let tokens: Vec<ClaimToken> = jobs.iter().map(|_| ClaimToken::new()).collect();
+        let claims: Vec<(NewClaim<'_>, Lease)> = jobs
+            .iter()
+            .zip(decoded)
+            .zip(fingerprints.iter().zip(&tokens))
+            .map(|((job, (_, key)), (fingerprint, token))| {
+                let claim = NewClaim {
+                    key: key.as_str(),
+                    kind: key.kind(),
+                    fingerprint: Some(fingerprint),
+                    token,
+                };
+                (claim, job.lease)
+            })
+            .collect();
+        let rows = DB::claim_completing_many(
+            &mut **tx,
+            (self.guard.sql(), self.queue.sql(), &self.sql),
+            &claims,
+        )
+        .await
+        .map_err(|error| format!("claiming the batch's keys: {error}"))?;
+        // Every job's row is now locked by the batch, or taken over: no more heartbeats.
+        pending.lock().expect("not poisoned").clear();
         let mut ended = Vec::with_capacity(jobs.len());
-        for (job, (runnable, key)) in jobs.iter().zip(decoded) {
-            let claim = self
-                .claim_completing(tx, key, &job.payload, job.lease)
-                .await
-                .map_err(|error| error.to_string())?;
-            pending
-                .lock()
-                .expect("not poisoned")
-                .retain(|lease| *lease != job.lease);
+        let mut claimed = Vec::new();
+        for (((job, (runnable, key)), row), (fingerprint, token)) in jobs
+            .iter()
+            .zip(decoded)
+            .zip(rows)
+            .zip(fingerprints.iter().zip(&tokens))
+        {
+            // Its lease was taken over: the statement completed nothing and claimed nothing for
+            // it, and the new holder runs the job.
+            let Some(row) = row else {
+                ended.push(Ended::Fenced);
+                continue;
+            };
+            let claim = check_claim(key, Some(fingerprint), row)
+                .map_err(|error| format!("job {}: {error}", job.lease.job_id))?;
             ended.push(match claim {
-                // Its lease was taken over: the statement completed nothing and claimed
-                // nothing, and the new holder runs the job.
-                None => Ended::Fenced,
-                Some(Claim::Duplicate(_)) => Ended::Duplicate,
-                Some(Claim::Claimed) => match catch_panic(runnable.run(tx)).await {
-                    Ok(Ok(())) => Ended::Applied,
+                Claim::Duplicate(_) => Ended::Duplicate,
+                Claim::Claimed => match catch_panic(runnable.run(tx)).await {
+                    Ok(Ok(())) => {
+                        claimed.push((key.clone(), *token));
+                        Ended::Applied
+                    }
                     Ok(Err(error)) => return Err(format!("job {}: {error}", job.lease.job_id)),
                     Err(panicked) => return Err(format!("job {}: {panicked}", job.lease.job_id)),
                 },
             });
         }
-        Ok(ended)
+        Ok((ended, claimed))
     }
 }
