@@ -12,7 +12,7 @@ use jobguard::queue::NewJob;
 use serde::Serialize;
 use sqlx::{Executor, Pool};
 
-use self::drain::{BATCH_LINGER, POLL_INTERVAL, WorkerShape, drain, enqueue, reset};
+use self::drain::{BATCH_LINGER, POLL_INTERVAL, WorkerShape, drain, enqueue, reset, warm_up};
 use self::jobs::{BenchCredit, BenchNoop};
 use self::pickup::Latency;
 use crate::demo::ledger::{Ledger, LedgerDb};
@@ -111,6 +111,7 @@ where
     };
     let batching = bench.batch_size > 1;
 
+    warm_up(pool).await?;
     let noop = drain_noop(pool, jobs, per_job).await?;
     let credit = drain_credit(pool, jobs, per_job).await?;
     let (batched_noop, batched_credit) = if batching {

@@ -36,6 +36,16 @@ pub struct WorkerShape {
     pub batch_size: usize,
 }
 
+/// Opens every connection of the pool before anything is timed: the pool opens them as they
+/// are first wanted, which would otherwise fall into the first run (a TLS handshake each on
+/// PostgreSQL).
+pub async fn warm_up<DB: Backend>(pool: &Pool<DB>) -> anyhow::Result<()> {
+    let connections = pool.options().get_max_connections() as usize;
+    let opened = futures::future::try_join_all((0..connections).map(|_| pool.acquire())).await?;
+    drop(opened);
+    Ok(())
+}
+
 /// Drops the benchmark's tables and creates its queue, guard and ledger, empty.
 pub async fn reset<DB: LedgerDb>(pool: &Pool<DB>) -> anyhow::Result<Queue<DB>>
 where
