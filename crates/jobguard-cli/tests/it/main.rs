@@ -7,6 +7,7 @@
 
 mod common;
 
+mod bench;
 mod brokers;
 mod chaos;
 mod contention;

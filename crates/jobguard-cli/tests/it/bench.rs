@@ -1,0 +1,98 @@
+//! `jobguard bench queue` run as a user runs it, small: every figure reported, and every credit
+//! job applied exactly once one per transaction and in batches. No speed is asserted.
+
+use serde_json::Value;
+
+use crate::common::Db;
+use crate::each_backend;
+
+/// Every field of `jobguard bench queue --json`.
+const FIELDS: [&str; 21] = [
+    "backend",
+    "jobs",
+    "concurrency",
+    "batch_size",
+    "noop_jobs_per_s",
+    "credit_jobs_per_s",
+    "batched_noop_jobs_per_s",
+    "batched_credit_jobs_per_s",
+    "pgbench_tps",
+    "ratio",
+    "batched_ratio",
+    "exactly_once",
+    "batched_exactly_once",
+    "rate",
+    "pickup_jobs",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "batched_latency_p50_ms",
+    "batched_latency_p99_ms",
+    "poll_interval_ms",
+    "batch_linger_ms",
+];
+
+fn positive(report: &Value, field: &str) -> f64 {
+    let value = report[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} is not a number: {report}"));
+    assert!(value > 0.0, "{field} is not positive: {report}");
+    value
+}
+
+/// 200 jobs of each kind, one per transaction and in batches of 10, and two pickup runs.
+fn bench_queue_reports_batches_and_latency(db: &Db) {
+    let report = db.json(&["bench", "queue", "--jobs", "200", "--batch-size", "10"]);
+    let object = report.as_object().unwrap();
+    let mut missing: Vec<&str> = FIELDS
+        .iter()
+        .copied()
+        .filter(|field| !object.contains_key(*field))
+        .collect();
+    missing.sort_unstable();
+    assert!(missing.is_empty(), "missing {missing:?}: {report}");
+    assert_eq!(object.len(), FIELDS.len(), "unexpected fields: {report}");
+
+    assert_eq!(report["backend"], db.backend());
+    assert_eq!(report["jobs"], 200);
+    assert_eq!(report["batch_size"], 10);
+    assert_eq!(report["exactly_once"], true, "{report}");
+    assert_eq!(report["batched_exactly_once"], true, "{report}");
+    for field in [
+        "noop_jobs_per_s",
+        "credit_jobs_per_s",
+        "batched_noop_jobs_per_s",
+        "batched_credit_jobs_per_s",
+        "rate",
+        "pickup_jobs",
+    ] {
+        positive(&report, field);
+    }
+    for field in [
+        "latency_p50_ms",
+        "latency_p99_ms",
+        "batched_latency_p50_ms",
+        "batched_latency_p99_ms",
+    ] {
+        assert!(report[field].as_f64().is_some(), "{field}: {report}");
+    }
+    assert!(
+        report["latency_p50_ms"].as_f64() <= report["latency_p99_ms"].as_f64(),
+        "{report}"
+    );
+    assert!(positive(&report, "pickup_jobs") <= 200.0, "{report}");
+
+    // pgbench runs only on PostgreSQL, and only when it is installed; the ratios go with it.
+    let pgbench = report["pgbench_tps"].as_f64();
+    if db.is_postgres() {
+        if let Some(tps) = pgbench {
+            assert!(tps > 0.0, "{report}");
+        }
+    } else {
+        assert_eq!(pgbench, None, "{report}");
+    }
+    for ratio in ["ratio", "batched_ratio"] {
+        assert_eq!(report[ratio].is_null(), pgbench.is_none(), "{report}");
+    }
+}
+
+each_backend!(bench_queue_reports_batches_and_latency);
