@@ -1,7 +1,9 @@
 //! `jobguard bench`: what the guard costs ([`guard`]), how fast the worker drains the queue
 //! ([`queue`]), and what pruning and a big guard table cost the jobs that run meanwhile
-//! ([`prune`]), and what enqueueing in batches saves ([`enqueue`]).
+//! ([`prune`]), what enqueueing in batches saves ([`enqueue`]), and what batches save a broker
+//! consumer ([`brokers`]).
 
+pub mod brokers;
 pub mod enqueue;
 pub mod guard;
 pub mod prune;

@@ -1,4 +1,4 @@
-//! `jobguard bench guard|queue|prune|enqueue`: what the guard costs, measured.
+//! `jobguard bench guard|queue|prune|enqueue|brokers`: what the guard costs, measured.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::demo::ExperimentArgs;
-use crate::bench::{enqueue, guard, prune, queue};
+use crate::bench::{brokers, enqueue, guard, prune, queue};
 use crate::database::{DEFAULT_URL, Database};
 use crate::demo;
 use crate::{on_pool, report};
@@ -22,6 +22,9 @@ pub enum BenchCommand {
     Prune(prune::BenchPruneArgs),
     /// Jobs per second enqueued one by one against one `enqueue_many` call.
     Enqueue(enqueue::BenchEnqueueArgs),
+    /// Messages per second a broker consumer applies one per transaction against in batches,
+    /// on each broker that answers.
+    Brokers(brokers::BenchBrokersArgs),
 }
 
 #[derive(Args)]
@@ -56,6 +59,7 @@ pub async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Queue(args) => bench_queue(args).await,
         BenchCommand::Prune(args) => prune::run(args).await,
         BenchCommand::Enqueue(args) => enqueue::run(args).await,
+        BenchCommand::Brokers(args) => brokers::run(args).await,
     }
 }
 
