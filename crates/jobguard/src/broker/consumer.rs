@@ -39,13 +39,15 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 mod batch;
+mod runnable;
 
+use self::runnable::Runnable;
 use super::Envelope;
 use crate::dispatch::{Registry, catch_panic, log_join};
-use crate::error::{Error, JobError, Result};
+use crate::error::{Error, Result};
 use crate::guard::{Guard, Outcome};
 use crate::job::Job;
-use crate::key::{JobKey, KeyError};
+use crate::key::JobKey;
 use crate::metrics::{DuplicateSource, record_duplicate_source};
 use crate::retry::doubled;
 use crate::spikes::record_outcome;
@@ -214,8 +216,8 @@ pub struct ConsumerStats {
     /// Acknowledgements or settlements the broker did not take: the message comes again, and
     /// the guard reports it as a duplicate.
     pub unacked: u64,
-    /// Jobs still running at the end of the shutdown timeout: rolled back, messages left to
-    /// the broker.
+    /// Messages whose jobs were still running (alone or in a batch) at the end of the
+    /// shutdown timeout: rolled back, messages left to the broker.
     pub released: u64,
 }
 
@@ -391,7 +393,8 @@ impl<DB: Backend> Consumer<DB> {
     ) -> Result<ConsumerStats> {
         let consumer = Arc::new(self);
         let counters = Arc::new(Counters::default());
-        let permits = Arc::new(Semaphore::new(source.prefetch().max(1)));
+        let capacity = source.prefetch().max(1);
+        let permits = Arc::new(Semaphore::new(capacity));
         let limits = Limits {
             broker: source.broker(),
             max_deliveries: source.max_deliveries().max(1),
@@ -507,13 +510,15 @@ impl<DB: Backend> Consumer<DB> {
         })
         .await;
         if drained.is_err() {
+            // Every message not settled yet holds a permit, alone or in a batch.
+            let unsettled = capacity.saturating_sub(permits.available_permits());
             tracing::warn!(
-                jobs = tasks.len(),
+                messages = unsettled,
                 "running jobs did not finish in time; rolling them back, their messages go back to the broker"
             );
             counters
                 .released
-                .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+                .fetch_add(unsettled as u64, Ordering::Relaxed);
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
@@ -761,83 +766,6 @@ async fn with_progress<D: Delivery, T>(
     tokio::select! {
         done = work => done,
         () = beats => unreachable!("progress never ends"),
-    }
-}
-
-/// A job run alone, with the hook before its transaction commits. One value, so that the
-/// guard's closure captures one thing and rustc proves its future `Send`
-/// (rust-lang/rust#110338).
-struct Held<J> {
-    job: Arc<J>,
-    hook: Option<BeforeCommit>,
-    key: JobKey,
-}
-
-impl<J> Held<J> {
-    /// The job's effect on `conn`, then the hook with the job's key.
-    async fn run<DB: Backend>(&self, conn: &mut DB::Connection) -> std::result::Result<(), JobError>
-    where
-        J: Job<DB>,
-    {
-        self.job.run(conn).await?;
-        if let Some(hook) = &self.hook {
-            hook(vec![self.key.clone()]).await;
-        }
-        Ok(())
-    }
-}
-
-/// A decoded job, its type erased.
-trait Runnable<DB: Backend>: Send + Sync {
-    /// The key the job derives from its fields.
-    fn key(&self) -> Result<JobKey, KeyError>;
-
-    /// The job's guarded run. Built where the job's type is known: with every type concrete,
-    /// rustc proves the future `Send` for the spawned task (rust-lang/rust#110338).
-    fn guarded(
-        self: Arc<Self>,
-        guard: Guard<DB>,
-        key: JobKey,
-        payload: Value,
-        before_commit: Option<BeforeCommit>,
-    ) -> BoxFuture<'static, Result<Outcome<()>>>;
-
-    /// The job's effect on a transaction of the caller's, for a batch.
-    fn run_in<'a>(
-        &'a self,
-        conn: &'a mut DB::Connection,
-    ) -> BoxFuture<'a, std::result::Result<(), JobError>>;
-}
-
-impl<DB: Backend, J: Job<DB>> Runnable<DB> for J {
-    fn key(&self) -> Result<JobKey, KeyError> {
-        Job::key(self)
-    }
-
-    fn guarded(
-        self: Arc<Self>,
-        guard: Guard<DB>,
-        key: JobKey,
-        payload: Value,
-        before_commit: Option<BeforeCommit>,
-    ) -> BoxFuture<'static, Result<Outcome<()>>> {
-        Box::pin(async move {
-            let held = Held {
-                job: self,
-                hook: before_commit,
-                key: key.clone(),
-            };
-            guard
-                .run_with_payload(&key, &payload, async move |conn| held.run(conn).await)
-                .await
-        })
-    }
-
-    fn run_in<'a>(
-        &'a self,
-        conn: &'a mut DB::Connection,
-    ) -> BoxFuture<'a, std::result::Result<(), JobError>> {
-        Box::pin(self.run(conn))
     }
 }
 
