@@ -457,6 +457,7 @@ impl<DB: Backend> Consumer<DB> {
                 .map(|delivery| consumer.decode(delivery))
                 .collect();
             let room = free.saturating_sub(messages.len());
+            let mut stopping = false;
             if let Some(wanted) = consumer.short_by(&messages, &limits, room) {
                 // The batch is short: give the broker a moment to hand over more.
                 let topped_up = tokio::select! {
@@ -474,7 +475,8 @@ impl<DB: Backend> Consumer<DB> {
                     Some(Err(error)) => {
                         tracing::warn!(%error, broker = limits.broker, "receiving more for a batch failed");
                     }
-                    None => {}
+                    // Shutdown: the messages at hand still run, then the loop stops.
+                    None => stopping = true,
                 }
             }
             let mut first = Some(first);
@@ -500,6 +502,9 @@ impl<DB: Backend> Consumer<DB> {
                         tasks.spawn(consumer.process_batch(group, limits, counters, group_permits));
                     }
                 }
+            }
+            if stopping {
+                break;
             }
         }
 
