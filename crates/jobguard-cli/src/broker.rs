@@ -215,6 +215,33 @@ impl Source for BrokerSource {
         })
     }
 
+    async fn receive_within(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> jobguard::Result<Vec<BrokerDelivery>> {
+        Ok(match self {
+            BrokerSource::Rabbitmq(source) => source
+                .receive_within(max, wait)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Rabbitmq)
+                .collect(),
+            BrokerSource::Nats(source) => source
+                .receive_within(max, wait)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Nats)
+                .collect(),
+            BrokerSource::Redis(source) => source
+                .receive_within(max, wait)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Redis)
+                .collect(),
+        })
+    }
+
     async fn close(self) {
         each!(self, BrokerSource, source => (*source).close().await)
     }
@@ -243,5 +270,25 @@ impl Delivery for BrokerDelivery {
 
     async fn progress(&self) -> jobguard::Result<()> {
         each!(self, BrokerDelivery, delivery => delivery.progress().await)
+    }
+
+    async fn ack_all(deliveries: Vec<Self>) -> jobguard::Result<()> {
+        // A batch comes from one source, so from one broker: handed to that broker whole.
+        let mut rabbitmq = Vec::new();
+        let mut nats = Vec::new();
+        let mut redis = Vec::new();
+        for delivery in deliveries {
+            match delivery {
+                BrokerDelivery::Rabbitmq(delivery) => rabbitmq.push(delivery),
+                BrokerDelivery::Nats(delivery) => nats.push(delivery),
+                BrokerDelivery::Redis(delivery) => redis.push(delivery),
+            }
+        }
+        let acked = [
+            Delivery::ack_all(rabbitmq).await,
+            Delivery::ack_all(nats).await,
+            Delivery::ack_all(redis).await,
+        ];
+        acked.into_iter().collect()
     }
 }

@@ -18,6 +18,11 @@
 //! - **Delivered to two consumers at once** (a lease or ack deadline that ran out while the
 //!   first still worked): the second waits on the guard row and reports a duplicate.
 //!
+//! Kinds that opt in with [`Job::BATCH`](crate::Job::BATCH) run in batches when
+//! [`ConsumerConfig::batch_size`] is above 1: up to that many messages claimed and applied in one
+//! transaction, one commit, then one acknowledgement of them all, with the same four cases; a
+//! batch that fails rolls back and its messages run one per transaction.
+//!
 //! One loop ([`consumer`] for the order of these steps) serves every broker through a small
 //! adapter, a [`Source`] of [`Delivery`] values:
 //!

@@ -1,4 +1,4 @@
-//! `jobguard bench guard|queue|prune|enqueue|contention`: what the guard costs, measured.
+//! `jobguard bench guard|queue|prune|enqueue|contention|brokers`: what the guard costs, measured.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::demo::ExperimentArgs;
-use crate::bench::{contention, enqueue, guard, prune, queue};
+use crate::bench::{brokers, contention, enqueue, guard, prune, queue};
 use crate::database::{DEFAULT_URL, Database};
 use crate::demo;
 use crate::{on_pool, report};
@@ -25,6 +25,9 @@ pub enum BenchCommand {
     /// Batched against per-job execution, for jobs writing rows of their own and for jobs
     /// writing a few hot rows.
     Contention(contention::BenchContentionArgs),
+    /// Messages per second a broker consumer applies one per transaction against in batches,
+    /// on each broker that answers.
+    Brokers(brokers::BenchBrokersArgs),
 }
 
 #[derive(Args)]
@@ -69,6 +72,7 @@ pub async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Prune(args) => prune::run(args).await,
         BenchCommand::Enqueue(args) => enqueue::run(args).await,
         BenchCommand::Contention(args) => contention::run(args).await,
+        BenchCommand::Brokers(args) => brokers::run(args).await,
     }
 }
 

@@ -24,6 +24,18 @@ use crate::report;
 /// What runs between a job's commit and its message's acknowledgement.
 pub type BeforeAck = Arc<dyn Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync>;
 
+/// What runs after a transaction's effects and before its commit, with the keys it claimed.
+pub type BeforeCommit = Arc<dyn Fn(Vec<JobKey>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// The fault hooks of `consume`: what runs before each commit and before each ack.
+#[derive(Default)]
+pub struct Hooks {
+    /// Between a transaction's effects and its commit.
+    pub before_commit: Option<BeforeCommit>,
+    /// Between a job's commit and its message's acknowledgement.
+    pub before_ack: Option<BeforeAck>,
+}
+
 /// Arguments of `jobguard consume`.
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
@@ -38,9 +50,19 @@ pub struct ConsumeArgs {
     /// `.` and `-` as `_`), or the Redis stream. Declared when missing, with its dead letters.
     #[arg(long, default_value = "jobguard.jobs")]
     queue: String,
-    /// Messages held unacknowledged at once, and jobs run at once.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    prefetch: u32,
+    /// Messages held unacknowledged at once, and jobs run at once [default: 10, or two
+    /// batches with --batch-size].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    prefetch: Option<u32>,
+    /// Messages of batchable kinds (the built-in `credit` and `noop`) run up to this many in
+    /// one transaction, acknowledged together after its commit; when one fails, the batch rolls
+    /// back and its messages run one per transaction. 1 runs every message in its own
+    /// transaction. A batch is never larger than --prefetch.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=500))]
+    batch_size: u32,
+    /// How long a batch the received messages left short waits once for more before it runs.
+    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    batch_linger: Duration,
     /// Deliveries a message gets before it is dead-lettered.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     max_deliveries: u32,
@@ -96,7 +118,7 @@ impl ConsumeArgs {
                 .clone()
                 .unwrap_or_else(|| self.broker.default_url().to_owned()),
             queue: self.queue.clone(),
-            prefetch: self.prefetch as usize,
+            prefetch: self.prefetch() as usize,
             max_deliveries: self.max_deliveries,
             redelivery: self.redelivery,
         })
@@ -107,27 +129,32 @@ impl ConsumeArgs {
         &self.target.database_url
     }
 
+    /// Messages held unacknowledged at once: as asked, else 10, or room for two batches.
+    fn prefetch(&self) -> u32 {
+        self.prefetch
+            .unwrap_or_else(|| (self.batch_size * 2).max(10))
+    }
+
     /// Connections in the pool: one per job running at once, and a few to spare.
     pub fn connections(&self) -> u32 {
-        self.prefetch + 4
+        self.prefetch() + 4
     }
 }
 
-/// Runs `jobguard consume`; `before_ack`, when given, runs between each job's commit and its
-/// message's acknowledgement.
-pub async fn run(args: ConsumeArgs, before_ack: Option<BeforeAck>) -> anyhow::Result<ExitCode> {
+/// Runs `jobguard consume`, with the fault hooks of `hooks`.
+pub async fn run(args: ConsumeArgs, hooks: Hooks) -> anyhow::Result<ExitCode> {
     let endpoint = args.endpoint()?;
     let database = Startup::new(args.database_url(), args.wait.connect_timeout)
         .connect(args.database_url(), args.connections())
         .await?;
-    on_pool!(database, pool => consume(pool, endpoint, args, before_ack).await)
+    on_pool!(database, pool => consume(pool, endpoint, args, hooks).await)
 }
 
 async fn consume<DB: ExampleDb>(
     pool: Pool<DB>,
     endpoint: Endpoint,
     args: ConsumeArgs,
-    before_ack: Option<BeforeAck>,
+    hooks: Hooks,
 ) -> anyhow::Result<ExitCode> {
     let database = redact(&args.target.database_url);
     let source = endpoint.subscribe().await?;
@@ -135,14 +162,19 @@ async fn consume<DB: ExampleDb>(
         retry_delay: args.retry_delay,
         shutdown_timeout: args.shutdown_timeout,
         stop_when_idle_for: args.until_idle,
+        batch_size: args.batch_size as usize,
+        batch_linger: args.batch_linger,
     };
     let mut consumer = Consumer::with_config(Guard::new(pool.clone()), config)
         .register::<Credit>()
         .register::<Noop>()
         .register::<Fail>();
-    if let Some(hook) = before_ack {
+    if let Some(hook) = hooks.before_ack {
         consumer =
             consumer.before_ack(move |key: &JobKey, outcome: &Outcome<()>| hook(key, outcome));
+    }
+    if let Some(hook) = hooks.before_commit {
+        consumer = consumer.before_commit(move |keys: Vec<JobKey>| hook(keys));
     }
     consumer
         .migrate()
@@ -154,13 +186,17 @@ async fn consume<DB: ExampleDb>(
 
     if !args.target.json {
         eprintln!(
-            "jobguard consume: `{}` on {} at {}, into {database} ({}), {} jobs at once, kinds \
+            "jobguard consume: `{}` on {} at {}, into {database} ({}), {} jobs at once{}, kinds \
              credit, noop, fail; {}",
             endpoint.queue,
             endpoint.broker.name(),
             redact(&endpoint.url),
             DB::BACKEND,
             source.prefetch(),
+            match args.batch_size {
+                1 => String::new(),
+                size => format!(" in batches of up to {size}"),
+            },
             match args.until_idle {
                 Some(idle) => format!("stops when idle for {}", humantime::format_duration(idle)),
                 None => "Ctrl-C to stop".to_owned(),

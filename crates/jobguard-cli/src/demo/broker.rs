@@ -113,6 +113,7 @@ fn guarded_consumer<DB: LedgerDb>(
         retry_delay: Duration::from_millis(100),
         shutdown_timeout: Duration::from_secs(10),
         stop_when_idle_for: None,
+        ..ConsumerConfig::default()
     };
     let consumer = Consumer::with_config(ledger::guard_for(pool)?, config)
         .register::<DemoCredit>()

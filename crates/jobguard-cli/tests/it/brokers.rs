@@ -1,7 +1,8 @@
 //! `jobguard consume` as real processes against real RabbitMQ, NATS JetStream and Redis: a
 //! consumer killed with SIGKILL after its commit and before its ack, whose message comes back
-//! to the next consumer as a duplicate; and three consumer processes on one queue, each
-//! message published three times.
+//! to the next consumer as a duplicate; the same for a batch, and a batch killed before its
+//! commit; three consumer processes on one queue, each message published three times; and
+//! `jobguard bench brokers` with a few messages.
 //!
 //! The database is a fresh PostgreSQL schema when `JOBGUARD_TEST_DATABASE_URL` is set, else a
 //! SQLite file. A broker that does not answer skips its tests with a message, except with
@@ -393,8 +394,188 @@ async fn demo_through(broker: Broker) {
     assert_eq!(report["exactly_once"], true);
 }
 
+/// The `consume` flags of the batch tests: one batch of ten holds every message, and waits
+/// long enough for all of them to arrive.
+const ONE_BATCH: [&str; 6] = [
+    "--prefetch",
+    "10",
+    "--batch-size",
+    "10",
+    "--batch-linger",
+    "300ms",
+];
+
+impl Consumer {
+    /// The keys the process said its transaction claimed, on its crash point line.
+    fn crash_keys(&self) -> Vec<String> {
+        let (out, _) = self.0.output();
+        let line = out
+            .lines()
+            .find(|line| line.starts_with(CRASH_POINT))
+            .expect("the crash point was printed");
+        let mut words = line.split_whitespace().skip(1);
+        let count: usize = words.next().unwrap().parse().unwrap();
+        let keys: Vec<String> = words.map(str::to_owned).collect();
+        assert_eq!(keys.len(), count, "{line}");
+        keys
+    }
+}
+
+async fn batch_killed_before_commit(broker: Broker) {
+    let test = "batch_before";
+    let Some(queue) = Queue::new(broker, test).await else {
+        return;
+    };
+    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_{}", broker.name()));
+    let envelopes: Vec<Envelope> = (0..10).map(credit).collect();
+    queue.publish(&envelopes).await;
+
+    let mut extra = ONE_BATCH.to_vec();
+    extra.push("--crash-before-commit");
+    let mut first = Consumer::start(&queue, &db, "first", &extra);
+    first.wait_for(CRASH_POINT).await;
+    let claimed = first.crash_keys();
+    first.sigkill();
+    assert!(
+        claimed.len() > 1,
+        "the transaction was a batch: {claimed:?}"
+    );
+    assert_eq!(
+        ledger(&db).await,
+        (0, 0),
+        "nothing committed before the kill"
+    );
+
+    let mut extra = ONE_BATCH.to_vec();
+    extra.extend(["--until-idle", IDLE, "--json"]);
+    let report = Consumer::start(&queue, &db, "second", &extra)
+        .report()
+        .await;
+    assert_eq!(
+        (report["applied"].as_u64(), report["duplicates"].as_u64()),
+        (Some(10), Some(0)),
+        "every message came again and applied: {report}"
+    );
+    assert_eq!(
+        (report["failed"].as_u64(), report["dead"].as_u64()),
+        (Some(0), Some(0)),
+        "{report}"
+    );
+    assert_eq!(ledger(&db).await, (10, 10), "each effect exists once");
+
+    queue.remove().await;
+}
+
+async fn batch_killed_after_commit_before_ack(broker: Broker) {
+    let test = "batch_after";
+    let Some(queue) = Queue::new(broker, test).await else {
+        return;
+    };
+    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_{}", broker.name()));
+    let envelopes: Vec<Envelope> = (0..10).map(credit).collect();
+    queue.publish(&envelopes).await;
+
+    let mut extra = ONE_BATCH.to_vec();
+    extra.push("--crash-after-commit");
+    let mut first = Consumer::start(&queue, &db, "first", &extra);
+    first.wait_for(CRASH_POINT).await;
+    first.sigkill();
+    let (rows, keys) = ledger(&db).await;
+    assert_eq!(rows, keys, "no key applied twice");
+    assert!(rows > 1, "a batch of more than one committed: {rows}");
+
+    let mut extra = ONE_BATCH.to_vec();
+    extra.extend(["--until-idle", IDLE, "--json"]);
+    let report = Consumer::start(&queue, &db, "second", &extra)
+        .report()
+        .await;
+    // No message of the killed consumer was acknowledged: the committed ones come back as
+    // duplicates, the others apply.
+    assert_eq!(report["duplicates"].as_u64(), Some(rows as u64), "{report}");
+    assert_eq!(
+        report["applied"].as_u64(),
+        Some(10 - rows as u64),
+        "{report}"
+    );
+    assert_eq!(report["unacked"], 0, "{report}");
+    assert_eq!(ledger(&db).await, (10, 10), "each effect exists once");
+
+    queue.remove().await;
+}
+
 each_broker!(
+    batch_killed_before_commit,
+    batch_killed_after_commit_before_ack,
     killed_after_commit_before_ack,
     three_consumer_processes,
     demo_through,
 );
+
+/// `jobguard bench brokers` with a few messages: every broker that answers is measured one
+/// per transaction and in batches, each run applying every message once; one that does not
+/// answer is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_brokers_applies_every_message_once() {
+    let db = Db::postgres_or_sqlite("brokers::bench");
+    let brokers = [Broker::Rabbitmq, Broker::Nats, Broker::Redis];
+    // A broker that does not answer gets a port nothing listens on, and must be skipped.
+    let urls: Vec<(Broker, Option<String>)> = brokers.iter().map(|b| (*b, b.url())).collect();
+    let flag = |broker: Broker| format!("--{}-url", broker.name());
+    let mut args: Vec<String> = [
+        "bench",
+        "brokers",
+        "--messages",
+        "120",
+        "--batch-size",
+        "20",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend([
+        "--concurrency".to_owned(),
+        "4".to_owned(),
+        "--json".to_owned(),
+    ]);
+    for (broker, url) in &urls {
+        let url = url.clone().unwrap_or_else(|| match broker {
+            Broker::Rabbitmq => "amqp://127.0.0.1:1".to_owned(),
+            Broker::Nats => "nats://127.0.0.1:1".to_owned(),
+            Broker::Redis => "redis://127.0.0.1:1".to_owned(),
+        });
+        args.extend([flag(*broker), url]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = db
+        .command(&args)
+        .output()
+        .expect("run jobguard bench brokers");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["messages"], 120, "{report}");
+    assert_eq!(report["batch_size"], 20, "{report}");
+    assert_eq!(report["exactly_once"], true, "{report}");
+    let measured = report["brokers"].as_array().expect("brokers");
+    let skipped = report["skipped"].as_array().expect("skipped");
+    for (broker, url) in &urls {
+        let name = broker.name();
+        if url.is_none() {
+            assert!(skipped.iter().any(|s| s["broker"] == name), "{report}");
+            continue;
+        }
+        let figures = measured
+            .iter()
+            .find(|f| f["broker"] == name)
+            .unwrap_or_else(|| panic!("{name} was not measured: {report}"));
+        for (run, size) in [("per_message", 1), ("batched", 20)] {
+            let run = &figures[run];
+            assert_eq!(run["batch_size"], size, "{report}");
+            assert_eq!(run["ledger_rows"], 120, "{report}");
+            assert_eq!(run["applied"], 120, "{report}");
+            assert_eq!(run["duplicates"], 0, "{report}");
+            assert!(run["messages_per_s"].as_f64().unwrap() > 0.0, "{report}");
+        }
+        assert!(figures["ratio"].as_f64().unwrap() > 0.0, "{report}");
+        assert_eq!(figures["exactly_once"], true, "{report}");
+    }
+}

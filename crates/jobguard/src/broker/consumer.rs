@@ -17,7 +17,14 @@
 //! 4. a retryable error: the transaction rolled back, and the message is given back to the
 //!    broker ([`Delivery::retry`]) for a later delivery, until the broker's maximum number of
 //!    deliveries; then, or on a fatal error, it is dead-lettered ([`Delivery::dead_letter`]).
+//!
+//! With [`ConsumerConfig::batch_size`] above 1, messages of kinds that opted in with
+//! [`Job::BATCH`] run in batches instead: up to that many received messages in one
+//! transaction, each key claimed in it and each effect run in turn, one commit, then one
+//! acknowledgement of them all ([`Delivery::ack_all`]). A batch that fails in any way rolls
+//! back, and its messages run again one per transaction as above.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -31,12 +38,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+mod batch;
+mod runnable;
+
+use self::runnable::Runnable;
 use super::Envelope;
 use crate::dispatch::{Registry, catch_panic, log_join};
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Outcome};
 use crate::job::Job;
-use crate::key::{JobKey, KeyError};
+use crate::key::JobKey;
 use crate::metrics::{DuplicateSource, record_duplicate_source};
 use crate::retry::doubled;
 use crate::spikes::record_outcome;
@@ -67,6 +78,27 @@ pub trait Delivery: Send + Sync + 'static {
     /// Tells the broker the message's job is still running, so it is not delivered to another
     /// consumer meanwhile. Called every [`Source::progress_interval`] while the job runs.
     fn progress(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Acknowledges all of `deliveries`, a batch whose transaction committed, as few round
+    /// trips as the broker allows (RabbitMQ one `basic.ack` with `multiple`, Redis one `XACK`).
+    /// By default each is acknowledged in turn with [`ack`](Self::ack).
+    ///
+    /// An error means some of them may not have been acknowledged: the broker delivers those
+    /// again, and the guard reports them as duplicates.
+    fn ack_all(deliveries: Vec<Self>) -> impl Future<Output = Result<()>> + Send
+    where
+        Self: Sized,
+    {
+        async move {
+            let mut failed = None;
+            for delivery in deliveries {
+                if let Err(error) = delivery.ack().await {
+                    failed.get_or_insert(error);
+                }
+            }
+            failed.map_or(Ok(()), Err)
+        }
+    }
 }
 
 /// The [`Source`] methods that only read the source's config, for a broker whose delivery
@@ -116,6 +148,19 @@ pub trait Source: Send + 'static {
     /// unsettled is delivered again by the broker.
     fn receive(&mut self, max: usize) -> impl Future<Output = Result<Vec<Self::Delivery>>> + Send;
 
+    /// Like [`receive`](Self::receive), waiting at most about `wait` for the first message;
+    /// [`Duration::ZERO`] takes only what is at hand. The consumer calls it to top up a batch
+    /// after [`ConsumerConfig::batch_linger`]. By default it is `receive`, which waits as long
+    /// as that does.
+    fn receive_within(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Vec<Self::Delivery>>> + Send {
+        let _ = wait;
+        self.receive(max)
+    }
+
     /// Stops receiving and closes the connection. Messages still unacknowledged go back to the
     /// broker.
     fn close(self) -> impl Future<Output = ()> + Send;
@@ -133,6 +178,15 @@ pub struct ConsumerConfig {
     /// Return once no message has arrived for this long and no job is running (for tests,
     /// demos and draining a queue); `None` runs until shutdown.
     pub stop_when_idle_for: Option<Duration>,
+    /// Messages of kinds that opted in with [`Job::BATCH`] run up to this many in one
+    /// transaction, acknowledged together after its commit (see the
+    /// [module documentation](self)). 1, the default,
+    /// runs every message in its own transaction. A batch is never larger than the source's
+    /// [`prefetch`](Source::prefetch): give the source a prefetch of a few batches.
+    pub batch_size: usize,
+    /// How long a batch that the received messages did not fill waits once for more before it
+    /// runs; short, so that a quiet queue keeps its latency.
+    pub batch_linger: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -141,6 +195,8 @@ impl Default for ConsumerConfig {
             retry_delay: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(30),
             stop_when_idle_for: None,
+            batch_size: 1,
+            batch_linger: Duration::from_millis(2),
         }
     }
 }
@@ -160,8 +216,8 @@ pub struct ConsumerStats {
     /// Acknowledgements or settlements the broker did not take: the message comes again, and
     /// the guard reports it as a duplicate.
     pub unacked: u64,
-    /// Jobs still running at the end of the shutdown timeout: rolled back, messages left to
-    /// the broker.
+    /// Messages whose jobs were still running (alone or in a batch) at the end of the
+    /// shutdown timeout: rolled back, messages left to the broker.
     pub released: u64,
 }
 
@@ -180,6 +236,25 @@ impl Counters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a message whose transaction ended with `outcome`.
+    fn count(&self, outcome: &Outcome<()>, kind: &str, attempt: u32) {
+        let counter = match outcome {
+            Outcome::Applied(()) => &self.applied,
+            Outcome::Duplicate(_) => {
+                // The broker says how this copy came: delivered again, or published again by
+                // the producer.
+                let source = if attempt > 1 {
+                    DuplicateSource::Redelivery
+                } else {
+                    DuplicateSource::DoubleEnqueue
+                };
+                record_duplicate_source(kind, source);
+                &self.duplicates
+            }
+        };
+        Counters::add(counter);
+    }
+
     fn snapshot(&self) -> ConsumerStats {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         ConsumerStats {
@@ -195,6 +270,9 @@ impl Counters {
 
 /// Called after a job's transaction ended and before its message is acknowledged.
 type BeforeAck = Arc<dyn Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Called with the keys a transaction claimed, after their effects ran and before it commits.
+type BeforeCommit = Arc<dyn Fn(Vec<JobKey>) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Runs registered [`Job`] kinds from a broker through a [`Guard`]. See the
 /// [module documentation](self) for the order of claim, commit and ack.
@@ -229,8 +307,11 @@ type BeforeAck = Arc<dyn Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + S
 pub struct Consumer<DB: Backend> {
     guard: Guard<DB>,
     handlers: Registry<dyn Runnable<DB>>,
+    /// The registered kinds whose [`Job::BATCH`] is true.
+    batched: HashSet<String>,
     config: ConsumerConfig,
     before_ack: Option<BeforeAck>,
+    before_commit: Option<BeforeCommit>,
 }
 
 impl<DB: Backend> Consumer<DB> {
@@ -245,16 +326,24 @@ impl<DB: Backend> Consumer<DB> {
         Consumer {
             guard,
             handlers: Registry::default(),
+            batched: HashSet::new(),
             config,
             before_ack: None,
+            before_commit: None,
         }
     }
 
-    /// Runs messages of kind `J::KIND` as `J`.
+    /// Runs messages of kind `J::KIND` as `J`, in batches when [`Job::BATCH`] is true and
+    /// [`ConsumerConfig::batch_size`] is above 1.
     pub fn register<J: Job<DB>>(mut self) -> Self {
         self.handlers.insert(J::KIND, |payload| {
             Ok(Box::new(J::deserialize(payload)?) as Box<dyn Runnable<DB>>)
         });
+        if J::BATCH {
+            self.batched.insert(J::KIND.to_owned());
+        } else {
+            self.batched.remove(J::KIND);
+        }
         self
     }
 
@@ -266,6 +355,18 @@ impl<DB: Backend> Consumer<DB> {
         F: Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync + 'static,
     {
         self.before_ack = Some(Arc::new(hook));
+        self
+    }
+
+    /// Calls `hook` with the keys a transaction claimed, after their effects ran and before
+    /// it commits: one key for a message run alone, the claimed keys of a batch in order. A
+    /// crash there leaves nothing applied and every message to be delivered again. For
+    /// fault-injection tests.
+    pub fn before_commit<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<JobKey>) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    {
+        self.before_commit = Some(Arc::new(hook));
         self
     }
 
@@ -292,7 +393,8 @@ impl<DB: Backend> Consumer<DB> {
     ) -> Result<ConsumerStats> {
         let consumer = Arc::new(self);
         let counters = Arc::new(Counters::default());
-        let permits = Arc::new(Semaphore::new(source.prefetch().max(1)));
+        let capacity = source.prefetch().max(1);
+        let permits = Arc::new(Semaphore::new(capacity));
         let limits = Limits {
             broker: source.broker(),
             max_deliveries: source.max_deliveries().max(1),
@@ -350,21 +452,59 @@ impl<DB: Backend> Consumer<DB> {
                 continue;
             }
             last_message = Instant::now();
-            let mut first = Some(first);
-            for delivery in deliveries {
-                let permit = match first.take() {
-                    Some(permit) => permit,
-                    None => Arc::clone(&permits)
-                        .acquire_owned()
-                        .await
-                        .expect("never closed"),
+            let mut messages: Vec<Message<S::Delivery, DB>> = deliveries
+                .into_iter()
+                .map(|delivery| consumer.decode(delivery))
+                .collect();
+            let room = free.saturating_sub(messages.len());
+            let mut stopping = false;
+            if let Some(wanted) = consumer.short_by(&messages, &limits, room) {
+                // The batch is short: give the broker a moment to hand over more.
+                let topped_up = tokio::select! {
+                    biased;
+                    () = &mut shutdown => None,
+                    received = async {
+                        tokio::time::sleep(consumer.config.batch_linger).await;
+                        source.receive_within(wanted, Duration::ZERO).await
+                    } => Some(received),
                 };
-                tasks.spawn(Arc::clone(&consumer).process(
-                    delivery,
-                    limits.clone(),
-                    Arc::clone(&counters),
-                    permit,
-                ));
+                match topped_up {
+                    Some(Ok(more)) => {
+                        messages.extend(more.into_iter().map(|delivery| consumer.decode(delivery)));
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, broker = limits.broker, "receiving more for a batch failed");
+                    }
+                    // Shutdown: the messages at hand still run, then the loop stops.
+                    None => stopping = true,
+                }
+            }
+            let mut first = Some(first);
+            for group in consumer.group(messages, &limits) {
+                let mut group_permits = Vec::with_capacity(group.len());
+                for _ in 0..group.len() {
+                    group_permits.push(match first.take() {
+                        Some(permit) => permit,
+                        None => Arc::clone(&permits)
+                            .acquire_owned()
+                            .await
+                            .expect("never closed"),
+                    });
+                }
+                let (consumer, limits, counters) =
+                    (Arc::clone(&consumer), limits.clone(), Arc::clone(&counters));
+                match <[_; 1]>::try_from(group) {
+                    Ok([message]) => {
+                        let permit = group_permits.pop().expect("one per message");
+                        tasks.spawn(consumer.process(message, limits, counters, permit));
+                    }
+                    Err(group) => {
+                        tasks.spawn(consumer.process_batch(group, limits, counters, group_permits));
+                    }
+                }
+            }
+            if stopping {
+                break;
             }
         }
 
@@ -375,13 +515,15 @@ impl<DB: Backend> Consumer<DB> {
         })
         .await;
         if drained.is_err() {
+            // Every message not settled yet holds a permit, alone or in a batch.
+            let unsettled = capacity.saturating_sub(permits.available_permits());
             tracing::warn!(
-                jobs = tasks.len(),
+                messages = unsettled,
                 "running jobs did not finish in time; rolling them back, their messages go back to the broker"
             );
             counters
                 .released
-                .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+                .fetch_add(unsettled as u64, Ordering::Relaxed);
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
@@ -392,30 +534,28 @@ impl<DB: Backend> Consumer<DB> {
         }
     }
 
+    /// Runs one message in its own transaction and settles it, holding `_permit`.
     async fn process<D: Delivery>(
         self: Arc<Self>,
-        delivery: D,
+        message: Message<D, DB>,
         limits: Limits,
         counters: Arc<Counters>,
         _permit: OwnedSemaphorePermit,
     ) {
-        let counters = &*counters;
+        self.process_one(message, &limits, &counters).await;
+    }
+
+    /// Runs one message in its own transaction and settles it.
+    async fn process_one<D: Delivery>(
+        &self,
+        message: Message<D, DB>,
+        limits: &Limits,
+        counters: &Counters,
+    ) {
+        let Message { delivery, decoded } = message;
         let attempt = delivery.attempt();
-        let decoded = self.decode(delivery.body());
-        let kind = match &decoded {
-            Ok((envelope, _)) => envelope.kind.clone(),
-            Err((kind, _)) => kind.clone().unwrap_or_else(|| "unknown".to_owned()),
-        };
-        let key = decoded
-            .as_ref()
-            .map(|(envelope, _)| envelope.key.to_string());
-        let span = tracing::info_span!(
-            "message",
-            broker = limits.broker,
-            job.kind = %kind,
-            job.key = key.as_deref().unwrap_or("-"),
-            attempt,
-        );
+        let kind = kind_of(&decoded);
+        let span = message_span(&decoded, limits, attempt);
         async {
             let (envelope, runnable) = match decoded {
                 Ok(decoded) => decoded,
@@ -436,25 +576,17 @@ impl<DB: Backend> Consumer<DB> {
                 self.guard.clone(),
                 envelope.key.clone(),
                 envelope.payload.clone(),
+                self.before_commit.clone(),
             );
-            let ran = with_progress(&delivery, limits.progress_interval, catch_panic(run)).await;
+            let ran = with_progress(
+                &[&delivery],
+                limits.progress_interval,
+                catch_panic(run),
+            )
+            .await;
             let error = match ran {
                 Ok(Ok(outcome)) => {
-                    let counter = match outcome {
-                        Outcome::Applied(()) => &counters.applied,
-                        Outcome::Duplicate(_) => {
-                            // The broker says how this copy came: delivered again, or
-                            // published again by the producer.
-                            let source = if attempt > 1 {
-                                DuplicateSource::Redelivery
-                            } else {
-                                DuplicateSource::DoubleEnqueue
-                            };
-                            record_duplicate_source(&kind, source);
-                            &counters.duplicates
-                        }
-                    };
-                    Counters::add(counter);
+                    counters.count(&outcome, &kind, attempt);
                     if let Some(hook) = &self.before_ack {
                         hook(&envelope.key, &outcome).await;
                     }
@@ -509,8 +641,14 @@ impl<DB: Backend> Consumer<DB> {
         }
     }
 
+    /// A received delivery with what its body decodes to.
+    fn decode<D: Delivery>(&self, delivery: D) -> Message<D, DB> {
+        let decoded = self.decode_body(delivery.body());
+        Message { delivery, decoded }
+    }
+
     /// The envelope and its runnable job, or the kind (when known) and why it can never run.
-    fn decode(&self, body: &[u8]) -> Decoded<DB> {
+    fn decode_body(&self, body: &[u8]) -> Decoded<DB> {
         let envelope = Envelope::from_bytes(body).map_err(|error| {
             let kind = serde_json::from_slice::<Value>(body)
                 .ok()
@@ -557,6 +695,38 @@ impl<DB: Backend> Consumer<DB> {
 
 type Decoded<DB> = std::result::Result<(Envelope, Arc<dyn Runnable<DB>>), (Option<String>, String)>;
 
+/// A received delivery and what its body decoded to.
+struct Message<D, DB: Backend> {
+    delivery: D,
+    decoded: Decoded<DB>,
+}
+
+/// The kind a message names, `unknown` when it names none.
+fn kind_of<DB: Backend>(decoded: &Decoded<DB>) -> String {
+    match decoded {
+        Ok((envelope, _)) => envelope.kind.clone(),
+        Err((kind, _)) => kind.clone().unwrap_or_else(|| "unknown".to_owned()),
+    }
+}
+
+/// The span a message's logs go in.
+fn message_span<DB: Backend>(
+    decoded: &Decoded<DB>,
+    limits: &Limits,
+    attempt: u32,
+) -> tracing::Span {
+    let key = decoded
+        .as_ref()
+        .map(|(envelope, _)| envelope.key.to_string());
+    tracing::info_span!(
+        "message",
+        broker = limits.broker,
+        job.kind = %kind_of(decoded),
+        job.key = key.as_deref().unwrap_or("-"),
+        attempt,
+    )
+}
+
 /// Consecutive failed receives after which [`Consumer::run`] gives up.
 const MAX_RECEIVE_FAILURES: u32 = 8;
 
@@ -576,9 +746,10 @@ fn retry_delay(base: Duration, attempt: u32) -> Duration {
     doubled(base, attempt, MAX_RETRY_DELAY)
 }
 
-/// Runs `work`, calling [`Delivery::progress`] every `interval` until it finishes.
+/// Runs `work`, calling [`Delivery::progress`] of each of `deliveries` every `interval` until
+/// it finishes.
 async fn with_progress<D: Delivery, T>(
-    delivery: &D,
+    deliveries: &[&D],
     interval: Option<Duration>,
     work: impl Future<Output = T>,
 ) -> T {
@@ -589,48 +760,17 @@ async fn with_progress<D: Delivery, T>(
     let beats = async {
         loop {
             tokio::time::sleep(interval).await;
-            if let Err(error) = delivery.progress().await {
-                tracing::warn!(%error, "telling the broker the job still runs failed");
+            let beats = deliveries.iter().map(|delivery| delivery.progress());
+            for beat in futures::future::join_all(beats).await {
+                if let Err(error) = beat {
+                    tracing::warn!(%error, "telling the broker the job still runs failed");
+                }
             }
         }
     };
     tokio::select! {
         done = work => done,
         () = beats => unreachable!("progress never ends"),
-    }
-}
-
-/// A decoded job, its type erased.
-trait Runnable<DB: Backend>: Send + Sync {
-    /// The key the job derives from its fields.
-    fn key(&self) -> Result<JobKey, KeyError>;
-
-    /// The job's guarded run. Built where the job's type is known: with every type concrete,
-    /// rustc proves the future `Send` for the spawned task (rust-lang/rust#110338).
-    fn guarded(
-        self: Arc<Self>,
-        guard: Guard<DB>,
-        key: JobKey,
-        payload: Value,
-    ) -> BoxFuture<'static, Result<Outcome<()>>>;
-}
-
-impl<DB: Backend, J: Job<DB>> Runnable<DB> for J {
-    fn key(&self) -> Result<JobKey, KeyError> {
-        Job::key(self)
-    }
-
-    fn guarded(
-        self: Arc<Self>,
-        guard: Guard<DB>,
-        key: JobKey,
-        payload: Value,
-    ) -> BoxFuture<'static, Result<Outcome<()>>> {
-        Box::pin(async move {
-            guard
-                .run_with_payload(&key, &payload, async move |conn| self.run(conn).await)
-                .await
-        })
     }
 }
 

@@ -322,15 +322,20 @@ impl Source for NatsSource {
     super::consumer::source_settings!(ack_wait);
 
     async fn receive(&mut self, max: usize) -> Result<Vec<NatsDelivery>> {
+        self.receive_within(max, POLL).await
+    }
+
+    async fn receive_within(&mut self, max: usize, wait: Duration) -> Result<Vec<NatsDelivery>> {
         let pull = || format!("pull from the consumer `{}`", self.config.consumer);
         // One pull request for as many messages as there are free slots, which the server
-        // answers as soon as it has some, or after POLL with none. It is read to its end, so
-        // no message it brought is left behind unseen (to be delivered again, counted).
-        let mut batch = self
-            .consumer
-            .fetch()
-            .max_messages(max.max(1))
-            .expires(POLL)
+        // answers as soon as it has some, or after `wait` with none (at once without one). It
+        // is read to its end, so no message it brought is left behind unseen (to be delivered
+        // again, counted).
+        let mut fetch = self.consumer.fetch().max_messages(max.max(1));
+        if !wait.is_zero() {
+            fetch = fetch.expires(wait);
+        }
+        let mut batch = fetch
             .messages()
             .await
             .map_err(|error| broker_error(pull(), error))?;
@@ -341,8 +346,8 @@ impl Source for NatsSource {
             }
             Ok::<_, Error>(())
         };
-        // The server ends the request after POLL; the margin covers a slow answer only.
-        match tokio::time::timeout(POLL * 5, reading).await {
+        // The server ends the request after `wait`; the margin covers a slow answer only.
+        match tokio::time::timeout(wait.max(POLL) * 5, reading).await {
             Ok(read) => read?,
             Err(_elapsed) => tracing::debug!("a pull request was not ended by the server in time"),
         }
@@ -413,6 +418,19 @@ impl Delivery for NatsDelivery {
             .double_ack()
             .await
             .map_err(|error| broker_error("ack a message".into(), error))
+    }
+
+    async fn ack_all(deliveries: Vec<Self>) -> Result<()> {
+        // JetStream acknowledges one message at a time: the double acks of a batch go out
+        // together and their answers are awaited together.
+        let acks = deliveries.into_iter().map(Delivery::ack);
+        let mut acked = Ok(());
+        for ack in futures::future::join_all(acks).await {
+            if let (Err(error), Ok(())) = (ack, &acked) {
+                acked = Err(error);
+            }
+        }
+        acked
     }
 
     async fn retry(self, delay: Duration) -> Result<()> {

@@ -20,12 +20,15 @@
 //! | the job | the message |
 //! |---|---|
 //! | committed, or its key was already applied | `basic.ack` after the commit |
+//! | a batch committed | one `basic.ack` with `multiple` on its highest delivery tag when its messages are all the channel holds unsettled up to that tag, else one `basic.ack` each |
 //! | failed, retryable, deliveries left | `basic.reject` with requeue, after the retry delay |
 //! | failed on the last delivery, fatal, or the message cannot run | `basic.reject` without requeue: dead-lettered by the broker |
 //!
 //! A consumer that dies holding messages (prefetched or running) loses its channel, and the
 //! broker requeues them; for a job that had committed, the redelivery is a duplicate.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt as _, StreamExt as _};
@@ -180,7 +183,14 @@ pub struct RabbitSource {
     /// Started on the first receive, so that a source made only to declare takes nothing.
     consumer: Option<lapin::Consumer>,
     config: RabbitConfig,
+    unsettled: Unsettled,
 }
+
+/// The delivery tags a source's channel handed out and nothing settled yet. Every settlement
+/// is sent holding it, and a tag leaves it once its settlement is sent: a `multiple` ack
+/// checked against it never covers a tag that is settled on its own (which the broker would
+/// answer by closing the channel: an unknown delivery tag).
+type Unsettled = Arc<tokio::sync::Mutex<BTreeSet<u64>>>;
 
 impl RabbitSource {
     /// Connects to `url` (`amqp://user:pass@host:5672/vhost`) and declares the queue unless
@@ -204,6 +214,7 @@ impl RabbitSource {
             channel,
             consumer: None,
             config,
+            unsettled: Unsettled::default(),
         })
     }
 
@@ -255,20 +266,41 @@ impl Source for RabbitSource {
     }
 
     async fn receive(&mut self, max: usize) -> Result<Vec<RabbitDelivery>> {
+        self.receive_within(max, POLL).await
+    }
+
+    async fn receive_within(&mut self, max: usize, wait: Duration) -> Result<Vec<RabbitDelivery>> {
         let queue = self.config.queue.clone();
+        let unsettled = Arc::clone(&self.unsettled);
         let consumer = self.consumer().await?;
-        let first = match tokio::time::timeout(POLL, consumer.next()).await {
-            Err(_elapsed) => return Ok(Vec::new()),
-            Ok(first) => first,
-        };
-        let mut deliveries = vec![delivered(first, &queue)?];
-        while deliveries.len() < max {
+        let first = if wait.is_zero() {
             match consumer.next().now_or_never() {
-                Some(next) => deliveries.push(delivered(next, &queue)?),
+                Some(first) => first,
+                None => return Ok(Vec::new()),
+            }
+        } else {
+            match tokio::time::timeout(wait, consumer.next()).await {
+                Err(_elapsed) => return Ok(Vec::new()),
+                Ok(first) => first,
+            }
+        };
+        let mut received = vec![delivered(first, &queue)?];
+        while received.len() < max {
+            match consumer.next().now_or_never() {
+                Some(next) => received.push(delivered(next, &queue)?),
                 None => break,
             }
         }
-        Ok(deliveries)
+        let mut tags = unsettled.lock().await;
+        tags.extend(received.iter().map(|delivery| delivery.delivery_tag));
+        drop(tags);
+        Ok(received
+            .into_iter()
+            .map(|delivery| RabbitDelivery {
+                delivery,
+                unsettled: Arc::clone(&unsettled),
+            })
+            .collect())
     }
 
     async fn close(self) {
@@ -290,9 +322,9 @@ impl Source for RabbitSource {
 fn delivered(
     next: Option<lapin::Result<lapin::message::Delivery>>,
     queue: &str,
-) -> Result<RabbitDelivery> {
+) -> Result<lapin::message::Delivery> {
     match next {
-        Some(Ok(delivery)) => Ok(RabbitDelivery { delivery }),
+        Some(Ok(delivery)) => Ok(delivery),
         Some(Err(error)) => Err(broker_error(format!("receive from `{queue}`"), error)),
         None => Err(Error::Broker {
             broker: BROKER,
@@ -305,6 +337,7 @@ fn delivered(
 /// A message from a [`RabbitSource`].
 pub struct RabbitDelivery {
     delivery: lapin::message::Delivery,
+    unsettled: Unsettled,
 }
 
 impl RabbitDelivery {
@@ -348,12 +381,67 @@ impl Delivery for RabbitDelivery {
     }
 
     async fn ack(self) -> Result<()> {
-        self.delivery
-            .acker
-            .ack(BasicAckOptions::default())
-            .await
+        let mut unsettled = self.unsettled.lock().await;
+        let acked = self.delivery.acker.ack(BasicAckOptions::default()).await;
+        unsettled.remove(&self.delivery.delivery_tag);
+        acked
             .map(drop)
             .map_err(|error| broker_error("ack a message".into(), error))
+    }
+
+    async fn ack_all(deliveries: Vec<Self>) -> Result<()> {
+        let Some(last) = deliveries
+            .iter()
+            .max_by_key(|delivery| delivery.delivery.delivery_tag)
+        else {
+            return Ok(());
+        };
+        let unsettled = Arc::clone(&last.unsettled);
+        if deliveries
+            .iter()
+            .any(|delivery| !Arc::ptr_eq(&delivery.unsettled, &unsettled))
+        {
+            // From several channels: each tag means something on its own channel only.
+            let mut failed = None;
+            for delivery in deliveries {
+                if let Err(error) = delivery.ack().await {
+                    failed.get_or_insert(error);
+                }
+            }
+            return failed.map_or(Ok(()), Err);
+        }
+        let tags: BTreeSet<u64> = deliveries
+            .iter()
+            .map(|delivery| delivery.delivery.delivery_tag)
+            .collect();
+        let top = last.delivery.delivery_tag;
+        let mut held = unsettled.lock().await;
+        // One ack with `multiple` settles every tag up to `top` on the channel: only when
+        // those are exactly the batch's own.
+        let acked = if tags.len() > 1 && held.range(..=top).eq(tags.iter()) {
+            last.delivery
+                .acker
+                .ack(BasicAckOptions { multiple: true })
+                .await
+                .map(drop)
+        } else {
+            let mut acked = Ok(());
+            for delivery in &deliveries {
+                let one = delivery
+                    .delivery
+                    .acker
+                    .ack(BasicAckOptions::default())
+                    .await;
+                if let (Err(error), Ok(())) = (one, &acked) {
+                    acked = Err(error);
+                }
+            }
+            acked
+        };
+        for tag in &tags {
+            held.remove(tag);
+        }
+        acked.map_err(|error| broker_error("ack a batch of messages".into(), error))
     }
 
     async fn retry(self, delay: Duration) -> Result<()> {
@@ -364,10 +452,14 @@ impl Delivery for RabbitDelivery {
         // a reject "processing failed"), so a message that kept failing would be requeued
         // forever, never reaching `x-delivery-limit` nor the consumer's own `max_deliveries`
         // check. A requeued `basic.reject` is counted on every version.
-        self.delivery
+        let mut unsettled = self.unsettled.lock().await;
+        let rejected = self
+            .delivery
             .acker
             .reject(BasicRejectOptions { requeue: true })
-            .await
+            .await;
+        unsettled.remove(&self.delivery.delivery_tag);
+        rejected
             .map(drop)
             .map_err(|error| broker_error("requeue a message".into(), error))
     }
@@ -376,10 +468,14 @@ impl Delivery for RabbitDelivery {
         // The broker moves it to the dead-letter exchange, with `x-death` saying it was
         // rejected; the reason itself is in the consumer's log.
         tracing::debug!(reason, "rejecting the message to its dead-letter exchange");
-        self.delivery
+        let mut unsettled = self.unsettled.lock().await;
+        let rejected = self
+            .delivery
             .acker
             .reject(BasicRejectOptions { requeue: false })
-            .await
+            .await;
+        unsettled.remove(&self.delivery.delivery_tag);
+        rejected
             .map(drop)
             .map_err(|error| broker_error("dead-letter a message".into(), error))
     }

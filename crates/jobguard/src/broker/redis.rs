@@ -17,7 +17,7 @@
 //! | the job | the entry |
 //! |---|---|
 //! | running | its idle time is reset (`XCLAIM ... JUSTID`) every third of the claim threshold |
-//! | committed, or its key was already applied | `XACK` after the commit |
+//! | committed, or its key was already applied | `XACK` after the commit; one `XACK` with every id of a committed batch |
 //! | failed, retryable, deliveries left | left pending, with its idle time set so that it can be claimed again after the retry delay |
 //! | failed on the last delivery, fatal, or the entry cannot run | `XADD` to the dead-letter stream and `XACK`, in one `MULTI` |
 //!
@@ -234,6 +234,10 @@ impl Source for RedisSource {
     super::consumer::source_settings!(claim_idle);
 
     async fn receive(&mut self, max: usize) -> Result<Vec<RedisDelivery>> {
+        self.receive_within(max, POLL).await
+    }
+
+    async fn receive_within(&mut self, max: usize, wait: Duration) -> Result<Vec<RedisDelivery>> {
         if self.last_claim.is_none_or(|at| at.elapsed() >= CLAIM_SCAN) {
             self.last_claim = Some(Instant::now());
             let claimed = self.claim(max).await?;
@@ -242,14 +246,17 @@ impl Source for RedisSource {
             }
         }
         let config = &self.config;
-        let reply: Option<StreamReadReply> = ::redis::cmd("XREADGROUP")
-            .arg("GROUP")
+        let mut read = ::redis::cmd("XREADGROUP");
+        read.arg("GROUP")
             .arg(&config.group)
             .arg(&config.consumer)
             .arg("COUNT")
-            .arg(max)
-            .arg("BLOCK")
-            .arg(millis(POLL))
+            .arg(max);
+        // `BLOCK 0` would block for ever: no wait is no `BLOCK`.
+        if !wait.is_zero() {
+            read.arg("BLOCK").arg(millis(wait).max(1));
+        }
+        let reply: Option<StreamReadReply> = read
             .arg("STREAMS")
             .arg(&config.stream)
             .arg(">")
@@ -315,6 +322,35 @@ impl Delivery for RedisDelivery {
             .query_async(&mut self.conn)
             .await
             .map_err(|error| broker_error("acknowledge an entry".into(), error))?;
+        Ok(())
+    }
+
+    async fn ack_all(deliveries: Vec<Self>) -> Result<()> {
+        let Some(first) = deliveries.first() else {
+            return Ok(());
+        };
+        let config = &first.config;
+        if deliveries.iter().any(|delivery| {
+            delivery.config.stream != config.stream || delivery.config.group != config.group
+        }) {
+            // Put together by hand from several streams or groups: one `XACK` each.
+            let mut acked = Ok(());
+            for delivery in deliveries {
+                if let (Err(error), Ok(())) = (delivery.ack().await, &acked) {
+                    acked = Err(error);
+                }
+            }
+            return acked;
+        }
+        let mut xack = ::redis::cmd("XACK");
+        xack.arg(&config.stream).arg(&config.group);
+        for delivery in &deliveries {
+            xack.arg(&delivery.id);
+        }
+        let _: Value = xack
+            .query_async(&mut first.conn.clone())
+            .await
+            .map_err(|error| broker_error("acknowledge a batch of entries".into(), error))?;
         Ok(())
     }
 

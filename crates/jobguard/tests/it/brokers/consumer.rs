@@ -18,30 +18,30 @@ use super::{Settings, TestBroker};
 use crate::common::{TestDb, ledger_rows, ledger_total};
 
 /// The longest a consumer runs in a test before the test fails: a guard against hangs only.
-const DEADLINE: Duration = Duration::from_secs(90);
+pub(super) const DEADLINE: Duration = Duration::from_secs(90);
 
 /// Credits `amount` for `order`: one ledger row per applied job.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-struct Credit {
-    order: String,
-    amount: i64,
+pub(super) struct Credit {
+    pub(super) order: String,
+    pub(super) amount: i64,
     /// Fails every delivery: retryably, or fatally.
     #[serde(default)]
-    fail: Option<Failure>,
+    pub(super) fail: Option<Failure>,
     /// Holds the transaction this long after the effect: a long job.
     #[serde(default)]
-    hold_ms: u64,
+    pub(super) hold_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-enum Failure {
+pub(super) enum Failure {
     Retryable,
     Fatal,
 }
 
 impl Credit {
-    fn new(order: usize, amount: i64) -> Self {
+    pub(super) fn new(order: usize, amount: i64) -> Self {
         Credit {
             order: format!("order-{order}"),
             amount,
@@ -51,7 +51,7 @@ impl Credit {
     }
 
     /// The job's envelope, the same on every backend.
-    fn body(&self) -> Vec<u8> {
+    pub(super) fn body(&self) -> Vec<u8> {
         Envelope::for_job::<sqlx::Sqlite, _>(self)
             .unwrap()
             .to_bytes()
@@ -60,55 +60,56 @@ impl Credit {
 
 impl<DB: TestDb> Job<DB> for Credit {
     const KIND: &'static str = "credit";
+    // Runs alone unless a test's consumer sets a batch size.
+    const BATCH: bool = true;
 
     fn key(&self) -> Result<JobKey, KeyError> {
         JobKey::new("credit", [&self.order])
     }
 
     async fn run(&self, conn: &mut <DB as sqlx::Database>::Connection) -> Result<(), JobError> {
+        *lock_effect_runs()
+            .entry((DB::BACKEND, self.order.clone()))
+            .or_default() += 1;
         match self.fail {
             Some(Failure::Retryable) => return Err(JobError::msg("the ledger is busy")),
             Some(Failure::Fatal) => return Err(JobError::fatal("the account is closed")),
             None => {}
         }
         DB::insert_ledger(conn, 1, self.amount).await?;
-        if self.order.starts_with("doomed") {
-            *lock_doomed_runs()
-                .entry((DB::BACKEND, self.order.clone()))
-                .or_default() += 1;
-        }
         tokio::time::sleep(Duration::from_millis(self.hold_ms)).await;
         Ok(())
     }
 }
 
-/// How many times each `doomed-*` credit started running, by backend and order: the tests of
-/// every backend and broker run at once in this process.
-static DOOMED_RUNS: Mutex<BTreeMap<(&'static str, String), usize>> = Mutex::new(BTreeMap::new());
+/// How many times each credit's effect started running, by backend and order, committed or
+/// not: the tests of every backend and broker run at once in this process, so a test that
+/// reads it gives its credits orders of its own.
+static EFFECT_RUNS: Mutex<BTreeMap<(&'static str, String), usize>> = Mutex::new(BTreeMap::new());
 
-fn lock_doomed_runs() -> std::sync::MutexGuard<'static, BTreeMap<(&'static str, String), usize>> {
-    DOOMED_RUNS
+fn lock_effect_runs() -> std::sync::MutexGuard<'static, BTreeMap<(&'static str, String), usize>> {
+    EFFECT_RUNS
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn doomed_runs<DB: TestDb>(order: &str) -> usize {
-    lock_doomed_runs()
+pub(super) fn effect_runs<DB: TestDb>(order: &str) -> usize {
+    lock_effect_runs()
         .get(&(DB::BACKEND, order.to_owned()))
         .copied()
         .unwrap_or(0)
 }
 
 /// The test's broker URL, queue or stream name, and database.
-struct Fixture<DB: TestDb, Broker: TestBroker> {
-    url: String,
-    name: String,
-    pool: Pool<DB>,
+pub(super) struct Fixture<DB: TestDb, Broker: TestBroker> {
+    pub(super) url: String,
+    pub(super) name: String,
+    pub(super) pool: Pool<DB>,
     broker: PhantomData<Broker>,
 }
 
 impl<DB: TestDb, Broker: TestBroker> Fixture<DB, Broker> {
-    async fn new(test: &str) -> Option<Self> {
+    pub(super) async fn new(test: &str) -> Option<Self> {
         let url = Broker::url()?;
         let pool = DB::open(&format!("b_{}_{test}", Broker::NAME), 16).await?;
         // The process id keeps two test runs on one broker (two checkouts, two CI jobs) off
@@ -123,20 +124,24 @@ impl<DB: TestDb, Broker: TestBroker> Fixture<DB, Broker> {
         })
     }
 
-    async fn source(&self, settings: Settings) -> <Broker as TestBroker>::Source {
+    pub(super) async fn source(&self, settings: Settings) -> <Broker as TestBroker>::Source {
         Broker::source(&self.url, &self.name, settings).await
     }
 
-    async fn publish(&self, bodies: Vec<Vec<u8>>) {
+    pub(super) async fn publish(&self, bodies: Vec<Vec<u8>>) {
         Broker::publish(&self.url, &self.name, bodies).await;
     }
 
-    /// A migrated consumer of `Credit` jobs that stops once nothing arrived for `idle`.
-    async fn consumer(&self, idle: Duration) -> Consumer<DB> {
+    /// A migrated consumer of `Credit` jobs that stops once nothing arrived for `idle`, running
+    /// them in batches of up to `batch_size` (1: one per transaction).
+    pub(super) async fn batch_consumer(&self, idle: Duration, batch_size: usize) -> Consumer<DB> {
         let config = ConsumerConfig {
             retry_delay: Duration::from_millis(100),
             shutdown_timeout: Duration::from_secs(10),
             stop_when_idle_for: Some(idle),
+            batch_size,
+            // Long enough that messages published before the consumer started fill a batch.
+            batch_linger: Duration::from_millis(50),
         };
         let consumer =
             Consumer::with_config(Guard::new(self.pool.clone()), config).register::<Credit>();
@@ -145,8 +150,18 @@ impl<DB: TestDb, Broker: TestBroker> Fixture<DB, Broker> {
     }
 
     /// Runs a consumer until it has been idle for `idle`.
-    async fn drain(&self, settings: Settings, idle: Duration) -> ConsumerStats {
-        let consumer = self.consumer(idle).await;
+    pub(super) async fn drain(&self, settings: Settings, idle: Duration) -> ConsumerStats {
+        self.drain_in_batches(settings, idle, 1).await
+    }
+
+    /// Runs a consumer with batches of up to `batch_size` until it has been idle for `idle`.
+    pub(super) async fn drain_in_batches(
+        &self,
+        settings: Settings,
+        idle: Duration,
+        batch_size: usize,
+    ) -> ConsumerStats {
+        let consumer = self.batch_consumer(idle, batch_size).await;
         let source = self.source(settings).await;
         tokio::time::timeout(DEADLINE, consumer.run(source, std::future::pending()))
             .await
@@ -154,7 +169,7 @@ impl<DB: TestDb, Broker: TestBroker> Fixture<DB, Broker> {
             .expect("the consumer ran")
     }
 
-    async fn cleanup(self) {
+    pub(super) async fn cleanup(self) {
         Broker::reset(&self.url, &self.name).await;
         self.pool.close().await;
     }
@@ -162,7 +177,7 @@ impl<DB: TestDb, Broker: TestBroker> Fixture<DB, Broker> {
 
 /// Long enough without a message that anything the broker still had to deliver again (after
 /// AckWait or the claim threshold) has come.
-fn settled(settings: Settings) -> Duration {
+pub(super) fn settled(settings: Settings) -> Duration {
     settings.redelivery * 2 + Duration::from_secs(1)
 }
 
@@ -487,7 +502,7 @@ async fn a_message_whose_consumers_keep_dying_is_dead_lettered<DB: TestDb, Broke
     let settings = Settings::default();
     for death in 1..=settings.max_deliveries as usize {
         let started = async {
-            while doomed_runs::<DB>(&doomed.order) < death {
+            while effect_runs::<DB>(&doomed.order) < death {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };

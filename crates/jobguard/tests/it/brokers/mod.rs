@@ -635,6 +635,7 @@ macro_rules! brokers {
     };
 }
 
+mod batch;
 mod consumer;
 
 /// The outbox relayed to the broker: a committed job's message arrives with its stable id, a
