@@ -57,13 +57,16 @@
 mod api_error;
 mod charge;
 mod client;
+mod endpoints;
 mod error;
 mod ledger;
 mod provider;
+mod server;
 mod webhook;
 
 pub use charge::Charge;
 pub use client::ProviderClient;
 pub use error::ProviderError;
-pub use provider::{Provider, ProviderConfig, RunningProvider};
+pub use provider::{Provider, ProviderConfig};
+pub use server::RunningProvider;
 pub use webhook::WebhookDelivery;
