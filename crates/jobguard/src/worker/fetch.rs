@@ -1,5 +1,10 @@
-//! The worker's loop: rescue expired leases, fetch jobs for free slots, spawn each, wait for a
-//! slot, a wakeup or the poll interval; at shutdown drain, then give back what did not finish.
+//! The worker's loop: rescue expired leases, fetch jobs for free slots and a few ahead of them,
+//! spawn each, wait for a slot, a wakeup or the poll interval; at shutdown give back the jobs
+//! fetched ahead, drain the running ones, then give back what did not finish.
+//!
+//! Jobs fetched ahead ([`WorkerConfig::prefetch`](super::WorkerConfig::prefetch)) wait for a
+//! slot in their own task, in fetch order, with their leases extended meanwhile: a slot that
+//! frees starts the next job at once instead of waiting for the next fetch's round trip.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -35,7 +40,10 @@ impl<DB: Backend> Worker<DB> {
         let counters = Arc::new(Counters::default());
         let (stop_pruning, pruning) = worker.prune_on_schedule(retention, &counters);
         let leases: Arc<Mutex<HashSet<Lease>>> = Arc::default();
-        let permits = Arc::new(Semaphore::new(worker.config.concurrency.max(1)));
+        // `slots` are held by running jobs; `leased` by jobs running or waiting for a slot.
+        let slots = Arc::new(Semaphore::new(worker.config.concurrency.max(1)));
+        let ahead = worker.prefetch();
+        let leased = Arc::new(Semaphore::new(worker.config.concurrency.max(1) + ahead));
         let mut tasks = JoinSet::new();
         let mut wakeup = match DB::listen(worker.queue.pool()).await {
             Ok(wakeup) => wakeup,
@@ -45,7 +53,14 @@ impl<DB: Backend> Worker<DB> {
             }
         };
         let rescue_every = (worker.config.lease / 2).max(Duration::from_millis(100));
-        let refill_at = (worker.config.concurrency / 2).max(1);
+        // Fetch when half the jobs fetched ahead have started (or half the slots are free, with
+        // none fetched ahead): one query for several jobs rather than one per finished job.
+        let refill_at = (if ahead > 0 {
+            ahead
+        } else {
+            worker.config.concurrency
+        } / 2)
+            .max(1);
         let mut last_rescue: Option<Instant> = None;
         let mut shutdown = std::pin::pin!(shutdown);
 
@@ -68,10 +83,9 @@ impl<DB: Backend> Worker<DB> {
                 }
                 last_rescue = Some(Instant::now());
             }
-            let free = permits.available_permits();
+            let free = leased.available_permits();
             let mut fetched = 0;
-            // Fetch in batches: one query for half the slots rather than one per finished job;
-            // with batches, enough jobs to fill a batch per free slot.
+            // With batches, enough jobs to fill a batch per free place.
             let wanted = free * worker.batch_size();
             if free > 0 && (free >= refill_at || tasks.is_empty()) {
                 let fetch = worker.fetch_jobs(wanted);
@@ -84,7 +98,7 @@ impl<DB: Backend> Worker<DB> {
                     Ok(jobs) => {
                         fetched = jobs.len();
                         for group in worker.group(jobs) {
-                            let permit = Arc::clone(&permits)
+                            let place = Arc::clone(&leased)
                                 .acquire_owned()
                                 .await
                                 .expect("never closed");
@@ -94,13 +108,15 @@ impl<DB: Backend> Worker<DB> {
                                 .lock()
                                 .expect("not poisoned")
                                 .extend(group_leases.iter().copied());
-                            let (worker, counters, leases) = (
+                            let (worker, counters, leases, slots) = (
                                 Arc::clone(&worker),
                                 Arc::clone(&counters),
                                 Arc::clone(&leases),
+                                Arc::clone(&slots),
                             );
                             tasks.spawn(async move {
-                                worker.process_batch(group, &counters, permit).await;
+                                worker.start_in_turn(group, &counters, slots).await;
+                                drop(place);
                                 let mut held = leases.lock().expect("not poisoned");
                                 for lease in group_leases {
                                     worker.queue.end_heartbeats(lease);
@@ -126,6 +142,8 @@ impl<DB: Backend> Worker<DB> {
             }
         }
 
+        // Jobs still waiting for a slot are given back now rather than started.
+        slots.close();
         let drained = tokio::time::timeout(worker.config.shutdown_timeout, async {
             while let Some(joined) = tasks.join_next().await {
                 log_join(joined, "a job task panicked outside the job");
@@ -199,6 +217,48 @@ impl<DB: Backend> Worker<DB> {
 }
 
 impl<DB: Backend> Worker<DB> {
+    /// Runs `group` once a slot is free, extending its leases while it waits; gives its jobs
+    /// back when the worker stops first (the slots are closed at shutdown).
+    async fn start_in_turn(
+        &self,
+        group: Vec<LeasedJob>,
+        counters: &Counters,
+        slots: Arc<Semaphore>,
+    ) {
+        // Most groups find a slot free or wait less than a heartbeat's period: no timer then.
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => Ok(slot),
+            Err(_) => {
+                let waiting = Mutex::new(group.iter().map(|job| job.lease).collect());
+                self.with_heartbeats(&waiting, slots.acquire_owned()).await
+            }
+        };
+        match slot {
+            Ok(slot) => self.process_batch(group, counters, slot).await,
+            Err(_closed) => {
+                for job in &group {
+                    match self.queue.release(job.lease).await {
+                        Ok(()) => {
+                            counters.released.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(error) => tracing::warn!(
+                            %error,
+                            job.id = job.lease.job_id,
+                            "giving back a job fetched ahead failed; its lease will expire"
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Jobs (batches, when batching) fetched ahead of free slots.
+    fn prefetch(&self) -> usize {
+        self.config
+            .prefetch
+            .unwrap_or(self.config.concurrency.max(1))
+    }
+
     /// Jobs per transaction for kinds that opted in: 1 when none did.
     fn batch_size(&self) -> usize {
         if self.batched.is_empty() {
