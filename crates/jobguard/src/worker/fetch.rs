@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 
 use super::{Counters, Worker, WorkerStats};
@@ -61,6 +61,11 @@ impl<DB: Backend> Worker<DB> {
             worker.config.concurrency
         } / 2)
             .max(1);
+        // Running tasks wake the loop when a fetch is due, not at every job's end: the loop
+        // runs on the caller's thread, and a wakeup per job costs a thread switch per job.
+        let refill = Arc::new(Notify::new());
+        // The last fetch found fewer jobs than it asked for.
+        let mut queue_drained = true;
         let mut last_rescue: Option<Instant> = None;
         let mut shutdown = std::pin::pin!(shutdown);
 
@@ -97,6 +102,7 @@ impl<DB: Backend> Worker<DB> {
                 match fetched_jobs {
                     Ok(jobs) => {
                         fetched = jobs.len();
+                        queue_drained = fetched < wanted;
                         for group in worker.group(jobs) {
                             let place = Arc::clone(&leased)
                                 .acquire_owned()
@@ -114,9 +120,13 @@ impl<DB: Backend> Worker<DB> {
                                 Arc::clone(&leases),
                                 Arc::clone(&slots),
                             );
+                            let (leased, refill) = (Arc::clone(&leased), Arc::clone(&refill));
                             tasks.spawn(async move {
                                 worker.start_in_turn(group, &counters, slots).await;
                                 drop(place);
+                                if leased.available_permits() >= refill_at {
+                                    refill.notify_one();
+                                }
                                 let mut held = leases.lock().expect("not poisoned");
                                 for lease in group_leases {
                                     worker.queue.end_heartbeats(lease);
@@ -136,7 +146,9 @@ impl<DB: Backend> Worker<DB> {
             }
             tokio::select! {
                 () = &mut shutdown => break,
-                Some(joined) = tasks.join_next(), if !tasks.is_empty() => log_join(joined, "a job task panicked outside the job"),
+                () = refill.notified() => {}
+                // With the queue drained, every job's end may be the last one.
+                Some(joined) = tasks.join_next(), if queue_drained && !tasks.is_empty() => log_join(joined, "a job task panicked outside the job"),
                 () = next_wakeup(&mut wakeup) => {}
                 () = tokio::time::sleep(worker.config.poll_interval) => {}
             }
