@@ -187,6 +187,12 @@ pub struct WorkerConfig {
     /// applies when the fetch returned fewer batchable jobs than `batch_size`; short, so a short
     /// queue keeps its latency.
     pub batch_linger: Duration,
+    /// Jobs the worker leases ahead of its free slots (batches, when batching), so that a job
+    /// that finishes is followed at once by the next rather than by a fetch's round trip.
+    /// They wait for a slot in fetch order with their leases extended, and are given back
+    /// when the worker stops first. `None`, the default, fetches as many ahead as
+    /// `concurrency`; `Some(0)` fetches only for free slots.
+    pub prefetch: Option<usize>,
     /// Return as soon as the queue is empty and no job is running (for tests and benchmarks).
     pub stop_when_idle: bool,
     /// The guard table.
@@ -209,6 +215,7 @@ impl Default for WorkerConfig {
             shutdown_timeout: Duration::from_secs(30),
             batch_size: 1,
             batch_linger: Duration::from_millis(2),
+            prefetch: None,
             stop_when_idle: false,
             guard: GuardConfig::default(),
             retention: RetentionConfig::default(),

@@ -40,6 +40,11 @@ pub struct WorkerArgs {
     /// How long a batch the fetch left short waits for more jobs before it runs.
     #[arg(long, default_value = "2ms", value_parser = parse_duration)]
     batch_linger: Duration,
+    /// Jobs (batches, when batching) leased ahead of free slots, so a finished job is followed
+    /// at once; they wait for a slot with their leases extended. Default: --concurrency.
+    /// 0 fetches only for free slots.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=10000))]
+    prefetch: Option<u32>,
     /// How long a job is leased for (e.g. 30s); running jobs extend it every third of it.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     lease: Duration,
@@ -160,6 +165,7 @@ async fn run<DB: ExampleDb>(
         concurrency: args.concurrency as usize,
         batch_size: args.batch_size as usize,
         batch_linger: args.batch_linger,
+        prefetch: args.prefetch.map(|n| n as usize),
         lease: args.lease,
         poll_interval: args.poll,
         retry: retry_policy(args.backoff),

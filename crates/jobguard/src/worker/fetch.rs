@@ -1,5 +1,10 @@
-//! The worker's loop: rescue expired leases, fetch jobs for free slots, spawn each, wait for a
-//! slot, a wakeup or the poll interval; at shutdown drain, then give back what did not finish.
+//! The worker's loop: rescue expired leases, fetch jobs for free slots and a few ahead of them,
+//! spawn each, wait for a slot, a wakeup or the poll interval; at shutdown give back the jobs
+//! fetched ahead, drain the running ones, then give back what did not finish.
+//!
+//! Jobs fetched ahead ([`WorkerConfig::prefetch`](super::WorkerConfig::prefetch)) wait for a
+//! slot in their own task, in fetch order, with their leases extended meanwhile: a slot that
+//! frees starts the next job at once instead of waiting for the next fetch's round trip.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -7,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 
 use super::{Counters, Worker, WorkerStats};
@@ -35,7 +40,10 @@ impl<DB: Backend> Worker<DB> {
         let counters = Arc::new(Counters::default());
         let (stop_pruning, pruning) = worker.prune_on_schedule(retention, &counters);
         let leases: Arc<Mutex<HashSet<Lease>>> = Arc::default();
-        let permits = Arc::new(Semaphore::new(worker.config.concurrency.max(1)));
+        // `slots` are held by running jobs; `leased` by jobs running or waiting for a slot.
+        let slots = Arc::new(Semaphore::new(worker.config.concurrency.max(1)));
+        let ahead = worker.prefetch();
+        let leased = Arc::new(Semaphore::new(worker.config.concurrency.max(1) + ahead));
         let mut tasks = JoinSet::new();
         let mut wakeup = match DB::listen(worker.queue.pool()).await {
             Ok(wakeup) => wakeup,
@@ -45,7 +53,19 @@ impl<DB: Backend> Worker<DB> {
             }
         };
         let rescue_every = (worker.config.lease / 2).max(Duration::from_millis(100));
-        let refill_at = (worker.config.concurrency / 2).max(1);
+        // Fetch when half the jobs fetched ahead have started (or half the slots are free, with
+        // none fetched ahead): one query for several jobs rather than one per finished job.
+        let refill_at = (if ahead > 0 {
+            ahead
+        } else {
+            worker.config.concurrency
+        } / 2)
+            .max(1);
+        // Running tasks wake the loop when a fetch is due, not at every job's end: the loop
+        // runs on the caller's thread, and a wakeup per job costs a thread switch per job.
+        let refill = Arc::new(Notify::new());
+        // The last fetch found fewer jobs than it asked for.
+        let mut queue_drained = true;
         let mut last_rescue: Option<Instant> = None;
         let mut shutdown = std::pin::pin!(shutdown);
 
@@ -68,10 +88,9 @@ impl<DB: Backend> Worker<DB> {
                 }
                 last_rescue = Some(Instant::now());
             }
-            let free = permits.available_permits();
+            let free = leased.available_permits();
             let mut fetched = 0;
-            // Fetch in batches: one query for half the slots rather than one per finished job;
-            // with batches, enough jobs to fill a batch per free slot.
+            // With batches, enough jobs to fill a batch per free place.
             let wanted = free * worker.batch_size();
             if free > 0 && (free >= refill_at || tasks.is_empty()) {
                 let fetch = worker.fetch_jobs(wanted);
@@ -83,8 +102,9 @@ impl<DB: Backend> Worker<DB> {
                 match fetched_jobs {
                     Ok(jobs) => {
                         fetched = jobs.len();
+                        queue_drained = fetched < wanted;
                         for group in worker.group(jobs) {
-                            let permit = Arc::clone(&permits)
+                            let place = Arc::clone(&leased)
                                 .acquire_owned()
                                 .await
                                 .expect("never closed");
@@ -94,13 +114,19 @@ impl<DB: Backend> Worker<DB> {
                                 .lock()
                                 .expect("not poisoned")
                                 .extend(group_leases.iter().copied());
-                            let (worker, counters, leases) = (
+                            let (worker, counters, leases, slots) = (
                                 Arc::clone(&worker),
                                 Arc::clone(&counters),
                                 Arc::clone(&leases),
+                                Arc::clone(&slots),
                             );
+                            let (leased, refill) = (Arc::clone(&leased), Arc::clone(&refill));
                             tasks.spawn(async move {
-                                worker.process_batch(group, &counters, permit).await;
+                                worker.start_in_turn(group, &counters, slots).await;
+                                drop(place);
+                                if leased.available_permits() >= refill_at {
+                                    refill.notify_one();
+                                }
                                 let mut held = leases.lock().expect("not poisoned");
                                 for lease in group_leases {
                                     worker.queue.end_heartbeats(lease);
@@ -120,12 +146,16 @@ impl<DB: Backend> Worker<DB> {
             }
             tokio::select! {
                 () = &mut shutdown => break,
-                Some(joined) = tasks.join_next(), if !tasks.is_empty() => log_join(joined, "a job task panicked outside the job"),
+                () = refill.notified() => {}
+                // With the queue drained, every job's end may be the last one.
+                Some(joined) = tasks.join_next(), if queue_drained && !tasks.is_empty() => log_join(joined, "a job task panicked outside the job"),
                 () = next_wakeup(&mut wakeup) => {}
                 () = tokio::time::sleep(worker.config.poll_interval) => {}
             }
         }
 
+        // Jobs still waiting for a slot are given back now rather than started.
+        slots.close();
         let drained = tokio::time::timeout(worker.config.shutdown_timeout, async {
             while let Some(joined) = tasks.join_next().await {
                 log_join(joined, "a job task panicked outside the job");
@@ -199,6 +229,48 @@ impl<DB: Backend> Worker<DB> {
 }
 
 impl<DB: Backend> Worker<DB> {
+    /// Runs `group` once a slot is free, extending its leases while it waits; gives its jobs
+    /// back when the worker stops first (the slots are closed at shutdown).
+    async fn start_in_turn(
+        &self,
+        group: Vec<LeasedJob>,
+        counters: &Counters,
+        slots: Arc<Semaphore>,
+    ) {
+        // Most groups find a slot free or wait less than a heartbeat's period: no timer then.
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => Ok(slot),
+            Err(_) => {
+                let waiting = Mutex::new(group.iter().map(|job| job.lease).collect());
+                self.with_heartbeats(&waiting, slots.acquire_owned()).await
+            }
+        };
+        match slot {
+            Ok(slot) => self.process_batch(group, counters, slot).await,
+            Err(_closed) => {
+                for job in &group {
+                    match self.queue.release(job.lease).await {
+                        Ok(()) => {
+                            counters.released.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(error) => tracing::warn!(
+                            %error,
+                            job.id = job.lease.job_id,
+                            "giving back a job fetched ahead failed; its lease will expire"
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Jobs (batches, when batching) fetched ahead of free slots.
+    fn prefetch(&self) -> usize {
+        self.config
+            .prefetch
+            .unwrap_or(self.config.concurrency.max(1))
+    }
+
     /// Jobs per transaction for kinds that opted in: 1 when none did, else the batch size
     /// as contention has adapted it (see `batch_limit.rs`).
     fn batch_size(&self) -> usize {

@@ -404,6 +404,77 @@ async fn replaying_a_dead_job_whose_key_the_guard_holds_is_a_duplicate<DB: TestD
     assert_eq!(ledger_rows(&pool).await, 1);
 }
 
+backends!(fn a_job_fetched_ahead_keeps_its_lease_while_it_waits_for_a_slot);
+async fn a_job_fetched_ahead_keeps_its_lease_while_it_waits_for_a_slot<DB: TestDb>() {
+    let Some((pool, queue)) = setup::<DB>("worker_prefetch_lease").await else {
+        return;
+    };
+    for (order, millis) in [(1, 1200), (2, 10)] {
+        queue.enqueue_job(&Slow { order, millis }).await.unwrap();
+    }
+    // One slot: the second job is fetched ahead and waits four leases for it, while the
+    // worker's own rescue runs every half lease.
+    let config = WorkerConfig {
+        concurrency: 1,
+        prefetch: Some(1),
+        lease: Duration::from_millis(300),
+        ..draining()
+    };
+    let worker = Worker::with_config(queue.clone(), config)
+        .unwrap()
+        .register::<Slow>();
+    let stats = tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
+        .await
+        .expect("the worker drained the queue in time")
+        .unwrap();
+
+    assert_eq!((stats.applied, stats.fenced), (2, 0), "{stats:?}");
+    let jobs = queue
+        .list(Some(JobState::Completed), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        jobs.iter().map(|job| job.attempt).collect::<Vec<_>>(),
+        [1, 1],
+        "a waiting job's lease expired and it ran again: {jobs:?}"
+    );
+    assert_eq!(ledger_rows(&pool).await, 2);
+}
+
+backends!(fn shutdown_gives_back_jobs_fetched_ahead_without_starting_them);
+async fn shutdown_gives_back_jobs_fetched_ahead_without_starting_them<DB: TestDb>() {
+    let Some((pool, queue)) = setup::<DB>("worker_prefetch_shutdown").await else {
+        return;
+    };
+    for (order, millis) in [(1, 800), (2, 10)] {
+        queue.enqueue_job(&Slow { order, millis }).await.unwrap();
+    }
+    let config = WorkerConfig {
+        concurrency: 1,
+        prefetch: Some(1),
+        shutdown_timeout: Duration::from_secs(30),
+        poll_interval: Duration::from_millis(50),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::with_config(queue.clone(), config)
+        .unwrap()
+        .register::<Slow>();
+    let stats = worker
+        .run(tokio::time::sleep(Duration::from_millis(300)))
+        .await
+        .unwrap();
+
+    // The running job finishes; the one waiting for its slot is given back, not started.
+    assert_eq!((stats.applied, stats.released), (1, 1), "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 1);
+    let available = queue
+        .list(Some(JobState::Available), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(available.len(), 1, "{available:?}");
+    assert_eq!(available[0].attempt, 0, "{available:?}");
+}
+
 backends!(fn shutdown_waits_for_running_jobs_then_gives_back_the_rest);
 async fn shutdown_waits_for_running_jobs_then_gives_back_the_rest<DB: TestDb>() {
     let Some((pool, queue)) = setup::<DB>("worker_shutdown").await else {
