@@ -53,7 +53,15 @@ struct QueueInner<DB: Backend> {
     writer: WriterLock,
     /// When each queue name was last announced, to send at most one notification per queue
     /// per [`NOTIFY_EVERY`]: a NOTIFY per insert would serialise commits under load.
-    last_notify: Mutex<HashMap<String, Instant>>,
+    last_notify: Mutex<HashMap<String, Announced>>,
+}
+
+/// When a queue was last announced, and whether a trailing announcement is due.
+struct Announced {
+    at: Instant,
+    /// An enqueue inside the window was not announced: a notification goes out at the window's
+    /// end, so that job does not wait for a worker's poll.
+    trailing: bool,
 }
 
 const NOTIFY_EVERY: Duration = Duration::from_millis(20);
@@ -365,14 +373,53 @@ impl<DB: Backend> Queue<DB> {
         {
             let mut last = self.inner.last_notify.lock().expect("not poisoned");
             match last.get_mut(queue) {
-                Some(at) if now.duration_since(*at) < NOTIFY_EVERY => return Ok(()),
-                Some(at) => *at = now,
+                Some(announced) if now.duration_since(announced.at) < NOTIFY_EVERY => {
+                    if !announced.trailing {
+                        announced.trailing = true;
+                        self.notify_later(queue, announced.at + NOTIFY_EVERY);
+                    }
+                    return Ok(());
+                }
+                Some(announced) => announced.at = now,
                 None => {
-                    last.insert(queue.to_owned(), now);
+                    let announced = Announced {
+                        at: now,
+                        trailing: false,
+                    };
+                    last.insert(queue.to_owned(), announced);
                 }
             }
         }
         Ok(DB::notify(conn, notify, NOTIFY_CHANNEL, queue).await?)
+    }
+
+    /// The trailing notification of a window in which an enqueue went unannounced: sent at
+    /// `at` on a connection of its own, outside the enqueue's transaction, which has usually
+    /// committed by then. If it has not, the job is found by the next notification or poll.
+    fn notify_later(&self, queue: &str, at: Instant) {
+        let (queue, inner) = (queue.to_owned(), Arc::clone(&self.inner));
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            if let Some(announced) = inner
+                .last_notify
+                .lock()
+                .expect("not poisoned")
+                .get_mut(&queue)
+            {
+                announced.at = Instant::now();
+                announced.trailing = false;
+            }
+            let Some(notify) = &inner.sql.notify else {
+                return;
+            };
+            let sent = async {
+                let mut conn = inner.pool.acquire().await?;
+                DB::notify(&mut conn, notify, NOTIFY_CHANNEL, &queue).await
+            };
+            if let Err(error) = sent.await {
+                tracing::debug!(%error, queue, "the trailing job notification failed; workers poll");
+            }
+        });
     }
 
     /// Takes up to `limit` available jobs of `queue`, oldest run time first, each under a lease
