@@ -66,6 +66,29 @@ impl<DB: Backend> Worker<DB> {
         counters: &Counters,
         _permit: OwnedSemaphorePermit,
     ) {
+        // A group formed before batches began to contend (fetched ahead, waiting for a slot)
+        // runs in batches of the size contention left, one after another on this slot.
+        let limit = self.batch_limit.current();
+        if jobs.len() > limit {
+            // The chunks not started yet keep their leases meanwhile.
+            let waiting = Mutex::new(jobs.iter().map(|job| job.lease).collect::<Vec<_>>());
+            let chunks = async {
+                for chunk in jobs.chunks(limit) {
+                    waiting
+                        .lock()
+                        .expect("not poisoned")
+                        .retain(|lease| chunk.iter().all(|job| job.lease != *lease));
+                    self.run_group(chunk, counters).await;
+                }
+            };
+            self.with_heartbeats(&waiting, chunks).await;
+        } else {
+            self.run_group(&jobs, counters).await;
+        }
+    }
+
+    /// Runs one group: a single job on the per-job path, or a batch.
+    async fn run_group(&self, jobs: &[LeasedJob], counters: &Counters) {
         if jobs.len() == 1 {
             self.process_one(&jobs[0], counters).await;
             if self.batched.contains(&jobs[0].kind) {
@@ -74,7 +97,7 @@ impl<DB: Backend> Worker<DB> {
             return;
         }
         let started = Instant::now();
-        match self.execute_batch(&jobs).await {
+        match self.execute_batch(jobs).await {
             Ok(ended) => {
                 self.batch_limit.grow();
                 counters.batches.fetch_add(1, Ordering::Relaxed);
@@ -96,7 +119,7 @@ impl<DB: Backend> Worker<DB> {
                     contention,
                     "the batch rolled back; running its jobs one per transaction"
                 );
-                for job in &jobs {
+                for job in jobs {
                     self.process_one(job, counters).await;
                 }
             }
