@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::{Counters, Worker, WorkerStats};
@@ -121,8 +121,11 @@ impl<DB: Backend> Worker<DB> {
                                 Arc::clone(&slots),
                             );
                             let (leased, refill) = (Arc::clone(&leased), Arc::clone(&refill));
+                            // A free slot is taken here, in fetch order, not by whichever task
+                            // runs first.
+                            let ready = Arc::clone(&slots).try_acquire_owned().ok();
                             tasks.spawn(async move {
-                                worker.start_in_turn(group, &counters, slots).await;
+                                worker.start_in_turn(group, &counters, slots, ready).await;
                                 drop(place);
                                 if leased.available_permits() >= refill_at {
                                     refill.notify_one();
@@ -236,11 +239,12 @@ impl<DB: Backend> Worker<DB> {
         group: Vec<LeasedJob>,
         counters: &Counters,
         slots: Arc<Semaphore>,
+        ready: Option<OwnedSemaphorePermit>,
     ) {
         // Most groups find a slot free or wait less than a heartbeat's period: no timer then.
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => Ok(slot),
-            Err(_) => {
+        let slot = match ready {
+            Some(slot) => Ok(slot),
+            None => {
                 let waiting = Mutex::new(group.iter().map(|job| job.lease).collect());
                 self.with_heartbeats(&waiting, slots.acquire_owned()).await
             }
