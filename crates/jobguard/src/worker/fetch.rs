@@ -270,9 +270,14 @@ impl<DB: Backend> Worker<DB> {
 
     /// Jobs (batches, when batching) fetched ahead of free slots.
     fn prefetch(&self) -> usize {
-        self.config
-            .prefetch
-            .unwrap_or(self.config.concurrency.max(1))
+        // On SQLite jobs take the one write lock in turn, and a fetch is an in-process call:
+        // jobs waiting ahead only add heartbeats and stretch batches' waits for the lock.
+        let default = if DB::SINGLE_WRITER {
+            0
+        } else {
+            self.config.concurrency.max(1)
+        };
+        self.config.prefetch.unwrap_or(default)
     }
 
     /// Jobs per transaction for kinds that opted in: 1 when none did, else the batch size
