@@ -42,6 +42,25 @@ die() {
 is_ci() { [[ "${CI:-}" == "true" ]]; }
 is_root() { [[ "$(id -u)" -eq 0 ]]; }
 
+# --- Cleanup on exit ----------------------------------------------------------
+# Every service this script starts and must stop again registers its stop
+# function with `on_exit FN`; they run in reverse order when the script exits
+# (normally, on error, on Ctrl-C or a CI cancel), and keep the exit status.
+JOBGUARD_EXIT_HOOKS=()
+run_exit_hooks() {
+    local rc=$? i
+    for ((i = ${#JOBGUARD_EXIT_HOOKS[@]} - 1; i >= 0; i--)); do
+        "${JOBGUARD_EXIT_HOOKS[i]}" || true
+    done
+    exit "$rc"
+}
+on_exit() {
+    JOBGUARD_EXIT_HOOKS+=("$1")
+    trap run_exit_hooks EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
 # --- Rust toolchain ---------------------------------------------------------
 
 ensure_cargo() {
@@ -234,10 +253,9 @@ pg_make_tmpdir() {
     printf '%s\n' "$dir"
 }
 
-# EXIT trap: stop the throwaway cluster and delete its files. Must never
-# fail, and must keep the script's exit status.
+# Exit hook: stop the throwaway cluster and delete its files. Must never
+# fail.
 pg_cleanup() {
-    local rc=$?
     if [[ -n "$JOBGUARD_PG_TMP" && -d "$JOBGUARD_PG_TMP" ]]; then
         local data="$JOBGUARD_PG_TMP/data" pg_ctl pid
         if [[ -f "$data/postmaster.pid" ]]; then
@@ -257,7 +275,6 @@ pg_cleanup() {
         rm -rf "$JOBGUARD_PG_TMP"
         JOBGUARD_PG_TMP=""
     fi
-    exit "$rc"
 }
 
 # Step c: initdb + pg_ctl start a private cluster in a temp dir. Sets
@@ -275,12 +292,9 @@ pg_start_throwaway() {
     }
     tmp=$(pg_make_tmpdir) || return 1
 
-    # Register cleanup before anything is started. INT/TERM go through
-    # `exit` so the EXIT trap runs on Ctrl-C or a CI cancel as well.
+    # Register cleanup before anything is started.
     JOBGUARD_PG_TMP=$tmp
-    trap pg_cleanup EXIT
-    trap 'exit 130' INT
-    trap 'exit 143' TERM
+    on_exit pg_cleanup
 
     log "starting throwaway PostgreSQL cluster ($initdb) on 127.0.0.1:$port in $tmp"
     # cd: the postgres user may not be allowed into the caller's cwd.
