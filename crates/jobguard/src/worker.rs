@@ -71,6 +71,7 @@ mod batch;
 mod batch_limit;
 mod fetch;
 mod heartbeat;
+mod ready;
 mod run;
 mod runnable;
 mod shutdown;
@@ -190,8 +191,8 @@ pub struct WorkerConfig {
     /// Jobs the worker leases ahead of its free slots (batches, when batching), so that a job
     /// that finishes is followed at once by the next rather than by a fetch's round trip.
     /// They wait for a slot in fetch order with their leases extended, and are given back
-    /// when the worker stops first. `None`, the default, fetches as many ahead as
-    /// `concurrency` on PostgreSQL and none on SQLite, where jobs take the one write lock in
+    /// when the worker stops first. `None`, the default, fetches twice `concurrency` ahead
+    /// on PostgreSQL and none on SQLite, where jobs take the one write lock in
     /// turn anyway; `Some(0)` fetches only for free slots.
     pub prefetch: Option<usize>,
     /// Return as soon as the queue is empty and no job is running (for tests and benchmarks).

@@ -21,7 +21,6 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use sqlx::Transaction;
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::run::{job_span, report};
 use super::runnable::Runnable;
@@ -60,12 +59,7 @@ impl Rollback {
 
 impl<DB: Backend> Worker<DB> {
     /// Runs `jobs` as one batch, or one per transaction when the batch rolled back.
-    pub(super) async fn process_batch(
-        &self,
-        jobs: Vec<LeasedJob>,
-        counters: &Counters,
-        _permit: OwnedSemaphorePermit,
-    ) {
+    pub(super) async fn process_batch(&self, jobs: &[LeasedJob], counters: &Counters) {
         // A group formed before batches began to contend (fetched ahead, waiting for a slot)
         // runs in batches of the size contention left, one after another on this slot.
         let limit = self.batch_limit.current();
@@ -83,7 +77,7 @@ impl<DB: Backend> Worker<DB> {
             };
             self.with_heartbeats(&waiting, chunks).await;
         } else {
-            self.run_group(&jobs, counters).await;
+            self.run_group(jobs, counters).await;
         }
     }
 

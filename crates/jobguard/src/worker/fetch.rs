@@ -1,20 +1,20 @@
 //! The worker's loop: rescue expired leases, fetch jobs for free slots and a few ahead of them,
-//! spawn each, wait for a slot, a wakeup or the poll interval; at shutdown give back the jobs
-//! fetched ahead, drain the running ones, then give back what did not finish.
+//! queue them for the slots, wait for a slot to free, a wakeup or the poll interval; at shutdown
+//! give back the jobs fetched ahead, drain the running ones, then give back what did not finish.
 //!
 //! Jobs fetched ahead ([`WorkerConfig::prefetch`](super::WorkerConfig::prefetch)) wait for a
-//! slot in their own task, in fetch order, with their leases extended meanwhile: a slot that
-//! frees starts the next job at once instead of waiting for the next fetch's round trip.
+//! slot in fetch order, with their leases extended meanwhile (see `ready.rs`): a slot that
+//! finishes a job starts the next one at once instead of waiting for the next fetch's round
+//! trip.
 
-use std::collections::HashSet;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
+use super::ready::Ready;
 use super::{Counters, Worker, WorkerStats};
 use crate::dispatch::log_join;
 use crate::error::Result;
@@ -39,12 +39,16 @@ impl<DB: Backend> Worker<DB> {
         let worker = Arc::new(self);
         let counters = Arc::new(Counters::default());
         let (stop_pruning, pruning) = worker.prune_on_schedule(retention, &counters);
-        let leases: Arc<Mutex<HashSet<Lease>>> = Arc::default();
-        // `slots` are held by running jobs; `leased` by jobs running or waiting for a slot.
-        let slots = Arc::new(Semaphore::new(worker.config.concurrency.max(1)));
+        let concurrency = worker.config.concurrency.max(1);
         let ahead = worker.prefetch();
-        let leased = Arc::new(Semaphore::new(worker.config.concurrency.max(1) + ahead));
-        let mut tasks = JoinSet::new();
+        // Fetch when half the jobs fetched ahead have started (or half the slots are free, with
+        // none fetched ahead): one query for several jobs rather than one per finished job.
+        let refill_at = (if ahead > 0 { ahead } else { concurrency } / 2).max(1);
+        // Running slots wake the loop when a fetch is due, not at every job's end: the loop
+        // runs on the caller's thread, and a wakeup per job costs a thread switch per job.
+        let ready = Arc::new(Ready::new(concurrency, concurrency + ahead, refill_at));
+        let beating = tokio::spawn(Arc::clone(&worker).beat_waiting(Arc::clone(&ready)));
+        let mut slots = JoinSet::new();
         let mut wakeup = match DB::listen(worker.queue.pool()).await {
             Ok(wakeup) => wakeup,
             Err(error) => {
@@ -53,25 +57,14 @@ impl<DB: Backend> Worker<DB> {
             }
         };
         let rescue_every = (worker.config.lease / 2).max(Duration::from_millis(100));
-        // Fetch when half the jobs fetched ahead have started (or half the slots are free, with
-        // none fetched ahead): one query for several jobs rather than one per finished job.
-        let refill_at = (if ahead > 0 {
-            ahead
-        } else {
-            worker.config.concurrency
-        } / 2)
-            .max(1);
-        // Running tasks wake the loop when a fetch is due, not at every job's end: the loop
-        // runs on the caller's thread, and a wakeup per job costs a thread switch per job.
-        let refill = Arc::new(Notify::new());
         // The last fetch found fewer jobs than it asked for.
         let mut queue_drained = true;
         let mut last_rescue: Option<Instant> = None;
         let mut shutdown = std::pin::pin!(shutdown);
 
         loop {
-            while let Some(joined) = tasks.try_join_next() {
-                log_join(joined, "a job task panicked outside the job");
+            while let Some(joined) = slots.try_join_next() {
+                log_join(joined, "a job slot panicked outside the job");
             }
             // On SQLite a running job holds the only write lock, so the queue's own writes wait
             // for it: shutdown must not.
@@ -88,11 +81,11 @@ impl<DB: Backend> Worker<DB> {
                 }
                 last_rescue = Some(Instant::now());
             }
-            let free = leased.available_permits();
+            let free = ready.free_places();
             let mut fetched = 0;
             // With batches, enough jobs to fill a batch per free place.
             let wanted = free * worker.batch_size();
-            if free > 0 && (free >= refill_at || tasks.is_empty()) {
+            if free > 0 && (free >= refill_at || slots.is_empty()) {
                 let fetch = worker.fetch_jobs(wanted);
                 let fetched_jobs = tokio::select! {
                     biased;
@@ -103,39 +96,23 @@ impl<DB: Backend> Worker<DB> {
                     Ok(jobs) => {
                         fetched = jobs.len();
                         queue_drained = fetched < wanted;
-                        for group in worker.group(jobs) {
-                            let place = Arc::clone(&leased)
-                                .acquire_owned()
-                                .await
-                                .expect("never closed");
-                            let group_leases: Vec<Lease> =
-                                group.iter().map(|job| job.lease).collect();
-                            leases
-                                .lock()
-                                .expect("not poisoned")
-                                .extend(group_leases.iter().copied());
-                            let (worker, counters, leases, slots) = (
+                        let groups = worker.group(jobs);
+                        // A slot for each new group while slots are free; running slots take
+                        // the rest as they finish.
+                        let mut waiting = groups.len();
+                        for group in groups {
+                            ready.push(group);
+                        }
+                        while waiting > 0
+                            && let Some(slot) = ready.free_slot()
+                        {
+                            let (worker, ready, counters) = (
                                 Arc::clone(&worker),
+                                Arc::clone(&ready),
                                 Arc::clone(&counters),
-                                Arc::clone(&leases),
-                                Arc::clone(&slots),
                             );
-                            let (leased, refill) = (Arc::clone(&leased), Arc::clone(&refill));
-                            // A free slot is taken here, in fetch order, not by whichever task
-                            // runs first.
-                            let ready = Arc::clone(&slots).try_acquire_owned().ok();
-                            tasks.spawn(async move {
-                                worker.start_in_turn(group, &counters, slots, ready).await;
-                                drop(place);
-                                if leased.available_permits() >= refill_at {
-                                    refill.notify_one();
-                                }
-                                let mut held = leases.lock().expect("not poisoned");
-                                for lease in group_leases {
-                                    worker.queue.end_heartbeats(lease);
-                                    held.remove(&lease);
-                                }
-                            });
+                            slots.spawn(worker.run_slot(ready, counters, slot));
+                            waiting -= 1;
                         }
                     }
                     Err(error) => tracing::warn!(%error, "fetching jobs failed; retrying"),
@@ -144,44 +121,54 @@ impl<DB: Backend> Worker<DB> {
             if fetched > 0 && fetched == wanted {
                 continue;
             }
-            if worker.config.stop_when_idle && fetched == 0 && tasks.is_empty() {
+            if worker.config.stop_when_idle && fetched == 0 && slots.is_empty() && ready.is_empty()
+            {
                 break;
             }
             tokio::select! {
                 () = &mut shutdown => break,
-                () = refill.notified() => {}
-                // With the queue drained, every job's end may be the last one.
-                Some(joined) = tasks.join_next(), if queue_drained && !tasks.is_empty() => log_join(joined, "a job task panicked outside the job"),
+                () = ready.refill.notified() => {}
+                // With the queue drained, every slot's end may be the last one.
+                Some(joined) = slots.join_next(), if queue_drained && !slots.is_empty() => log_join(joined, "a job slot panicked outside the job"),
                 () = next_wakeup(&mut wakeup) => {}
                 () = tokio::time::sleep(worker.config.poll_interval) => {}
             }
         }
 
         // Jobs still waiting for a slot are given back now rather than started.
-        slots.close();
+        for job in ready.stop() {
+            worker.queue.end_heartbeats(job.lease);
+            worker
+                .give_back(
+                    job.lease,
+                    &counters,
+                    "giving back a job fetched ahead failed; its lease will expire",
+                )
+                .await;
+        }
         let drained = tokio::time::timeout(worker.config.shutdown_timeout, async {
-            while let Some(joined) = tasks.join_next().await {
-                log_join(joined, "a job task panicked outside the job");
+            while let Some(joined) = slots.join_next().await {
+                log_join(joined, "a job slot panicked outside the job");
             }
         })
         .await;
+        beating.abort();
         if drained.is_err() {
             tracing::warn!(
-                jobs = tasks.len(),
+                slots = slots.len(),
                 "running jobs did not finish in time; rolling them back"
             );
-            tasks.abort_all();
-            while tasks.join_next().await.is_some() {}
-            let unfinished: Vec<Lease> = leases.lock().expect("not poisoned").drain().collect();
-            for lease in unfinished {
-                match worker.queue.release(lease).await {
-                    Ok(()) => {
-                        counters.released.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, job.id = lease.job_id, "giving a job back failed; its lease will expire")
-                    }
-                }
+            slots.abort_all();
+            while slots.join_next().await.is_some() {}
+            for lease in ready.unfinished() {
+                worker.queue.end_heartbeats(lease);
+                worker
+                    .give_back(
+                        lease,
+                        &counters,
+                        "giving a job back failed; its lease will expire",
+                    )
+                    .await;
             }
         }
         if let Some(mut pruning) = pruning {
@@ -193,6 +180,16 @@ impl<DB: Backend> Worker<DB> {
             }
         }
         Ok(counters.snapshot())
+    }
+
+    /// Gives a job's lease back to the queue, so another worker runs it now.
+    async fn give_back(&self, lease: Lease, counters: &Counters, failed: &str) {
+        match self.queue.release(lease).await {
+            Ok(()) => {
+                counters.released.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(error) => tracing::warn!(%error, job.id = lease.job_id, "{failed}"),
+        }
     }
 
     /// Starts the scheduled prune, if there is a schedule; it stops when the sender says so.
@@ -232,42 +229,6 @@ impl<DB: Backend> Worker<DB> {
 }
 
 impl<DB: Backend> Worker<DB> {
-    /// Runs `group` once a slot is free, extending its leases while it waits; gives its jobs
-    /// back when the worker stops first (the slots are closed at shutdown).
-    async fn start_in_turn(
-        &self,
-        group: Vec<LeasedJob>,
-        counters: &Counters,
-        slots: Arc<Semaphore>,
-        ready: Option<OwnedSemaphorePermit>,
-    ) {
-        // Most groups find a slot free or wait less than a heartbeat's period: no timer then.
-        let slot = match ready {
-            Some(slot) => Ok(slot),
-            None => {
-                let waiting = Mutex::new(group.iter().map(|job| job.lease).collect());
-                self.with_heartbeats(&waiting, slots.acquire_owned()).await
-            }
-        };
-        match slot {
-            Ok(slot) => self.process_batch(group, counters, slot).await,
-            Err(_closed) => {
-                for job in &group {
-                    match self.queue.release(job.lease).await {
-                        Ok(()) => {
-                            counters.released.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(error) => tracing::warn!(
-                            %error,
-                            job.id = job.lease.job_id,
-                            "giving back a job fetched ahead failed; its lease will expire"
-                        ),
-                    }
-                }
-            }
-        }
-    }
-
     /// Jobs (batches, when batching) fetched ahead of free slots.
     fn prefetch(&self) -> usize {
         // On SQLite jobs take the one write lock in turn, and a fetch is an in-process call:
@@ -275,7 +236,7 @@ impl<DB: Backend> Worker<DB> {
         let default = if DB::SINGLE_WRITER {
             0
         } else {
-            self.config.concurrency.max(1)
+            2 * self.config.concurrency.max(1)
         };
         self.config.prefetch.unwrap_or(default)
     }
