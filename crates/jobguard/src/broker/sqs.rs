@@ -238,9 +238,9 @@ async fn queue_url(client: &Client, name: &str) -> Result<Option<String>> {
 }
 
 fn is_missing_queue(error: &impl ProvideErrorMetadata) -> bool {
-    error.code().is_some_and(|code| {
-        code.contains("NonExistentQueue") || code.contains("QueueDoesNotExist")
-    })
+    error
+        .code()
+        .is_some_and(|code| code.contains("NonExistentQueue") || code.contains("QueueDoesNotExist"))
 }
 
 /// Creates the queue `name` with `attributes` unless it exists; its URL.
@@ -279,11 +279,7 @@ async fn queue_arn(client: &Client, url: &str) -> Result<String> {
         .ok_or_else(|| refused(format!("read the ARN of {url}"), "SQS did not say"))
 }
 
-async fn attribute(
-    client: &Client,
-    url: &str,
-    name: QueueAttributeName,
-) -> Result<Option<String>> {
+async fn attribute(client: &Client, url: &str, name: QueueAttributeName) -> Result<Option<String>> {
     let output = client
         .get_queue_attributes()
         .queue_url(url)
@@ -450,16 +446,9 @@ impl SqsSource {
     }
 }
 
-impl Source for SqsSource {
-    type Delivery = SqsDelivery;
-
-    super::consumer::source_settings!(visibility_timeout);
-
-    async fn receive(&mut self, max: usize) -> Result<Vec<SqsDelivery>> {
-        self.receive_within(max, POLL).await
-    }
-
-    async fn receive_within(&mut self, max: usize, wait: Duration) -> Result<Vec<SqsDelivery>> {
+impl SqsSource {
+    /// One `ReceiveMessage` of up to `max` messages (at most ten), long-polling up to `wait`.
+    async fn receive_once(&self, max: usize, wait: Duration) -> Result<Vec<SqsDelivery>> {
         let wait = seconds(wait.min(Duration::from_secs(20)));
         let received = self
             .client
@@ -496,6 +485,34 @@ impl Source for SqsSource {
                     .cloned(),
                 visibility: self.visibility,
             });
+        }
+        Ok(deliveries)
+    }
+}
+
+impl Source for SqsSource {
+    type Delivery = SqsDelivery;
+
+    super::consumer::source_settings!(visibility_timeout);
+
+    async fn receive(&mut self, max: usize) -> Result<Vec<SqsDelivery>> {
+        self.receive_within(max, POLL).await
+    }
+
+    async fn receive_within(&mut self, max: usize, wait: Duration) -> Result<Vec<SqsDelivery>> {
+        // SQS hands out at most ten messages a call: more are asked for without waiting, as
+        // long as full answers come back.
+        let mut deliveries = self.receive_once(max, wait).await?;
+        while deliveries.len() < max && deliveries.len() % SQS_BATCH == 0 && !deliveries.is_empty()
+        {
+            let more = self
+                .receive_once(max - deliveries.len(), Duration::ZERO)
+                .await?;
+            let full = more.len() == SQS_BATCH;
+            deliveries.extend(more);
+            if !full {
+                break;
+            }
         }
         Ok(deliveries)
     }

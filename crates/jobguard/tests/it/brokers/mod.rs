@@ -918,3 +918,78 @@ async fn outbox_to_redis() {
 async fn outbox_to_sqs() {
     outbox_to::<Sqs>().await;
 }
+
+/// A FIFO queue: the sink sends a job with its key as `MessageDeduplicationId`, so a job
+/// published three times is stored once and applied once; a message that can never run goes to
+/// the FIFO dead-letter queue (which needs a group and a deduplication id of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_fifo_queues_store_a_job_published_again_once() {
+    use jobguard::broker::{Consumer, ConsumerConfig};
+
+    use self::consumer::Credit;
+    use crate::common::ledger_rows;
+
+    let Some(url) = Sqs::url() else {
+        return;
+    };
+    let name = format!("fifo-{}.fifo", std::process::id());
+    let config = SqsConfig {
+        max_deliveries: 3,
+        visibility_timeout: Duration::from_secs(2),
+        ..Sqs::config(&name)
+    };
+    assert!(config.is_fifo() && config.dead_letter_queue.ends_with("-dead.fifo"));
+    sqs::remove(&url, &config).await.expect("delete the queues");
+    let source = SqsSource::connect(&url, config.clone())
+        .await
+        .expect("declare the FIFO queues");
+
+    let credit = Credit::new(1, 100);
+    let envelope = Envelope::for_job::<Sqlite, _>(&credit).unwrap();
+    let foreign = Envelope::new(
+        "credit",
+        JobKey::new("credit", ["minted-per-publish"]).unwrap(),
+        &credit,
+    )
+    .unwrap();
+    let sink = SqsSink::connect(&url).expect("an SQS sink");
+    for _ in 0..3 {
+        sink.publish(&config.queue, &envelope).await.expect("send");
+    }
+    sink.publish(&config.queue, &foreign).await.expect("send");
+
+    let pool = Sqlite::open("sqs_fifo", 4).await.expect("a SQLite file");
+    let consumer = Consumer::with_config(
+        Guard::new(pool.clone()),
+        ConsumerConfig {
+            stop_when_idle_for: Some(Duration::from_secs(5)),
+            ..ConsumerConfig::default()
+        },
+    )
+    .register::<Credit>();
+    consumer.migrate().await.unwrap();
+    let stats = tokio::time::timeout(
+        Duration::from_secs(90),
+        consumer.run(source, std::future::pending()),
+    )
+    .await
+    .expect("the consumer stopped before the deadline")
+    .expect("the consumer ran");
+    assert_eq!(
+        (stats.applied, stats.duplicates, stats.dead),
+        (1, 0, 1),
+        "the copies were deduplicated by SQS: {stats:?}"
+    );
+    assert_eq!(ledger_rows(&pool).await, 1);
+    let dead = Sqs::take_all(&url, &config.dead_letter_queue).await;
+    assert_eq!(
+        dead.iter()
+            .map(|(body, _)| body.as_bytes().to_vec())
+            .collect::<Vec<_>>(),
+        vec![foreign.to_bytes()]
+    );
+    let left = Sqs::take_all(&url, &config.queue).await;
+    assert!(left.is_empty(), "{left:?}");
+    sqs::remove(&url, &config).await.expect("delete the queues");
+    pool.close().await;
+}
