@@ -1,5 +1,5 @@
-//! The brokers `jobguard consume` runs jobs from (RabbitMQ, NATS JetStream, Redis Streams):
-//! which one, where, and one source and delivery type over the three.
+//! The brokers `jobguard consume` runs jobs from (RabbitMQ, NATS JetStream, Redis Streams,
+//! Amazon SQS): which one, where, and one source and delivery type over them all.
 
 use std::time::Duration;
 
@@ -7,6 +7,7 @@ use clap::ValueEnum;
 use jobguard::broker::nats::{self, NatsConfig, NatsDelivery, NatsSource};
 use jobguard::broker::rabbitmq::{self, RabbitConfig, RabbitDelivery, RabbitSource};
 use jobguard::broker::redis::{self, RedisConfig, RedisDelivery, RedisSource};
+use jobguard::broker::sqs::{self, SqsConfig, SqsDelivery, SqsSource};
 use jobguard::broker::{Delivery, Source};
 use serde::Serialize;
 
@@ -25,6 +26,8 @@ pub enum Broker {
     Nats,
     /// Redis Streams on redis://127.0.0.1:6379.
     Redis,
+    /// Amazon SQS, or a local server such as moto's on http://127.0.0.1:9324.
+    Sqs,
 }
 
 impl Broker {
@@ -34,6 +37,7 @@ impl Broker {
             Broker::Rabbitmq => "rabbitmq",
             Broker::Nats => "nats",
             Broker::Redis => "redis",
+            Broker::Sqs => "sqs",
         }
     }
 
@@ -43,6 +47,7 @@ impl Broker {
             Broker::Rabbitmq => "amqp://127.0.0.1:5672",
             Broker::Nats => "nats://127.0.0.1:4222",
             Broker::Redis => "redis://127.0.0.1:6379",
+            Broker::Sqs => "http://127.0.0.1:9324",
         }
     }
 
@@ -52,6 +57,7 @@ impl Broker {
             Broker::Rabbitmq => "RabbitMQ",
             Broker::Nats => "NATS JetStream",
             Broker::Redis => "Redis Streams",
+            Broker::Sqs => "Amazon SQS",
         }
     }
 }
@@ -61,12 +67,13 @@ impl Broker {
 pub struct Endpoint {
     pub broker: Broker,
     pub url: String,
-    /// The RabbitMQ queue, the NATS subject (its stream named after it in capitals), or the
-    /// Redis stream.
+    /// The RabbitMQ queue, the NATS subject (its stream named after it in capitals), the
+    /// Redis stream, or the SQS queue (named so with `.` as `-`).
     pub queue: String,
     pub prefetch: usize,
     pub max_deliveries: u32,
-    /// NATS AckWait; the Redis claim threshold. RabbitMQ redelivers when the connection drops.
+    /// NATS AckWait; the Redis claim threshold; the SQS visibility timeout. RabbitMQ
+    /// redelivers when the connection drops.
     pub redelivery: Duration,
 }
 
@@ -108,6 +115,23 @@ impl Endpoint {
         }
     }
 
+    fn sqs(&self) -> SqsConfig {
+        SqsConfig {
+            prefetch: self.prefetch,
+            max_deliveries: self.max_deliveries,
+            visibility_timeout: self.redelivery,
+            ..SqsConfig::new(sqs::queue_name(&self.queue))
+        }
+    }
+
+    /// The queue's name on the broker: the SQS queue's with `.` as `-`, else as given.
+    pub fn queue_on_broker(&self) -> String {
+        match self.broker {
+            Broker::Sqs => sqs::queue_name(&self.queue),
+            _ => self.queue.clone(),
+        }
+    }
+
     /// A source on the queue, which is declared when missing; it consumes from its first
     /// receive.
     pub async fn source(&self) -> anyhow::Result<BrokerSource> {
@@ -121,6 +145,9 @@ impl Endpoint {
             Broker::Redis => BrokerSource::Redis(Box::new(
                 RedisSource::connect(&self.url, self.redis()).await?,
             )),
+            Broker::Sqs => {
+                BrokerSource::Sqs(Box::new(SqsSource::connect(&self.url, self.sqs()).await?))
+            }
         })
     }
 
@@ -143,6 +170,7 @@ impl Endpoint {
             Broker::Rabbitmq => rabbitmq::remove(&self.url, &self.rabbitmq()).await?,
             Broker::Nats => nats::remove(&self.url, &self.nats()).await?,
             Broker::Redis => redis::remove(&self.url, &self.redis()).await?,
+            Broker::Sqs => sqs::remove(&self.url, &self.sqs()).await?,
         }
         Ok(())
     }
@@ -153,6 +181,7 @@ pub enum BrokerSource {
     Rabbitmq(Box<RabbitSource>),
     Nats(Box<NatsSource>),
     Redis(Box<RedisSource>),
+    Sqs(Box<SqsSource>),
 }
 
 /// A message from any of the brokers.
@@ -160,6 +189,7 @@ pub enum BrokerDelivery {
     Rabbitmq(RabbitDelivery),
     Nats(NatsDelivery),
     Redis(RedisDelivery),
+    Sqs(SqsDelivery),
 }
 
 /// Runs the same expression on whichever broker's value `$value` holds.
@@ -169,6 +199,7 @@ macro_rules! each {
             $enum::Rabbitmq($inner) => $body,
             $enum::Nats($inner) => $body,
             $enum::Redis($inner) => $body,
+            $enum::Sqs($inner) => $body,
         }
     };
 }
@@ -212,6 +243,12 @@ impl Source for BrokerSource {
                 .into_iter()
                 .map(BrokerDelivery::Redis)
                 .collect(),
+            BrokerSource::Sqs(source) => source
+                .receive(max)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Sqs)
+                .collect(),
         })
     }
 
@@ -238,6 +275,12 @@ impl Source for BrokerSource {
                 .await?
                 .into_iter()
                 .map(BrokerDelivery::Redis)
+                .collect(),
+            BrokerSource::Sqs(source) => source
+                .receive_within(max, wait)
+                .await?
+                .into_iter()
+                .map(BrokerDelivery::Sqs)
                 .collect(),
         })
     }
@@ -277,17 +320,20 @@ impl Delivery for BrokerDelivery {
         let mut rabbitmq = Vec::new();
         let mut nats = Vec::new();
         let mut redis = Vec::new();
+        let mut sqs = Vec::new();
         for delivery in deliveries {
             match delivery {
                 BrokerDelivery::Rabbitmq(delivery) => rabbitmq.push(delivery),
                 BrokerDelivery::Nats(delivery) => nats.push(delivery),
                 BrokerDelivery::Redis(delivery) => redis.push(delivery),
+                BrokerDelivery::Sqs(delivery) => sqs.push(delivery),
             }
         }
         let acked = [
             Delivery::ack_all(rabbitmq).await,
             Delivery::ack_all(nats).await,
             Delivery::ack_all(redis).await,
+            Delivery::ack_all(sqs).await,
         ];
         acked.into_iter().collect()
     }

@@ -65,7 +65,8 @@ enum Command {
     Prune(prune::PruneArgs),
     /// The longest time a duplicate can still arrive, against the guard's retention.
     Retention(retention::RetentionArgs),
-    /// Run the built-in jobs from a broker (RabbitMQ, NATS JetStream, Redis Streams).
+    /// Run the built-in jobs from a broker (RabbitMQ, NATS JetStream, Redis Streams, Amazon
+    /// SQS).
     Consume(scenario::ConsumeCommand),
     /// Serve the payment provider the charge jobs call, on 127.0.0.1, until Ctrl-C.
     Provider(provider::ProviderArgs),

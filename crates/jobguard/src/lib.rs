@@ -48,16 +48,27 @@
 //! | `rabbitmq` | no      | [`broker::rabbitmq`]: a [`broker::Consumer`] source and an outbox sink for RabbitMQ |
 //! | `nats`     | no      | [`broker::nats`]: the same for NATS JetStream                   |
 //! | `redis`    | no      | [`broker::redis`]: the same for Redis Streams                   |
+//! | `sqs`      | no      | [`broker::sqs`]: the same for Amazon SQS                        |
 //! | `testkit`  | no      | [`testkit`]: concurrent-delivery and run-twice checks for tests |
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(any(feature = "rabbitmq", feature = "nats", feature = "redis"))]
+#[cfg(any(
+    feature = "rabbitmq",
+    feature = "nats",
+    feature = "redis",
+    feature = "sqs"
+))]
 #[cfg_attr(
     docsrs,
-    doc(cfg(any(feature = "rabbitmq", feature = "nats", feature = "redis")))
+    doc(cfg(any(
+        feature = "rabbitmq",
+        feature = "nats",
+        feature = "redis",
+        feature = "sqs"
+    )))
 )]
 pub mod broker;
 mod dispatch;

@@ -1,5 +1,6 @@
 //! `jobguard bench brokers`: messages per second a broker consumer applies one per transaction
-//! against in batches, on each broker that answers (RabbitMQ, NATS JetStream, Redis Streams).
+//! against in batches, on each broker that answers (RabbitMQ, NATS JetStream, Redis Streams,
+//! Amazon SQS).
 //!
 //! For each broker and each mode, the benchmark publishes N credit envelopes to a queue of its
 //! own (not timed), then times one consumer from its start until every message was settled,
@@ -17,6 +18,7 @@ use futures::{FutureExt as _, StreamExt as _};
 use jobguard::broker::nats::NatsSink;
 use jobguard::broker::rabbitmq::RabbitSink;
 use jobguard::broker::redis::RedisSink;
+use jobguard::broker::sqs::SqsSink;
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Envelope};
 use jobguard::{Guard, GuardConfig, Job, JobError, JobKey, KeyError, Outcome, TableName};
 use serde::{Deserialize, Serialize};
@@ -63,6 +65,9 @@ pub struct BenchBrokersArgs {
     /// Redis's URL.
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
+    /// SQS's endpoint (moto's server here; see `jobguard consume --help` for credentials).
+    #[arg(long, default_value = "http://127.0.0.1:9324")]
+    sqs_url: String,
     /// Print one JSON object instead of the report.
     #[arg(long)]
     json: bool,
@@ -168,6 +173,7 @@ where
         (Broker::Rabbitmq, &args.rabbitmq_url),
         (Broker::Nats, &args.nats_url),
         (Broker::Redis, &args.redis_url),
+        (Broker::Sqs, &args.sqs_url),
     ] {
         let endpoint = |prefetch: usize| Endpoint {
             broker,
@@ -318,7 +324,7 @@ where
 
 /// Publishes every envelope, many at once; not timed.
 async fn publish(endpoint: &Endpoint, envelopes: &[Envelope]) -> anyhow::Result<()> {
-    let queue = endpoint.queue.as_str();
+    let queue = &endpoint.queue_on_broker();
     let published: Vec<jobguard::Result<()>> = match endpoint.broker {
         Broker::Rabbitmq => {
             let sink = RabbitSink::connect(&endpoint.url, "").await?;
@@ -344,6 +350,14 @@ async fn publish(endpoint: &Endpoint, envelopes: &[Envelope]) -> anyhow::Result<
             let sink = RedisSink::connect(&endpoint.url)
                 .await?
                 .dedupe_window(Duration::ZERO);
+            futures::stream::iter(envelopes)
+                .map(|envelope| sink.publish(queue, envelope))
+                .buffer_unordered(PUBLISHING)
+                .collect()
+                .await
+        }
+        Broker::Sqs => {
+            let sink = SqsSink::connect(&endpoint.url)?;
             futures::stream::iter(envelopes)
                 .map(|envelope| sink.publish(queue, envelope))
                 .buffer_unordered(PUBLISHING)

@@ -1,5 +1,5 @@
 //! `jobguard consume`: runs the built-in jobs from a broker (RabbitMQ, NATS JetStream, Redis
-//! Streams) through the guard until Ctrl-C, or until idle.
+//! Streams, Amazon SQS) through the guard until Ctrl-C, or until idle.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -43,11 +43,13 @@ pub struct ConsumeArgs {
     #[arg(long, value_enum)]
     broker: Broker,
     /// The broker's URL; by default the broker's port on 127.0.0.1 (amqp://127.0.0.1:5672,
-    /// nats://127.0.0.1:4222, redis://127.0.0.1:6379).
+    /// nats://127.0.0.1:4222, redis://127.0.0.1:6379, http://127.0.0.1:9324 for SQS, signed with
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION when set).
     #[arg(long, env = URL_ENV, hide_env_values = true)]
     url: Option<String>,
     /// The RabbitMQ queue, the NATS subject (stored in the stream of the same name in capitals,
-    /// `.` and `-` as `_`), or the Redis stream. Declared when missing, with its dead letters.
+    /// `.` and `-` as `_`), the Redis stream, or the SQS queue (`.` as `-`, a final `.fifo`
+    /// kept: a FIFO queue). Declared when missing, with its dead letters.
     #[arg(long, default_value = "jobguard.jobs")]
     queue: String,
     /// Messages held unacknowledged at once, and jobs run at once [default: 10, or two
@@ -67,7 +69,8 @@ pub struct ConsumeArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     max_deliveries: u32,
     /// NATS: AckWait, extended by progress acks while a job runs. Redis: how long an entry is
-    /// idle before another consumer claims it. RabbitMQ redelivers when a consumer's connection
+    /// idle before another consumer claims it. SQS: the visibility timeout, in whole seconds,
+    /// extended while a job runs. RabbitMQ redelivers when a consumer's connection
     /// drops, and ignores it.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     redelivery: Duration,
@@ -108,6 +111,15 @@ impl ConsumeArgs {
             bail!(
                 "--redelivery {} is too short: running jobs renew it every third of it; use at \
                  least 300ms, and longer than a job can stall",
+                humantime::format_duration(self.redelivery)
+            );
+        }
+        if self.broker == Broker::Sqs
+            && (self.redelivery < Duration::from_secs(1) || self.redelivery.subsec_nanos() != 0)
+        {
+            bail!(
+                "--redelivery {} is not a whole number of seconds: it is the SQS visibility \
+                 timeout, which SQS takes in whole seconds, at least 1s",
                 humantime::format_duration(self.redelivery)
             );
         }
@@ -188,7 +200,7 @@ async fn consume<DB: ExampleDb>(
         eprintln!(
             "jobguard consume: `{}` on {} at {}, into {database} ({}), {} jobs at once{}, kinds \
              credit, noop, fail; {}",
-            endpoint.queue,
+            endpoint.queue_on_broker(),
             endpoint.broker.name(),
             redact(&endpoint.url),
             DB::BACKEND,
@@ -208,7 +220,7 @@ async fn consume<DB: ExampleDb>(
     let report = ConsumeReport {
         broker: endpoint.broker,
         url: redact(&endpoint.url),
-        queue: endpoint.queue,
+        queue: endpoint.queue_on_broker(),
         backend: DB::BACKEND,
         database,
         stats,

@@ -1,8 +1,8 @@
 //! `jobguard demo --broker NAME`: the seed's experiment through a real broker, and the demo's
 //! side of the hidden `jobguard consume --demo MODE --crash-after-commit` it starts.
 //!
-//! Each of N credit jobs is published D times to a queue (RabbitMQ), a stream (NATS JetStream)
-//! or a stream (Redis) of the demo's own, as a producer retrying its publishes would. One
+//! Each of N credit jobs is published D times to a queue (RabbitMQ, SQS), a stream (NATS
+//! JetStream) or a stream (Redis) of the demo's own, as a producer retrying its publishes would. One
 //! consumer process is killed with SIGKILL right after its first job committed and before it
 //! acknowledged the message, so the broker delivers that message again. The rest are consumed
 //! by C jobs at once in this process: once with the naive credit job, which appends on every
@@ -19,6 +19,7 @@ use futures::future::BoxFuture;
 use jobguard::broker::nats::NatsSink;
 use jobguard::broker::rabbitmq::RabbitSink;
 use jobguard::broker::redis::RedisSink;
+use jobguard::broker::sqs::SqsSink;
 use jobguard::broker::{Consumer, ConsumerConfig, Delivery, Envelope, Source};
 use jobguard::worker::shutdown_signal;
 use jobguard::{Job, JobError, JobKey, KeyError, Outcome};
@@ -275,7 +276,7 @@ async fn run_on<DB: LedgerDb>(
             queue: format!("jobguard-demo-{}", mode_name(mode)),
             prefetch: shape.concurrency as usize,
             max_deliveries: 5,
-            redelivery: Duration::from_secs(2),
+            redelivery: redelivery(broker),
         };
         endpoint
             .remove()
@@ -327,6 +328,16 @@ async fn run_on<DB: LedgerDb>(
         killed_consumers: 1,
         demo,
     })
+}
+
+/// How long a message waits unacknowledged before it is delivered again: 2 s, and 5 s on SQS,
+/// whose local servers (moto, in Python) answer slowly enough under load that a message the
+/// naive consumer (which never extends it) finished could be received again before its delete.
+fn redelivery(broker: Broker) -> Duration {
+    match broker {
+        Broker::Sqs => Duration::from_secs(5),
+        _ => Duration::from_secs(2),
+    }
 }
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -406,6 +417,13 @@ async fn publish_copies(endpoint: &Endpoint, envelopes: &[Envelope]) -> anyhow::
                 .dedupe_window(Duration::ZERO);
             for envelope in envelopes {
                 sink.publish(&endpoint.queue, envelope).await?;
+            }
+        }
+        Broker::Sqs => {
+            // A standard queue: no deduplication, every copy is stored.
+            let sink = SqsSink::connect(&endpoint.url)?;
+            for envelope in envelopes {
+                sink.publish(&endpoint.queue_on_broker(), envelope).await?;
             }
         }
     }

@@ -1,4 +1,5 @@
-//! `jobguard consume` as real processes against real RabbitMQ, NATS JetStream and Redis: a
+//! `jobguard consume` as real processes against real RabbitMQ, NATS JetStream, Redis and SQS
+//! (moto's server): a
 //! consumer killed with SIGKILL after its commit and before its ack, whose message comes back
 //! to the next consumer as a duplicate; the same for a batch, and a batch killed before its
 //! commit; three consumer processes on one queue, each message published three times; and
@@ -15,6 +16,7 @@ use jobguard::broker::Envelope;
 use jobguard::broker::nats::{NatsConfig, NatsSink, NatsSource};
 use jobguard::broker::rabbitmq::{RabbitConfig, RabbitSink, RabbitSource};
 use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
+use jobguard::broker::sqs::{self, SqsConfig, SqsSink, SqsSource};
 use serde_json::{Value, json};
 
 use crate::common::{Db, Proc, jobguard, service_url, spawn};
@@ -28,11 +30,31 @@ const CRASH_POINT: &str = "JOBGUARD_CRASH_POINT";
 const MAX_DELIVERIES: u32 = 5;
 const REDELIVERY: Duration = Duration::from_secs(1);
 
+/// The redelivery delay on `broker`. SQS here is moto, a Python server: on a loaded machine its
+/// answers take long enough that one second of visibility leaves too little time between a
+/// job's end and its delete, and a finished message is received again (one duplicate more).
+fn redelivery(broker: Broker) -> Duration {
+    match broker {
+        Broker::Sqs => Duration::from_secs(3),
+        _ => REDELIVERY,
+    }
+}
+
+/// Long enough without a message on `broker` that anything still to be delivered again has
+/// come.
+fn idle(broker: Broker) -> &'static str {
+    match broker {
+        Broker::Sqs => "6s",
+        _ => IDLE,
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Broker {
     Rabbitmq,
     Nats,
     Redis,
+    Sqs,
 }
 
 impl Broker {
@@ -41,6 +63,7 @@ impl Broker {
             Broker::Rabbitmq => "rabbitmq",
             Broker::Nats => "nats",
             Broker::Redis => "redis",
+            Broker::Sqs => "sqs",
         }
     }
 
@@ -50,13 +73,15 @@ impl Broker {
             Broker::Rabbitmq => ("JOBGUARD_TEST_AMQP_URL", "amqp://127.0.0.1:5672"),
             Broker::Nats => ("JOBGUARD_TEST_NATS_URL", "nats://127.0.0.1:4222"),
             Broker::Redis => ("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
+            Broker::Sqs => ("JOBGUARD_TEST_SQS_URL", "http://127.0.0.1:9324"),
         };
         service_url(var, default, "broker")
     }
 }
 
 /// Stamps out one test per broker over one `async fn` taking the [`Broker`]:
-/// `each_broker!(demo_through)` makes `demo_through::rabbitmq`, `::nats` and `::redis`.
+/// `each_broker!(demo_through)` makes `demo_through::rabbitmq`, `::nats`, `::redis` and
+/// `::sqs`.
 macro_rules! each_broker {
     ($($name:ident),+ $(,)?) => {$(
         mod $name {
@@ -76,6 +101,11 @@ macro_rules! each_broker {
             async fn redis() {
                 super::$name(Broker::Redis).await;
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqs() {
+                super::$name(Broker::Sqs).await;
+            }
         }
     )+};
 }
@@ -84,7 +114,7 @@ macro_rules! each_broker {
 struct Queue {
     broker: Broker,
     url: String,
-    /// RabbitMQ queue, NATS subject, Redis stream.
+    /// RabbitMQ queue, NATS subject, Redis stream, SQS queue (`.` as `-`).
     name: String,
 }
 
@@ -116,6 +146,15 @@ impl Queue {
         }
     }
 
+    /// As `jobguard consume` names it: `.` as `-`.
+    fn sqs(&self) -> SqsConfig {
+        SqsConfig {
+            max_deliveries: MAX_DELIVERIES,
+            visibility_timeout: redelivery(Broker::Sqs),
+            ..SqsConfig::new(sqs::queue_name(&self.name))
+        }
+    }
+
     /// A fresh queue, declared as the consumers declare it so that messages published before
     /// they start wait in it.
     async fn new(broker: Broker, test: &str) -> Option<Queue> {
@@ -130,6 +169,7 @@ impl Queue {
             Broker::Rabbitmq => drop(RabbitSource::connect(&queue.url, queue.rabbitmq()).await),
             Broker::Nats => drop(NatsSource::connect(&queue.url, queue.nats()).await),
             Broker::Redis => drop(RedisSource::connect(&queue.url, queue.redis()).await),
+            Broker::Sqs => drop(SqsSource::connect(&queue.url, queue.sqs()).await),
         }
         Some(queue)
     }
@@ -141,6 +181,7 @@ impl Queue {
             }
             Broker::Nats => jobguard::broker::nats::remove(&self.url, &self.nats()).await,
             Broker::Redis => jobguard::broker::redis::remove(&self.url, &self.redis()).await,
+            Broker::Sqs => sqs::remove(&self.url, &self.sqs()).await,
         };
         removed.expect("remove the test's queue");
     }
@@ -171,6 +212,13 @@ impl Queue {
                     .dedupe_window(Duration::ZERO);
                 for envelope in envelopes {
                     sink.publish(&self.name, envelope).await.unwrap();
+                }
+            }
+            Broker::Sqs => {
+                // A standard queue: every copy is stored.
+                let sink = SqsSink::connect(&self.url).unwrap();
+                for envelope in envelopes {
+                    sink.publish(&self.sqs().queue, envelope).await.unwrap();
                 }
             }
         }
@@ -210,7 +258,7 @@ struct Consumer(Proc);
 
 impl Consumer {
     fn start(queue: &Queue, db: &Db, name: &str, extra: &[&str]) -> Consumer {
-        let redelivery = format!("{}ms", REDELIVERY.as_millis());
+        let redelivery = format!("{}ms", redelivery(queue.broker).as_millis());
         let mut command = jobguard();
         command
             .args([
@@ -307,7 +355,12 @@ async fn killed_after_commit_before_ack(broker: Broker) {
         "the job committed before the kill"
     );
 
-    let second = Consumer::start(&queue, &db, "second", &["--until-idle", IDLE, "--json"]);
+    let second = Consumer::start(
+        &queue,
+        &db,
+        "second",
+        &["--until-idle", idle(broker), "--json"],
+    );
     let report = second.report().await;
     assert_eq!(report["applied"], 0, "{report}");
     assert_eq!(
@@ -318,7 +371,12 @@ async fn killed_after_commit_before_ack(broker: Broker) {
     assert_eq!(ledger(&db).await, (1, 1), "the effect exists once");
 
     // The duplicate was acknowledged: nothing comes back.
-    let third = Consumer::start(&queue, &db, "third", &["--until-idle", IDLE, "--json"]);
+    let third = Consumer::start(
+        &queue,
+        &db,
+        "third",
+        &["--until-idle", idle(broker), "--json"],
+    );
     let report = third.report().await;
     assert_eq!(
         (report["applied"].as_u64(), report["duplicates"].as_u64()),
@@ -347,7 +405,7 @@ async fn three_consumer_processes(broker: Broker) {
                 &queue,
                 &db,
                 name,
-                &["--prefetch", "4", "--until-idle", IDLE, "--json"],
+                &["--prefetch", "4", "--until-idle", idle(broker), "--json"],
             )
         })
         .collect();
@@ -447,7 +505,7 @@ async fn batch_killed_before_commit(broker: Broker) {
     );
 
     let mut extra = ONE_BATCH.to_vec();
-    extra.extend(["--until-idle", IDLE, "--json"]);
+    extra.extend(["--until-idle", idle(broker), "--json"]);
     let report = Consumer::start(&queue, &db, "second", &extra)
         .report()
         .await;
@@ -485,7 +543,7 @@ async fn batch_killed_after_commit_before_ack(broker: Broker) {
     assert!(rows > 1, "a batch of more than one committed: {rows}");
 
     let mut extra = ONE_BATCH.to_vec();
-    extra.extend(["--until-idle", IDLE, "--json"]);
+    extra.extend(["--until-idle", idle(broker), "--json"]);
     let report = Consumer::start(&queue, &db, "second", &extra)
         .report()
         .await;
@@ -517,7 +575,7 @@ each_broker!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_brokers_applies_every_message_once() {
     let db = Db::postgres_or_sqlite("brokers::bench");
-    let brokers = [Broker::Rabbitmq, Broker::Nats, Broker::Redis];
+    let brokers = [Broker::Rabbitmq, Broker::Nats, Broker::Redis, Broker::Sqs];
     // A broker that does not answer gets a port nothing listens on, and must be skipped.
     let urls: Vec<(Broker, Option<String>)> = brokers.iter().map(|b| (*b, b.url())).collect();
     let flag = |broker: Broker| format!("--{}-url", broker.name());
@@ -541,6 +599,7 @@ async fn bench_brokers_applies_every_message_once() {
             Broker::Rabbitmq => "amqp://127.0.0.1:1".to_owned(),
             Broker::Nats => "nats://127.0.0.1:1".to_owned(),
             Broker::Redis => "redis://127.0.0.1:1".to_owned(),
+            Broker::Sqs => "http://127.0.0.1:1".to_owned(),
         });
         args.extend([flag(*broker), url]);
     }

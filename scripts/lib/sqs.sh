@@ -1,0 +1,162 @@
+# shellcheck shell=bash
+#
+# Amazon SQS for the tests: moto's server mode (PyPI `moto[server]`), an SQS
+# that answers SigV4-signed requests on 127.0.0.1. Sourced after
+# scripts/lib/services.sh, never executed directly.
+#
+# Entry points:
+#   sqs_setup   - export JOBGUARD_TEST_SQS_URL: the URL already set, when it
+#                 answers; else a server on 127.0.0.1:9324; else moto_server
+#                 started there (installed into a cached virtualenv first when
+#                 missing). Returns non-zero, with a warning, when it cannot.
+#   sqs_stop    - stop the server sqs_setup started, if any.
+#   sqs_status  - say whether SQS answers, and where.
+#
+# Environment knobs (all optional):
+#   JOBGUARD_TEST_SQS_URL   use this endpoint as-is (http://HOST:PORT).
+#   JOBGUARD_SQS_VENV       the virtualenv moto is installed into (default
+#                           ~/.cache/jobguard/moto-venv), so a machine pays
+#                           the install once.
+#   JOBGUARD_STATE_DIR      where the pid and log of a started server are kept.
+
+JOBGUARD_SQS_PORT=9324
+
+sqs_state_dir() {
+    local dir="${JOBGUARD_STATE_DIR:-${TMPDIR:-/tmp}/jobguard-services-$(id -u)}"
+    mkdir -p "$dir" && printf '%s\n' "$dir"
+}
+
+sqs_venv() {
+    printf '%s\n' "${JOBGUARD_SQS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/jobguard/moto-venv}"
+}
+
+# HOST PORT of an http://HOST:PORT URL (port 80 when none is given).
+sqs_host_port() {
+    local rest=${1#*://}
+    rest=${rest%%/*}
+    rest=${rest##*@}
+    if [[ "$rest" == *:* ]]; then
+        printf '%s %s\n' "${rest%:*}" "${rest##*:}"
+    else
+        printf '%s 80\n' "$rest"
+    fi
+}
+
+sqs_url_answers() {
+    local host port
+    read -r host port < <(sqs_host_port "$1")
+    tcp_open "$host" "$port"
+}
+
+# Path of a moto_server that runs: on PATH, or in the cached virtualenv.
+sqs_moto_server() {
+    local candidate
+    for candidate in "$(sqs_venv)/bin/moto_server" "$(command -v moto_server 2>/dev/null || true)"; do
+        [[ -n "$candidate" && -x "$candidate" ]] || continue
+        # A pyenv shim exists for every version; it must run for this one.
+        if "$candidate" --help >/dev/null 2>&1; then
+            printf '%s\n' "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Install moto[server] into the cached virtualenv.
+sqs_install_moto() {
+    local venv python
+    venv=$(sqs_venv)
+    python=$(command -v python3 || true)
+    if [[ -z "$python" ]]; then
+        if is_root && command -v apt-get >/dev/null 2>&1; then
+            log "python3 not found; installing it"
+            apt-get update </dev/null >&2 || return 1
+            DEBIAN_FRONTEND=noninteractive apt-get install -y python3 python3-venv </dev/null >&2 || return 1
+            python=$(command -v python3) || return 1
+        else
+            warn "python3 not found: install it to run moto_server for the SQS tests"
+            return 1
+        fi
+    fi
+    log "installing moto[server] into $venv (once per machine)"
+    mkdir -p "$(dirname "$venv")" || return 1
+    if ! "$python" -m venv "$venv" >&2; then
+        if is_root && command -v apt-get >/dev/null 2>&1; then
+            apt-get update </dev/null >&2 || return 1
+            DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv </dev/null >&2 || return 1
+            "$python" -m venv "$venv" >&2 || return 1
+        else
+            warn "cannot create a virtualenv with $python (install python3-venv)"
+            return 1
+        fi
+    fi
+    "$venv/bin/pip" install --quiet --disable-pip-version-check 'moto[server]' </dev/null >&2
+}
+
+# Start moto_server on 127.0.0.1:9324, recording its pid.
+sqs_start() {
+    local moto state
+    moto=$(sqs_moto_server) || { sqs_install_moto && moto=$(sqs_moto_server); } || {
+        warn "moto_server could not be installed"
+        return 1
+    }
+    state=$(sqs_state_dir) || return 1
+    log "starting moto_server (SQS) on 127.0.0.1:$JOBGUARD_SQS_PORT ($moto)"
+    nohup "$moto" -H 127.0.0.1 -p "$JOBGUARD_SQS_PORT" </dev/null >"$state/sqs.log" 2>&1 &
+    printf '%s\n' "$!" >"$state/sqs.pid"
+    disown
+    if ! wait_for_port 127.0.0.1 "$JOBGUARD_SQS_PORT" 60; then
+        warn "moto_server did not listen within 60 s; its log:"
+        sed 's/^/    /' "$state/sqs.log" >&2 || true
+        sqs_stop
+        return 1
+    fi
+}
+
+sqs_setup() {
+    if [[ -n "${JOBGUARD_TEST_SQS_URL:-}" ]]; then
+        if sqs_url_answers "$JOBGUARD_TEST_SQS_URL"; then
+            export JOBGUARD_TEST_SQS_URL
+            log "SQS: $(redact_url "$JOBGUARD_TEST_SQS_URL") [JOBGUARD_TEST_SQS_URL]"
+            return 0
+        fi
+        warn "nothing answers at JOBGUARD_TEST_SQS_URL=$(redact_url "$JOBGUARD_TEST_SQS_URL")"
+        unset JOBGUARD_TEST_SQS_URL
+        return 1
+    fi
+    local url="http://127.0.0.1:$JOBGUARD_SQS_PORT"
+    if tcp_open 127.0.0.1 "$JOBGUARD_SQS_PORT" || sqs_start; then
+        export JOBGUARD_TEST_SQS_URL=$url
+        log "SQS: $url"
+        return 0
+    fi
+    warn "SQS is not available on 127.0.0.1:$JOBGUARD_SQS_PORT"
+    return 1
+}
+
+# Stops the moto_server sqs_setup started; never one it did not start.
+sqs_stop() {
+    local state pidfile pid
+    state=$(sqs_state_dir) || return 0
+    pidfile="$state/sqs.pid"
+    [[ -f "$pidfile" ]] || return 0
+    pid=$(head -n1 "$pidfile" 2>/dev/null || true)
+    if [[ "$pid" =~ ^[0-9]+$ ]] && grep -qa moto_server "/proc/$pid/cmdline" 2>/dev/null; then
+        log "stopping moto_server (SQS), pid $pid"
+        kill -TERM "$pid" 2>/dev/null || true
+    fi
+    rm -f "$pidfile"
+}
+
+sqs_status() {
+    local url=${JOBGUARD_TEST_SQS_URL:-http://127.0.0.1:$JOBGUARD_SQS_PORT} state started=""
+    state=$(sqs_state_dir) || true
+    if [[ -n "$state" && -f "$state/sqs.pid" ]]; then
+        started=" (moto_server started by scripts/services, pid $(head -n1 "$state/sqs.pid"))"
+    fi
+    if sqs_url_answers "$url"; then
+        printf 'SQS: answers at %s%s\n' "$(redact_url "$url")" "$started"
+    else
+        printf 'SQS: nothing answers at %s\n' "$(redact_url "$url")"
+    fi
+}
