@@ -1,5 +1,6 @@
-//! The brokers `jobguard consume` runs jobs from (RabbitMQ, NATS JetStream, Redis Streams):
-//! which one, where, and one source and delivery type over the three.
+//! The brokers `jobguard consume` runs jobs from (RabbitMQ, NATS JetStream, Redis Streams,
+//! Kafka): which one, where, one source and delivery type over the first three, and how a
+//! consumer runs on each ([`Endpoint::run`]: Kafka's stores its offsets with the effects).
 
 use std::time::Duration;
 
@@ -7,7 +8,10 @@ use clap::ValueEnum;
 use jobguard::broker::nats::{self, NatsConfig, NatsDelivery, NatsSource};
 use jobguard::broker::rabbitmq::{self, RabbitConfig, RabbitDelivery, RabbitSource};
 use jobguard::broker::redis::{self, RedisConfig, RedisDelivery, RedisSource};
-use jobguard::broker::{Delivery, Source};
+use jobguard::broker::kafka::{self, KafkaConfig};
+use jobguard::broker::{Consumer, ConsumerStats, Delivery, Source};
+use anyhow::Context as _;
+use jobguard::Backend;
 use serde::Serialize;
 
 use crate::database::redact;
@@ -25,6 +29,8 @@ pub enum Broker {
     Nats,
     /// Redis Streams on redis://127.0.0.1:6379.
     Redis,
+    /// Kafka on kafka://127.0.0.1:9092.
+    Kafka,
 }
 
 impl Broker {
@@ -34,6 +40,7 @@ impl Broker {
             Broker::Rabbitmq => "rabbitmq",
             Broker::Nats => "nats",
             Broker::Redis => "redis",
+            Broker::Kafka => "kafka",
         }
     }
 
@@ -43,6 +50,7 @@ impl Broker {
             Broker::Rabbitmq => "amqp://127.0.0.1:5672",
             Broker::Nats => "nats://127.0.0.1:4222",
             Broker::Redis => "redis://127.0.0.1:6379",
+            Broker::Kafka => "kafka://127.0.0.1:9092",
         }
     }
 
@@ -52,6 +60,7 @@ impl Broker {
             Broker::Rabbitmq => "RabbitMQ",
             Broker::Nats => "NATS JetStream",
             Broker::Redis => "Redis Streams",
+            Broker::Kafka => "Kafka",
         }
     }
 }
@@ -61,8 +70,8 @@ impl Broker {
 pub struct Endpoint {
     pub broker: Broker,
     pub url: String,
-    /// The RabbitMQ queue, the NATS subject (its stream named after it in capitals), or the
-    /// Redis stream.
+    /// The RabbitMQ queue, the NATS subject (its stream named after it in capitals), the
+    /// Redis stream, or the Kafka topic (its group `jobguard.<topic>`).
     pub queue: String,
     pub prefetch: usize,
     pub max_deliveries: u32,
@@ -108,10 +117,67 @@ impl Endpoint {
         }
     }
 
+    /// The Kafka topic's consumer: its group is `jobguard.<topic>`, it runs `prefetch`
+    /// partitions at once, and its session lasts `redelivery`, at least 6 s.
+    pub fn kafka(&self) -> KafkaConfig {
+        KafkaConfig {
+            group: format!("jobguard.{}", self.queue),
+            concurrency: self.prefetch,
+            max_deliveries: self.max_deliveries,
+            // Brokers refuse sessions under 6 s by default (group.min.session.timeout.ms).
+            session_timeout: self.redelivery.max(Duration::from_secs(6)),
+            ..KafkaConfig::new(self.queue.clone())
+        }
+    }
+
+    /// Runs `consumer` on the queue, declared when missing, until `shutdown` resolves or the
+    /// consumer is idle: through [`source`](Self::source), or on Kafka with its offsets stored
+    /// in the consumer's database.
+    pub async fn run<DB: Backend>(
+        &self,
+        consumer: Consumer<DB>,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> anyhow::Result<ConsumerStats> {
+        if self.broker == Broker::Kafka {
+            let source = consumer
+                .kafka_source(&self.url, self.kafka())
+                .await
+                .with_context(|| self.cannot_consume())?;
+            return Ok(consumer.run_kafka(source, shutdown).await?);
+        }
+        let source = self.subscribe().await?;
+        Ok(consumer.run(source, shutdown).await?)
+    }
+
+    fn cannot_consume(&self) -> String {
+        format!(
+            "cannot consume `{}` from {} at {}",
+            self.queue,
+            self.broker.name(),
+            redact(&self.url)
+        )
+    }
+
+    /// Declares the queue (and its dead letters) when missing, so that what is published
+    /// before a consumer starts waits in it.
+    pub async fn declare(&self) -> anyhow::Result<()> {
+        if self.broker == Broker::Kafka {
+            kafka::declare(&self.url, &self.kafka())
+                .await
+                .with_context(|| self.cannot_consume())?;
+        } else {
+            drop(self.subscribe().await?);
+        }
+        Ok(())
+    }
+
     /// A source on the queue, which is declared when missing; it consumes from its first
-    /// receive.
+    /// receive. Kafka has none: its consumer runs through [`run`](Self::run).
     pub async fn source(&self) -> anyhow::Result<BrokerSource> {
         Ok(match self.broker {
+            Broker::Kafka => anyhow::bail!(
+                "a Kafka consumer stores its offsets in the database: it runs through Endpoint::run"
+            ),
             Broker::Rabbitmq => BrokerSource::Rabbitmq(Box::new(
                 RabbitSource::connect(&self.url, self.rabbitmq()).await?,
             )),
@@ -126,15 +192,7 @@ impl Endpoint {
 
     /// [`source`](Self::source), with an error that names the queue and the broker.
     pub async fn subscribe(&self) -> anyhow::Result<BrokerSource> {
-        use anyhow::Context as _;
-        self.source().await.with_context(|| {
-            format!(
-                "cannot consume `{}` from {} at {}",
-                self.queue,
-                self.broker.name(),
-                redact(&self.url)
-            )
-        })
+        self.source().await.with_context(|| self.cannot_consume())
     }
 
     /// Deletes the queue and its dead letters.
@@ -143,6 +201,7 @@ impl Endpoint {
             Broker::Rabbitmq => rabbitmq::remove(&self.url, &self.rabbitmq()).await?,
             Broker::Nats => nats::remove(&self.url, &self.nats()).await?,
             Broker::Redis => redis::remove(&self.url, &self.redis()).await?,
+            Broker::Kafka => kafka::remove(&self.url, &self.kafka()).await?,
         }
         Ok(())
     }

@@ -15,7 +15,12 @@ mod common;
 
 mod api_key;
 mod batch;
-#[cfg(all(feature = "rabbitmq", feature = "nats", feature = "redis"))]
+#[cfg(all(
+    feature = "rabbitmq",
+    feature = "nats",
+    feature = "redis",
+    feature = "kafka"
+))]
 mod brokers;
 mod external;
 mod guard;

@@ -13,13 +13,15 @@ use std::time::Duration;
 use jobguard::broker::nats::{NatsConfig, NatsSink, NatsSource};
 use jobguard::broker::rabbitmq::{RabbitConfig, RabbitSink, RabbitSource};
 use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
-use jobguard::broker::{Envelope, Source};
+use jobguard::broker::{Consumer, ConsumerStats, Envelope, Source};
 use jobguard::outbox::{Outbox, Relay, Sink};
 use jobguard::{Guard, JobError, JobKey, MessageId};
 use serde_json::{Value, json};
 use sqlx::Sqlite;
 
 use crate::common::{TestDb, reachable};
+
+use self::kafka::Kafka;
 
 /// How a test wants its source set up.
 #[derive(Clone, Copy, Debug)]
@@ -28,6 +30,9 @@ struct Settings {
     max_deliveries: u32,
     /// NATS AckWait, Redis claim threshold.
     redelivery: Duration,
+    /// Kafka: the topic's partitions, when [`TestBroker::prepare`] makes it; publishing into
+    /// a topic not prepared makes it with one.
+    partitions: i32,
 }
 
 impl Default for Settings {
@@ -36,6 +41,7 @@ impl Default for Settings {
             prefetch: 10,
             max_deliveries: 3,
             redelivery: Duration::from_secs(1),
+            partitions: 3,
         }
     }
 }
@@ -43,7 +49,11 @@ impl Default for Settings {
 /// A real broker, as the suite uses it.
 trait TestBroker {
     const NAME: &'static str;
-    type Source: Source;
+
+    /// Whether a message whose effect committed and whose acknowledgement never came is
+    /// delivered again (then as a duplicate). Kafka resumes after the offset stored with the
+    /// effect, so it does not deliver it again at all.
+    const REDELIVERS_COMMITTED: bool = true;
 
     /// The URL of a broker that answers, or `None` to skip.
     fn url() -> Option<String>;
@@ -51,8 +61,22 @@ trait TestBroker {
     /// Deletes the test's queue or stream and its dead letters.
     fn reset(url: &str, name: &str) -> impl Future<Output = ()> + Send;
 
-    /// A source on the test's queue or stream, declared when missing.
-    fn source(url: &str, name: &str, settings: Settings) -> impl Future<Output = Self::Source>;
+    /// Runs `consumer` on the test's queue or stream, declared when missing, until `stop`
+    /// resolves or the consumer is idle.
+    fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> impl Future<Output = jobguard::Result<ConsumerStats>>;
+
+    /// Makes the test's queue or stream ready before anything is published (Kafka: a topic
+    /// with `settings.partitions` partitions); by default, publishing makes it.
+    fn prepare(url: &str, name: &str, settings: Settings) -> impl Future<Output = ()> {
+        let _ = (url, name, settings);
+        async {}
+    }
 
     /// Publishes a raw body to the test's queue or stream.
     fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) -> impl Future<Output = ()>;
@@ -105,6 +129,18 @@ impl Publish for RedisSink {
 struct Rabbit;
 
 impl Rabbit {
+    /// A source on the test's queue or stream, declared when missing.
+    async fn source(url: &str, name: &str, settings: Settings) -> RabbitSource {
+        let config = RabbitConfig {
+            prefetch: settings.prefetch as u16,
+            max_deliveries: settings.max_deliveries,
+            ..RabbitConfig::new(Self::queue(name))
+        };
+        RabbitSource::connect(url, config)
+            .await
+            .expect("consume from RabbitMQ")
+    }
+
     fn queue(name: &str) -> String {
         format!("jg-test-{name}")
     }
@@ -120,7 +156,6 @@ impl Rabbit {
 
 impl TestBroker for Rabbit {
     const NAME: &'static str = "rabbitmq";
-    type Source = RabbitSource;
 
     fn url() -> Option<String> {
         reachable("JOBGUARD_TEST_AMQP_URL", "amqp://127.0.0.1:5672", 5672)
@@ -144,15 +179,14 @@ impl TestBroker for Rabbit {
         let _ = connection.close(200, "reset".into()).await;
     }
 
-    async fn source(url: &str, name: &str, settings: Settings) -> RabbitSource {
-        let config = RabbitConfig {
-            prefetch: settings.prefetch as u16,
-            max_deliveries: settings.max_deliveries,
-            ..RabbitConfig::new(Self::queue(name))
-        };
-        RabbitSource::connect(url, config)
-            .await
-            .expect("consume from RabbitMQ")
+    async fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> jobguard::Result<ConsumerStats> {
+        consumer.run(Self::source(url, name, settings).await, stop).await
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
@@ -292,6 +326,19 @@ impl TestBroker for Rabbit {
 struct Nats;
 
 impl Nats {
+    /// A source on the test's queue or stream, declared when missing.
+    async fn source(url: &str, name: &str, settings: Settings) -> NatsSource {
+        let config = NatsConfig {
+            prefetch: settings.prefetch,
+            max_deliveries: settings.max_deliveries,
+            ack_wait: settings.redelivery,
+            ..Self::config(name)
+        };
+        NatsSource::connect(url, config)
+            .await
+            .expect("consume from NATS")
+    }
+
     fn config(name: &str) -> NatsConfig {
         let token = name.replace(['-', '.'], "_");
         NatsConfig::new(
@@ -312,7 +359,6 @@ impl Nats {
 
 impl TestBroker for Nats {
     const NAME: &'static str = "nats";
-    type Source = NatsSource;
 
     fn url() -> Option<String> {
         reachable("JOBGUARD_TEST_NATS_URL", "nats://127.0.0.1:4222", 4222)
@@ -326,16 +372,14 @@ impl TestBroker for Nats {
         }
     }
 
-    async fn source(url: &str, name: &str, settings: Settings) -> NatsSource {
-        let config = NatsConfig {
-            prefetch: settings.prefetch,
-            max_deliveries: settings.max_deliveries,
-            ack_wait: settings.redelivery,
-            ..Self::config(name)
-        };
-        NatsSource::connect(url, config)
-            .await
-            .expect("consume from NATS")
+    async fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> jobguard::Result<ConsumerStats> {
+        consumer.run(Self::source(url, name, settings).await, stop).await
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
@@ -436,6 +480,19 @@ impl TestBroker for Nats {
 struct Redis;
 
 impl Redis {
+    /// A source on the test's queue or stream, declared when missing.
+    async fn source(url: &str, name: &str, settings: Settings) -> RedisSource {
+        let config = RedisConfig {
+            prefetch: settings.prefetch,
+            max_deliveries: settings.max_deliveries,
+            claim_idle: settings.redelivery,
+            ..Self::config(name)
+        };
+        RedisSource::connect(url, config)
+            .await
+            .expect("consume from Redis")
+    }
+
     fn config(name: &str) -> RedisConfig {
         RedisConfig::new(format!("jg:test:{name}"))
     }
@@ -451,7 +508,6 @@ impl Redis {
 
 impl TestBroker for Redis {
     const NAME: &'static str = "redis";
-    type Source = RedisSource;
 
     fn url() -> Option<String> {
         reachable("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379", 6379)
@@ -467,16 +523,14 @@ impl TestBroker for Redis {
             .expect("delete the streams");
     }
 
-    async fn source(url: &str, name: &str, settings: Settings) -> RedisSource {
-        let config = RedisConfig {
-            prefetch: settings.prefetch,
-            max_deliveries: settings.max_deliveries,
-            claim_idle: settings.redelivery,
-            ..Self::config(name)
-        };
-        RedisSource::connect(url, config)
-            .await
-            .expect("consume from Redis")
+    async fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> jobguard::Result<ConsumerStats> {
+        consumer.run(Self::source(url, name, settings).await, stop).await
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
@@ -617,6 +671,21 @@ async fn rabbitmq_counts_every_requeue_of_a_failing_message() {
 macro_rules! brokers {
     (fn $name:ident) => {
         mod $name {
+            use crate::brokers::{Kafka, Nats, Rabbit, Redis};
+
+            brokers!(@test $name, postgres_rabbitmq, sqlx::Postgres, Rabbit);
+            brokers!(@test $name, sqlite_rabbitmq, sqlx::Sqlite, Rabbit);
+            brokers!(@test $name, postgres_nats, sqlx::Postgres, Nats);
+            brokers!(@test $name, sqlite_nats, sqlx::Sqlite, Nats);
+            brokers!(@test $name, postgres_redis, sqlx::Postgres, Redis);
+            brokers!(@test $name, sqlite_redis, sqlx::Sqlite, Redis);
+            brokers!(@test $name, postgres_kafka, sqlx::Postgres, Kafka);
+            brokers!(@test $name, sqlite_kafka, sqlx::Sqlite, Kafka);
+        }
+    };
+    // A case that relies on the broker counting deliveries, which Kafka does not.
+    (fn $name:ident, counting deliveries) => {
+        mod $name {
             use crate::brokers::{Nats, Rabbit, Redis};
 
             brokers!(@test $name, postgres_rabbitmq, sqlx::Postgres, Rabbit);
@@ -637,6 +706,7 @@ macro_rules! brokers {
 
 mod batch;
 mod consumer;
+mod kafka;
 
 /// The outbox relayed to the broker: a committed job's message arrives with its stable id, a
 /// rolled-back job's never does; a job envelope published twice with one id arrives once where
@@ -727,4 +797,9 @@ async fn outbox_to_nats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_to_redis() {
     outbox_to::<Redis>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_to_kafka() {
+    outbox_to::<Kafka>().await;
 }
