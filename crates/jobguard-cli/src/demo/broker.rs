@@ -320,11 +320,11 @@ async fn run_on<DB: LedgerDb>(
                 let settled = Settled::new(expected - 1 + redelivered);
                 let consumer = guarded_consumer(pool, false, Some(Arc::clone(&settled)))?;
                 let all = async move { settled.all().await };
-                let run = match source {
+                let consuming = match source {
                     Some(source) => consumer.run(source, all).map_err(anyhow::Error::from).boxed(),
                     None => endpoint.run(consumer, all).boxed(),
                 };
-                let stats = tokio::time::timeout(DEADLINE, run)
+                let stats = tokio::time::timeout(DEADLINE, consuming)
                     .await
                     .context("the guarded consumer did not get every delivery in time")??;
                 // The killed consumer's delivery applied its job.
