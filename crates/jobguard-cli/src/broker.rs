@@ -1,14 +1,18 @@
 //! The brokers `jobguard consume` runs jobs from (RabbitMQ, NATS JetStream, Redis Streams,
-//! Amazon SQS): which one, where, and one source and delivery type over them all.
+//! Amazon SQS, Kafka): which one, where, one source and delivery type over all but Kafka, and
+//! how a consumer runs on each ([`Endpoint::run`]: Kafka's stores its offsets with the effects).
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::ValueEnum;
+use jobguard::Backend;
+use jobguard::broker::kafka::{self, KafkaConfig};
 use jobguard::broker::nats::{self, NatsConfig, NatsDelivery, NatsSource};
 use jobguard::broker::rabbitmq::{self, RabbitConfig, RabbitDelivery, RabbitSource};
 use jobguard::broker::redis::{self, RedisConfig, RedisDelivery, RedisSource};
 use jobguard::broker::sqs::{self, SqsConfig, SqsDelivery, SqsSource};
-use jobguard::broker::{Delivery, Source};
+use jobguard::broker::{Consumer, ConsumerStats, Delivery, Source};
 use serde::Serialize;
 
 use crate::database::redact;
@@ -28,6 +32,8 @@ pub enum Broker {
     Redis,
     /// Amazon SQS, or a local server such as moto's on http://127.0.0.1:9324.
     Sqs,
+    /// Kafka on kafka://127.0.0.1:9092.
+    Kafka,
 }
 
 impl Broker {
@@ -38,6 +44,7 @@ impl Broker {
             Broker::Nats => "nats",
             Broker::Redis => "redis",
             Broker::Sqs => "sqs",
+            Broker::Kafka => "kafka",
         }
     }
 
@@ -48,6 +55,7 @@ impl Broker {
             Broker::Nats => "nats://127.0.0.1:4222",
             Broker::Redis => "redis://127.0.0.1:6379",
             Broker::Sqs => "http://127.0.0.1:9324",
+            Broker::Kafka => "kafka://127.0.0.1:9092",
         }
     }
 
@@ -58,6 +66,7 @@ impl Broker {
             Broker::Nats => "NATS JetStream",
             Broker::Redis => "Redis Streams",
             Broker::Sqs => "Amazon SQS",
+            Broker::Kafka => "Kafka",
         }
     }
 }
@@ -68,7 +77,8 @@ pub struct Endpoint {
     pub broker: Broker,
     pub url: String,
     /// The RabbitMQ queue, the NATS subject (its stream named after it in capitals), the
-    /// Redis stream, or the SQS queue (named so with `.` as `-`).
+    /// Redis stream, the SQS queue (named so with `.` as `-`), or the Kafka topic (its group
+    /// `jobguard.<topic>`).
     pub queue: String,
     pub prefetch: usize,
     pub max_deliveries: u32,
@@ -132,10 +142,67 @@ impl Endpoint {
         }
     }
 
+    /// The Kafka topic's consumer: its group is `jobguard.<topic>`, it runs `prefetch`
+    /// partitions at once, and its session lasts `redelivery`, at least 6 s.
+    pub fn kafka(&self) -> KafkaConfig {
+        KafkaConfig {
+            group: format!("jobguard.{}", self.queue),
+            concurrency: self.prefetch,
+            max_deliveries: self.max_deliveries,
+            // Brokers refuse sessions under 6 s by default (group.min.session.timeout.ms).
+            session_timeout: self.redelivery.max(Duration::from_secs(6)),
+            ..KafkaConfig::new(self.queue.clone())
+        }
+    }
+
+    /// Runs `consumer` on the queue, declared when missing, until `shutdown` resolves or the
+    /// consumer is idle: through [`source`](Self::source), or on Kafka with its offsets stored
+    /// in the consumer's database.
+    pub async fn run<DB: Backend>(
+        &self,
+        consumer: Consumer<DB>,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> anyhow::Result<ConsumerStats> {
+        if self.broker == Broker::Kafka {
+            let source = consumer
+                .kafka_source(&self.url, self.kafka())
+                .await
+                .with_context(|| self.cannot_consume())?;
+            return Ok(consumer.run_kafka(source, shutdown).await?);
+        }
+        let source = self.subscribe().await?;
+        Ok(consumer.run(source, shutdown).await?)
+    }
+
+    fn cannot_consume(&self) -> String {
+        format!(
+            "cannot consume `{}` from {} at {}",
+            self.queue,
+            self.broker.name(),
+            redact(&self.url)
+        )
+    }
+
+    /// Declares the queue (and its dead letters) when missing, so that what is published
+    /// before a consumer starts waits in it.
+    pub async fn declare(&self) -> anyhow::Result<()> {
+        if self.broker == Broker::Kafka {
+            kafka::declare(&self.url, &self.kafka())
+                .await
+                .with_context(|| self.cannot_consume())?;
+        } else {
+            drop(self.subscribe().await?);
+        }
+        Ok(())
+    }
+
     /// A source on the queue, which is declared when missing; it consumes from its first
-    /// receive.
+    /// receive. Kafka has none: its consumer runs through [`run`](Self::run).
     pub async fn source(&self) -> anyhow::Result<BrokerSource> {
         Ok(match self.broker {
+            Broker::Kafka => anyhow::bail!(
+                "a Kafka consumer stores its offsets in the database: it runs through Endpoint::run"
+            ),
             Broker::Rabbitmq => BrokerSource::Rabbitmq(Box::new(
                 RabbitSource::connect(&self.url, self.rabbitmq()).await?,
             )),
@@ -153,15 +220,7 @@ impl Endpoint {
 
     /// [`source`](Self::source), with an error that names the queue and the broker.
     pub async fn subscribe(&self) -> anyhow::Result<BrokerSource> {
-        use anyhow::Context as _;
-        self.source().await.with_context(|| {
-            format!(
-                "cannot consume `{}` from {} at {}",
-                self.queue,
-                self.broker.name(),
-                redact(&self.url)
-            )
-        })
+        self.source().await.with_context(|| self.cannot_consume())
     }
 
     /// Deletes the queue and its dead letters.
@@ -171,6 +230,7 @@ impl Endpoint {
             Broker::Nats => nats::remove(&self.url, &self.nats()).await?,
             Broker::Redis => redis::remove(&self.url, &self.redis()).await?,
             Broker::Sqs => sqs::remove(&self.url, &self.sqs()).await?,
+            Broker::Kafka => kafka::remove(&self.url, &self.kafka()).await?,
         }
         Ok(())
     }

@@ -76,9 +76,13 @@
 
 pub mod consumer;
 mod envelope;
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub mod kafka;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
+mod offsets;
 #[cfg(feature = "rabbitmq")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub mod rabbitmq;
@@ -91,6 +95,7 @@ pub mod sqs;
 
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Delivery, Source};
 pub use envelope::Envelope;
+pub use offsets::{Offsets, Position};
 
 /// A database or broker URL with its secrets replaced by `***`, for errors, logs and output.
 ///

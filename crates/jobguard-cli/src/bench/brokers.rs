@@ -1,6 +1,6 @@
 //! `jobguard bench brokers`: messages per second a broker consumer applies one per transaction
 //! against in batches, on each broker that answers (RabbitMQ, NATS JetStream, Redis Streams,
-//! Amazon SQS).
+//! Amazon SQS, Kafka).
 //!
 //! For each broker and each mode, the benchmark publishes N credit envelopes to a queue of its
 //! own (not timed), then times one consumer from its start until every message was settled,
@@ -15,6 +15,7 @@ use anyhow::Context as _;
 use clap::Args;
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
+use jobguard::broker::kafka::KafkaSink;
 use jobguard::broker::nats::NatsSink;
 use jobguard::broker::rabbitmq::RabbitSink;
 use jobguard::broker::redis::RedisSink;
@@ -68,6 +69,9 @@ pub struct BenchBrokersArgs {
     /// SQS's endpoint (moto's server here; see `jobguard consume --help` for credentials).
     #[arg(long, default_value = "http://127.0.0.1:9324")]
     sqs_url: String,
+    /// Kafka's URL.
+    #[arg(long, default_value = "kafka://127.0.0.1:9092")]
+    kafka_url: String,
     /// Print one JSON object instead of the report.
     #[arg(long)]
     json: bool,
@@ -174,6 +178,7 @@ where
         (Broker::Nats, &args.nats_url),
         (Broker::Redis, &args.redis_url),
         (Broker::Sqs, &args.sqs_url),
+        (Broker::Kafka, &args.kafka_url),
     ] {
         let endpoint = |prefetch: usize| Endpoint {
             broker,
@@ -237,7 +242,7 @@ where
     let guard = reset(pool).await?;
     endpoint.remove().await?;
     // Declares the queue before the messages go in, so that none is missed.
-    let source = endpoint.subscribe().await?;
+    endpoint.declare().await?;
     publish(endpoint, envelopes).await?;
 
     let settled = Arc::new(Settled {
@@ -261,7 +266,7 @@ where
         async move { settled.done.notified().await }
     };
     let started = Instant::now();
-    let stats = tokio::time::timeout(DEADLINE, consumer.run(source, all_settled))
+    let stats = tokio::time::timeout(DEADLINE, endpoint.run(consumer, all_settled))
         .await
         .with_context(|| {
             format!(
@@ -358,6 +363,14 @@ async fn publish(endpoint: &Endpoint, envelopes: &[Envelope]) -> anyhow::Result<
         }
         Broker::Sqs => {
             let sink = SqsSink::connect(&endpoint.url)?;
+            futures::stream::iter(envelopes)
+                .map(|envelope| sink.publish(queue, envelope))
+                .buffer_unordered(PUBLISHING)
+                .collect()
+                .await
+        }
+        Broker::Kafka => {
+            let sink = KafkaSink::connect(&endpoint.url)?;
             futures::stream::iter(envelopes)
                 .map(|envelope| sink.publish(queue, envelope))
                 .buffer_unordered(PUBLISHING)

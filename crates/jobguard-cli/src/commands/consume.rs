@@ -1,5 +1,5 @@
 //! `jobguard consume`: runs the built-in jobs from a broker (RabbitMQ, NATS JetStream, Redis
-//! Streams, Amazon SQS) through the guard until Ctrl-C, or until idle.
+//! Streams, Amazon SQS, Kafka) through the guard until Ctrl-C, or until idle.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Args;
 use futures::future::BoxFuture;
-use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Source};
+use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats};
 use jobguard::worker::shutdown_signal;
 use jobguard::{Guard, JobKey, Outcome};
 use serde::Serialize;
@@ -43,17 +43,18 @@ pub struct ConsumeArgs {
     #[arg(long, value_enum)]
     broker: Broker,
     /// The broker's URL; by default the broker's port on 127.0.0.1 (amqp://127.0.0.1:5672,
-    /// nats://127.0.0.1:4222, redis://127.0.0.1:6379, http://127.0.0.1:9324 for SQS, signed with
-    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION when set).
+    /// nats://127.0.0.1:4222, redis://127.0.0.1:6379, kafka://127.0.0.1:9092, http://127.0.0.1:9324
+    /// for SQS, signed with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION when set).
     #[arg(long, env = URL_ENV, hide_env_values = true)]
     url: Option<String>,
     /// The RabbitMQ queue, the NATS subject (stored in the stream of the same name in capitals,
-    /// `.` and `-` as `_`), the Redis stream, or the SQS queue (`.` as `-`, a final `.fifo`
-    /// kept: a FIFO queue). Declared when missing, with its dead letters.
+    /// `.` and `-` as `_`), the Redis stream, the SQS queue (`.` as `-`, a final `.fifo` kept: a
+    /// FIFO queue), or the Kafka topic (consumed by the group `jobguard.<topic>`, offsets stored
+    /// in the database). Declared when missing, with its dead letters.
     #[arg(long, default_value = "jobguard.jobs")]
     queue: String,
     /// Messages held unacknowledged at once, and jobs run at once [default: 10, or two
-    /// batches with --batch-size].
+    /// batches with --batch-size]. Kafka: partitions run at once, each in order.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     prefetch: Option<u32>,
     /// Messages of batchable kinds (the built-in `credit` and `noop`) run up to this many in
@@ -70,8 +71,9 @@ pub struct ConsumeArgs {
     max_deliveries: u32,
     /// NATS: AckWait, extended by progress acks while a job runs. Redis: how long an entry is
     /// idle before another consumer claims it. SQS: the visibility timeout, in whole seconds,
-    /// extended while a job runs. RabbitMQ redelivers when a consumer's connection
-    /// drops, and ignores it.
+    /// extended while a job runs. RabbitMQ redelivers when a consumer's connection drops, and
+    /// ignores it. Kafka: the group's session timeout (at least 6s), after which a consumer that
+    /// stopped heartbeating loses its partitions.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     redelivery: Duration,
     /// The delay before a failed delivery is given back; it doubles with each delivery, up to a
@@ -169,7 +171,6 @@ async fn consume<DB: ExampleDb>(
     hooks: Hooks,
 ) -> anyhow::Result<ExitCode> {
     let database = redact(&args.target.database_url);
-    let source = endpoint.subscribe().await?;
     let config = ConsumerConfig {
         retry_delay: args.retry_delay,
         shutdown_timeout: args.shutdown_timeout,
@@ -204,7 +205,7 @@ async fn consume<DB: ExampleDb>(
             endpoint.broker.name(),
             redact(&endpoint.url),
             DB::BACKEND,
-            source.prefetch(),
+            endpoint.prefetch,
             match args.batch_size {
                 1 => String::new(),
                 size => format!(" in batches of up to {size}"),
@@ -216,7 +217,7 @@ async fn consume<DB: ExampleDb>(
         );
     }
     let started = Instant::now();
-    let stats = consumer.run(source, shutdown_signal()).await?;
+    let stats = endpoint.run(consumer, shutdown_signal()).await?;
     let report = ConsumeReport {
         broker: endpoint.broker,
         url: redact(&endpoint.url),

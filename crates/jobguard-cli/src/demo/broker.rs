@@ -2,11 +2,12 @@
 //! side of the hidden `jobguard consume --demo MODE --crash-after-commit` it starts.
 //!
 //! Each of N credit jobs is published D times to a queue (RabbitMQ, SQS), a stream (NATS
-//! JetStream) or a stream (Redis) of the demo's own, as a producer retrying its publishes would. One
-//! consumer process is killed with SIGKILL right after its first job committed and before it
-//! acknowledged the message, so the broker delivers that message again. The rest are consumed
-//! by C jobs at once in this process: once with the naive credit job, which appends on every
-//! delivery, and once through the guard.
+//! JetStream or Redis) or a topic (Kafka) of the demo's own, as a producer retrying its publishes
+//! would. One consumer process is killed with SIGKILL right after its first job committed and
+//! before it acknowledged the message, so the broker delivers that message again (on Kafka the
+//! guarded consumer's offset committed with the effect, and the message does not come back).
+//! The rest are consumed by C jobs at once in this process: once with the naive credit job,
+//! which appends on every delivery, and once through the guard.
 
 use std::process::{ExitCode, Stdio};
 use std::sync::Arc;
@@ -14,8 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use futures::FutureExt as _;
 use futures::future::BoxFuture;
+use futures::{FutureExt as _, TryFutureExt as _};
+use jobguard::broker::kafka::KafkaSink;
 use jobguard::broker::nats::NatsSink;
 use jobguard::broker::rabbitmq::RabbitSink;
 use jobguard::broker::redis::RedisSink;
@@ -64,7 +66,7 @@ impl<DB: LedgerDb> Job<DB> for DemoCredit {
 
 /// Prints `line` for the process that started this one, at once: this process may be killed
 /// right after.
-fn report_line(line: &str) {
+pub(super) fn report_line(line: &str) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{line}");
@@ -90,14 +92,17 @@ pub async fn consume<DB: LedgerDb>(
     mode: Mode,
     crash: bool,
 ) -> anyhow::Result<()> {
-    let source = endpoint.subscribe().await?;
     match mode {
+        Mode::Naive if endpoint.broker == Broker::Kafka => {
+            super::kafka::naive_consumer(pool, endpoint, usize::MAX, crash).await?;
+        }
         Mode::Naive => {
+            let source = endpoint.subscribe().await?;
             naive_consumer(pool, source, usize::MAX, crash).await?;
         }
         Mode::Guarded => {
             let consumer = guarded_consumer(pool, crash, None)?;
-            consumer.run(source, shutdown_signal()).await?;
+            endpoint.run(consumer, shutdown_signal()).await?;
         }
     }
     Ok(())
@@ -283,7 +288,13 @@ async fn run_on<DB: LedgerDb>(
             .await
             .with_context(|| format!("cannot reach {} at {}", broker.title(), redact(url)))?;
         // Declares the queue, so that what is published waits in it.
-        let source = endpoint.source().await?;
+        let source = match broker {
+            Broker::Kafka => {
+                endpoint.declare().await?;
+                None
+            }
+            _ => Some(endpoint.source().await?),
+        };
         publish_copies(&endpoint, &copies).await?;
         kill_after_commit(&endpoint, mode, database_url).await?;
 
@@ -293,18 +304,31 @@ async fn run_on<DB: LedgerDb>(
         };
         match mode {
             Mode::Naive => {
-                let consumed =
-                    tokio::time::timeout(DEADLINE, naive_consumer(pool, source, expected, false))
-                        .await
-                        .context("the naive consumer did not get every delivery in time")??;
+                let consumed = match source {
+                    Some(source) => naive_consumer(pool, source, expected, false).boxed(),
+                    None => super::kafka::naive_consumer(pool, &endpoint, expected, false).boxed(),
+                };
+                let consumed = tokio::time::timeout(DEADLINE, consumed)
+                    .await
+                    .context("the naive consumer did not get every delivery in time")??;
                 run.deliveries = consumed + 1;
                 run.applied = run.deliveries;
             }
             Mode::Guarded => {
-                let settled = Settled::new(expected);
+                // Kafka resumes after the offset stored with the killed consumer's commit: its
+                // message does not come again.
+                let redelivered = if broker == Broker::Kafka { 0 } else { 1 };
+                let settled = Settled::new(expected - 1 + redelivered);
                 let consumer = guarded_consumer(pool, false, Some(Arc::clone(&settled)))?;
                 let all = async move { settled.all().await };
-                let stats = tokio::time::timeout(DEADLINE, consumer.run(source, all))
+                let consuming = match source {
+                    Some(source) => consumer
+                        .run(source, all)
+                        .map_err(anyhow::Error::from)
+                        .boxed(),
+                    None => endpoint.run(consumer, all).boxed(),
+                };
+                let stats = tokio::time::timeout(DEADLINE, consuming)
                     .await
                     .context("the guarded consumer did not get every delivery in time")??;
                 // The killed consumer's delivery applied its job.
@@ -425,6 +449,14 @@ async fn publish_copies(endpoint: &Endpoint, envelopes: &[Envelope]) -> anyhow::
             for envelope in envelopes {
                 sink.publish(&endpoint.queue_on_broker(), envelope).await?;
             }
+        }
+        Broker::Kafka => {
+            // The idempotent producer drops its own retries, never a second send.
+            let sink = KafkaSink::connect(&endpoint.url)?;
+            let sent = envelopes
+                .iter()
+                .map(|envelope| sink.publish(&endpoint.queue, envelope));
+            futures::future::try_join_all(sent).await?;
         }
     }
     Ok(())

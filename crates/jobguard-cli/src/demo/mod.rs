@@ -9,6 +9,7 @@
 pub mod broker;
 pub mod charge;
 pub mod experiment;
+mod kafka;
 pub mod ledger;
 pub mod scenarios;
 

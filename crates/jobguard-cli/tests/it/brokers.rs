@@ -1,8 +1,9 @@
-//! `jobguard consume` as real processes against real RabbitMQ, NATS JetStream, Redis and SQS
-//! (moto's server): a
-//! consumer killed with SIGKILL after its commit and before its ack, whose message comes back
-//! to the next consumer as a duplicate; the same for a batch, and a batch killed before its
-//! commit; three consumer processes on one queue, each message published three times; and
+//! `jobguard consume` as real processes against real RabbitMQ, NATS JetStream, Redis, SQS
+//! (moto's server) and Kafka (tansu): a consumer killed with SIGKILL after its commit and before
+//! its ack, whose message comes back to the next consumer as a duplicate (on Kafka, whose offset
+//! was stored with the effect, it does not come back at all); the same for a batch, and a batch
+//! killed before its commit; three consumer processes on one queue, each message published three
+//! times; and
 //! `jobguard bench brokers` with a few messages.
 //!
 //! The database is a fresh PostgreSQL schema when `JOBGUARD_TEST_DATABASE_URL` is set, else a
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use jobguard::JobKey;
 use jobguard::broker::Envelope;
+use jobguard::broker::kafka::{KafkaConfig, KafkaSink};
 use jobguard::broker::nats::{NatsConfig, NatsSink, NatsSource};
 use jobguard::broker::rabbitmq::{RabbitConfig, RabbitSink, RabbitSource};
 use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
@@ -55,6 +57,7 @@ enum Broker {
     Nats,
     Redis,
     Sqs,
+    Kafka,
 }
 
 impl Broker {
@@ -64,7 +67,14 @@ impl Broker {
             Broker::Nats => "nats",
             Broker::Redis => "redis",
             Broker::Sqs => "sqs",
+            Broker::Kafka => "kafka",
         }
+    }
+
+    /// Whether a message whose effect committed and whose ack never came is delivered again:
+    /// not on Kafka, where the consumer resumes after the offset stored with the effect.
+    fn redelivers_committed(self) -> bool {
+        self != Broker::Kafka
     }
 
     /// The broker's URL when it answers; `None` (skip) otherwise, or a failed test on CI.
@@ -74,6 +84,7 @@ impl Broker {
             Broker::Nats => ("JOBGUARD_TEST_NATS_URL", "nats://127.0.0.1:4222"),
             Broker::Redis => ("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
             Broker::Sqs => ("JOBGUARD_TEST_SQS_URL", "http://127.0.0.1:9324"),
+            Broker::Kafka => ("JOBGUARD_TEST_KAFKA_URL", "kafka://127.0.0.1:9092"),
         };
         service_url(var, default, "broker")
     }
@@ -81,7 +92,7 @@ impl Broker {
 
 /// Stamps out one test per broker over one `async fn` taking the [`Broker`]:
 /// `each_broker!(demo_through)` makes `demo_through::rabbitmq`, `::nats`, `::redis` and
-/// `::sqs`.
+/// `::sqs` and `::kafka`.
 macro_rules! each_broker {
     ($($name:ident),+ $(,)?) => {$(
         mod $name {
@@ -106,6 +117,11 @@ macro_rules! each_broker {
             async fn sqs() {
                 super::$name(Broker::Sqs).await;
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn kafka() {
+                super::$name(Broker::Kafka).await;
+            }
         }
     )+};
 }
@@ -114,7 +130,7 @@ macro_rules! each_broker {
 struct Queue {
     broker: Broker,
     url: String,
-    /// RabbitMQ queue, NATS subject, Redis stream, SQS queue (`.` as `-`).
+    /// RabbitMQ queue, NATS subject, Redis stream, SQS queue (`.` as `-`), Kafka topic.
     name: String,
 }
 
@@ -155,9 +171,23 @@ impl Queue {
         }
     }
 
+    /// As `jobguard consume` consumes it: the group `jobguard.<topic>`.
+    fn kafka(&self) -> KafkaConfig {
+        KafkaConfig {
+            group: format!("jobguard.{}", self.name),
+            max_deliveries: MAX_DELIVERIES,
+            ..KafkaConfig::new(self.name.clone())
+        }
+    }
+
     /// A fresh queue, declared as the consumers declare it so that messages published before
-    /// they start wait in it.
+    /// they start wait in it; a Kafka topic has one partition.
     async fn new(broker: Broker, test: &str) -> Option<Queue> {
+        Self::with_partitions(broker, test, 1).await
+    }
+
+    /// [`new`](Self::new), with `partitions` partitions on Kafka.
+    async fn with_partitions(broker: Broker, test: &str, partitions: i32) -> Option<Queue> {
         let url = broker.url()?;
         let queue = Queue {
             broker,
@@ -170,6 +200,15 @@ impl Queue {
             Broker::Nats => drop(NatsSource::connect(&queue.url, queue.nats()).await),
             Broker::Redis => drop(RedisSource::connect(&queue.url, queue.redis()).await),
             Broker::Sqs => drop(SqsSource::connect(&queue.url, queue.sqs()).await),
+            Broker::Kafka => {
+                let config = KafkaConfig {
+                    partitions,
+                    ..queue.kafka()
+                };
+                jobguard::broker::kafka::declare(&queue.url, &config)
+                    .await
+                    .expect("create the topic");
+            }
         }
         Some(queue)
     }
@@ -182,6 +221,7 @@ impl Queue {
             Broker::Nats => jobguard::broker::nats::remove(&self.url, &self.nats()).await,
             Broker::Redis => jobguard::broker::redis::remove(&self.url, &self.redis()).await,
             Broker::Sqs => sqs::remove(&self.url, &self.sqs()).await,
+            Broker::Kafka => jobguard::broker::kafka::remove(&self.url, &self.kafka()).await,
         };
         removed.expect("remove the test's queue");
     }
@@ -219,6 +259,12 @@ impl Queue {
                 let sink = SqsSink::connect(&self.url).unwrap();
                 for envelope in envelopes {
                     sink.publish(&self.sqs().queue, envelope).await.unwrap();
+                }
+            }
+            Broker::Kafka => {
+                let sink = KafkaSink::connect(&self.url).unwrap();
+                for envelope in envelopes {
+                    sink.publish(&self.name, envelope).await.unwrap();
                 }
             }
         }
@@ -364,8 +410,9 @@ async fn killed_after_commit_before_ack(broker: Broker) {
     let report = second.report().await;
     assert_eq!(report["applied"], 0, "{report}");
     assert_eq!(
-        report["duplicates"], 1,
-        "the redelivery is a duplicate: {report}"
+        report["duplicates"].as_u64(),
+        Some(u64::from(broker.redelivers_committed())),
+        "the redelivery is a duplicate; Kafka resumes after the stored offset: {report}"
     );
     assert_eq!(report["unacked"], 0, "{report}");
     assert_eq!(ledger(&db).await, (1, 1), "the effect exists once");
@@ -389,7 +436,7 @@ async fn killed_after_commit_before_ack(broker: Broker) {
 
 async fn three_consumer_processes(broker: Broker) {
     let test = "three";
-    let Some(queue) = Queue::new(broker, test).await else {
+    let Some(queue) = Queue::with_partitions(broker, test, 3).await else {
         return;
     };
     let db = Db::postgres_or_sqlite(&format!("brokers::{test}_{}", broker.name()));
@@ -441,13 +488,15 @@ async fn demo_through(broker: Broker) {
     assert_eq!(report["broker"], broker.name());
     assert_eq!(report["killed_consumers"], 1);
     let (naive, guarded) = (&report["naive"], &report["guarded"]);
-    // 90 messages, and the killed consumer's message once more.
+    // 90 messages, and the killed consumer's message once more; on Kafka the guarded consumer
+    // resumes after the offset stored with its effect, and the message does not come again.
+    let again = u64::from(broker.redelivers_committed());
     assert_eq!(naive["deliveries"], 91, "{report}");
     assert_eq!(naive["effects"], 91, "{report}");
-    assert_eq!(guarded["deliveries"], 91, "{report}");
+    assert_eq!(guarded["deliveries"].as_u64(), Some(90 + again), "{report}");
     assert_eq!(guarded["effects"], 30, "{report}");
     assert_eq!(guarded["applied"], 30, "{report}");
-    assert_eq!(guarded["duplicates"], 61, "{report}");
+    assert_eq!(guarded["duplicates"].as_u64(), Some(60 + again), "{report}");
     assert_eq!(guarded["balance_total"], report["expected_balance_total"]);
     assert_eq!(report["exactly_once"], true);
 }
@@ -548,8 +597,13 @@ async fn batch_killed_after_commit_before_ack(broker: Broker) {
         .report()
         .await;
     // No message of the killed consumer was acknowledged: the committed ones come back as
-    // duplicates, the others apply.
-    assert_eq!(report["duplicates"].as_u64(), Some(rows as u64), "{report}");
+    // duplicates (on Kafka not at all: the offset committed with them), the others apply.
+    let again = if broker.redelivers_committed() {
+        rows as u64
+    } else {
+        0
+    };
+    assert_eq!(report["duplicates"].as_u64(), Some(again), "{report}");
     assert_eq!(
         report["applied"].as_u64(),
         Some(10 - rows as u64),
@@ -558,6 +612,75 @@ async fn batch_killed_after_commit_before_ack(broker: Broker) {
     assert_eq!(report["unacked"], 0, "{report}");
     assert_eq!(ledger(&db).await, (10, 10), "each effect exists once");
 
+    queue.remove().await;
+}
+
+/// The next offset of each partition of `topic` in the consumers' offsets table.
+async fn stored_offsets(db: &Db, topic: &str) -> Vec<(i32, i64)> {
+    let sql = "select partition, next_offset from jobguard_consumer_offsets \
+               where topic = $1 order by partition";
+    if db.is_postgres() {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        let rows = sqlx::query_as(sql)
+            .bind(topic)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        rows
+    } else {
+        let pool = jobguard::sqlite::connect(&db.url, 1).await.unwrap();
+        let rows = sqlx::query_as(sql)
+            .bind(topic)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        rows
+    }
+}
+
+/// Kafka: a consumer process killed with SIGKILL between its database commit and Kafka's
+/// offset commit. The offsets table says the partition's next offset is 1, Kafka was never
+/// told; the next process starts at the stored offset: no duplicate, no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_resumes_from_the_stored_offsets_after_sigkill() {
+    let test = "resume";
+    let Some(queue) = Queue::new(Broker::Kafka, test).await else {
+        return;
+    };
+    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_kafka"));
+    let envelopes: Vec<Envelope> = (0..10).map(credit).collect();
+    queue.publish(&envelopes).await;
+
+    let mut first = Consumer::start(
+        &queue,
+        &db,
+        "first",
+        &["--prefetch", "1", "--crash-after-commit"],
+    );
+    first.wait_for(CRASH_POINT).await;
+    first.sigkill();
+    assert_eq!(ledger(&db).await, (1, 1), "the first credit committed");
+    assert_eq!(
+        stored_offsets(&db, &queue.name).await,
+        [(0, 1)],
+        "its offset committed with it"
+    );
+
+    let second = Consumer::start(&queue, &db, "second", &["--until-idle", IDLE, "--json"]);
+    let report = second.report().await;
+    assert_eq!(
+        (report["applied"].as_u64(), report["duplicates"].as_u64()),
+        (Some(9), Some(0)),
+        "started after the stored offset: {report}"
+    );
+    assert_eq!(
+        ledger(&db).await,
+        (10, 10),
+        "every credit once, none skipped"
+    );
+    assert_eq!(stored_offsets(&db, &queue.name).await, [(0, 10)]);
     queue.remove().await;
 }
 
@@ -575,7 +698,13 @@ each_broker!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_brokers_applies_every_message_once() {
     let db = Db::postgres_or_sqlite("brokers::bench");
-    let brokers = [Broker::Rabbitmq, Broker::Nats, Broker::Redis, Broker::Sqs];
+    let brokers = [
+        Broker::Rabbitmq,
+        Broker::Nats,
+        Broker::Redis,
+        Broker::Sqs,
+        Broker::Kafka,
+    ];
     // A broker that does not answer gets a port nothing listens on, and must be skipped.
     let urls: Vec<(Broker, Option<String>)> = brokers.iter().map(|b| (*b, b.url())).collect();
     let flag = |broker: Broker| format!("--{}-url", broker.name());
@@ -600,6 +729,7 @@ async fn bench_brokers_applies_every_message_once() {
             Broker::Nats => "nats://127.0.0.1:1".to_owned(),
             Broker::Redis => "redis://127.0.0.1:1".to_owned(),
             Broker::Sqs => "http://127.0.0.1:1".to_owned(),
+            Broker::Kafka => "kafka://127.0.0.1:1".to_owned(),
         });
         args.extend([flag(*broker), url]);
     }

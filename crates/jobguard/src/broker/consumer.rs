@@ -39,7 +39,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 mod batch;
-mod runnable;
+pub(super) mod runnable;
 
 use self::runnable::Runnable;
 use super::Envelope;
@@ -222,22 +222,22 @@ pub struct ConsumerStats {
 }
 
 #[derive(Default)]
-struct Counters {
+pub(super) struct Counters {
     applied: AtomicU64,
     duplicates: AtomicU64,
-    failed: AtomicU64,
-    dead: AtomicU64,
+    pub(super) failed: AtomicU64,
+    pub(super) dead: AtomicU64,
     unacked: AtomicU64,
-    released: AtomicU64,
+    pub(super) released: AtomicU64,
 }
 
 impl Counters {
-    fn add(counter: &AtomicU64) {
+    pub(super) fn add(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a message whose transaction ended with `outcome`.
-    fn count(&self, outcome: &Outcome<()>, kind: &str, attempt: u32) {
+    pub(super) fn count(&self, outcome: &Outcome<()>, kind: &str, attempt: u32) {
         let counter = match outcome {
             Outcome::Applied(()) => &self.applied,
             Outcome::Duplicate(_) => {
@@ -255,7 +255,7 @@ impl Counters {
         Counters::add(counter);
     }
 
-    fn snapshot(&self) -> ConsumerStats {
+    pub(super) fn snapshot(&self) -> ConsumerStats {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         ConsumerStats {
             applied: get(&self.applied),
@@ -305,13 +305,13 @@ type BeforeCommit = Arc<dyn Fn(Vec<JobKey>) -> BoxFuture<'static, ()> + Send + S
 /// # Ok(()) }
 /// ```
 pub struct Consumer<DB: Backend> {
-    guard: Guard<DB>,
-    handlers: Registry<dyn Runnable<DB>>,
+    pub(super) guard: Guard<DB>,
+    pub(super) handlers: Registry<dyn Runnable<DB>>,
     /// The registered kinds whose [`Job::BATCH`] is true.
-    batched: HashSet<String>,
-    config: ConsumerConfig,
-    before_ack: Option<BeforeAck>,
-    before_commit: Option<BeforeCommit>,
+    pub(super) batched: HashSet<String>,
+    pub(super) config: ConsumerConfig,
+    pub(super) before_ack: Option<BeforeAck>,
+    pub(super) before_commit: Option<BeforeCommit>,
 }
 
 impl<DB: Backend> Consumer<DB> {
@@ -648,7 +648,7 @@ impl<DB: Backend> Consumer<DB> {
     }
 
     /// The envelope and its runnable job, or the kind (when known) and why it can never run.
-    fn decode_body(&self, body: &[u8]) -> Decoded<DB> {
+    pub(super) fn decode_body(&self, body: &[u8]) -> Decoded<DB> {
         let envelope = Envelope::from_bytes(body).map_err(|error| {
             let kind = serde_json::from_slice::<Value>(body)
                 .ok()
@@ -693,7 +693,8 @@ impl<DB: Backend> Consumer<DB> {
     }
 }
 
-type Decoded<DB> = std::result::Result<(Envelope, Arc<dyn Runnable<DB>>), (Option<String>, String)>;
+pub(super) type Decoded<DB> =
+    std::result::Result<(Envelope, Arc<dyn Runnable<DB>>), (Option<String>, String)>;
 
 /// A received delivery and what its body decoded to.
 struct Message<D, DB: Backend> {
@@ -702,7 +703,7 @@ struct Message<D, DB: Backend> {
 }
 
 /// The kind a message names, `unknown` when it names none.
-fn kind_of<DB: Backend>(decoded: &Decoded<DB>) -> String {
+pub(super) fn kind_of<DB: Backend>(decoded: &Decoded<DB>) -> String {
     match decoded {
         Ok((envelope, _)) => envelope.kind.clone(),
         Err((kind, _)) => kind.clone().unwrap_or_else(|| "unknown".to_owned()),
@@ -728,7 +729,7 @@ fn message_span<DB: Backend>(
 }
 
 /// Consecutive failed receives after which [`Consumer::run`] gives up.
-const MAX_RECEIVE_FAILURES: u32 = 8;
+pub(super) const MAX_RECEIVE_FAILURES: u32 = 8;
 
 /// The longest a failed delivery waits before it is given back.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
@@ -742,7 +743,7 @@ struct Limits {
 }
 
 /// `base` doubled for each delivery after the first, up to [`MAX_RETRY_DELAY`].
-fn retry_delay(base: Duration, attempt: u32) -> Duration {
+pub(super) fn retry_delay(base: Duration, attempt: u32) -> Duration {
     doubled(base, attempt, MAX_RETRY_DELAY)
 }
 

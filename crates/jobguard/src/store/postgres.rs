@@ -7,6 +7,7 @@
 //! job's own effect runs into are retried a bounded number of times.
 
 mod guard;
+mod offsets;
 mod outbox;
 mod prune;
 mod queue;

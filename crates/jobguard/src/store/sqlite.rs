@@ -9,6 +9,7 @@
 
 mod guard;
 mod heartbeat;
+mod offsets;
 mod outbox;
 mod prune;
 mod queue;

@@ -19,7 +19,8 @@ mod batch;
     feature = "rabbitmq",
     feature = "nats",
     feature = "redis",
-    feature = "sqs"
+    feature = "sqs",
+    feature = "kafka"
 ))]
 mod brokers;
 mod external;

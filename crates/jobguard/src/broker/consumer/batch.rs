@@ -38,7 +38,7 @@ struct Member<'a, DB: Backend> {
 
 impl<DB: Backend> Consumer<DB> {
     /// Messages per transaction for kinds that opted in: 1 when none did.
-    pub(super) fn batch_size(&self) -> usize {
+    pub(in crate::broker) fn batch_size(&self) -> usize {
         if self.batched.is_empty() {
             1
         } else {

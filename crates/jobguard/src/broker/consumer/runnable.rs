@@ -37,7 +37,7 @@ impl<J> Held<J> {
 }
 
 /// A decoded job, its type erased.
-pub(super) trait Runnable<DB: Backend>: Send + Sync {
+pub(in crate::broker) trait Runnable<DB: Backend>: Send + Sync {
     /// The key the job derives from its fields.
     fn key(&self) -> Result<JobKey, KeyError>;
 

@@ -10,7 +10,7 @@ use futures::FutureExt as _;
 use jobguard::JobKey;
 use jobguard::broker::ConsumerStats;
 
-use super::consumer::{Credit, DEADLINE, Failure, Fixture, effect_runs, settled};
+use super::consumer::{Credit, Failure, Fixture, effect_runs, settled};
 use super::{Settings, TestBroker};
 use crate::common::{TestDb, ledger_rows, ledger_total};
 
@@ -46,11 +46,9 @@ async fn drain_recording<DB: TestDb, Broker: TestBroker>(
                 std::future::ready(()).boxed()
             })
     };
-    let source = fixture.source(settings).await;
-    let stats = tokio::time::timeout(DEADLINE, consumer.run(source, std::future::pending()))
-        .await
-        .expect("the consumer stopped before the deadline")
-        .expect("the consumer ran");
+    let stats = fixture
+        .run(consumer, settings, std::future::pending())
+        .await;
     let committed = committed.lock().unwrap().clone();
     (stats, committed)
 }

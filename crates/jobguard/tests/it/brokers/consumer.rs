@@ -124,8 +124,23 @@ impl<DB: TestDb, Broker: TestBroker> Fixture<DB, Broker> {
         })
     }
 
-    pub(super) async fn source(&self, settings: Settings) -> <Broker as TestBroker>::Source {
-        Broker::source(&self.url, &self.name, settings).await
+    /// Runs `consumer` on the test's queue or stream until `stop` resolves or it is idle.
+    pub(super) async fn run(
+        &self,
+        consumer: Consumer<DB>,
+        settings: Settings,
+        stop: impl std::future::Future<Output = ()> + Send,
+    ) -> ConsumerStats {
+        let ran = Broker::run(consumer, &self.url, &self.name, settings, stop);
+        tokio::time::timeout(DEADLINE, ran)
+            .await
+            .expect("the consumer stopped before the deadline")
+            .expect("the consumer ran")
+    }
+
+    /// Makes the test's queue or stream as `settings` say, before anything is published.
+    pub(super) async fn prepare(&self, settings: Settings) {
+        Broker::prepare(&self.url, &self.name, settings).await;
     }
 
     pub(super) async fn publish(&self, bodies: Vec<Vec<u8>>) {
@@ -162,11 +177,7 @@ impl<DB: TestDb, Broker: TestBroker> Fixture<DB, Broker> {
         batch_size: usize,
     ) -> ConsumerStats {
         let consumer = self.batch_consumer(idle, batch_size).await;
-        let source = self.source(settings).await;
-        tokio::time::timeout(DEADLINE, consumer.run(source, std::future::pending()))
-            .await
-            .expect("the consumer stopped before the deadline")
-            .expect("the consumer ran")
+        self.run(consumer, settings, std::future::pending()).await
     }
 
     pub(super) async fn cleanup(self) {
@@ -221,7 +232,9 @@ async fn applies_each_key_once_and_acknowledges_the_duplicates<DB: TestDb, Broke
 
 brokers!(fn a_commit_whose_ack_is_lost_comes_back_as_a_duplicate);
 /// A consumer stops after a job committed and before its ack, and never acks: the broker
-/// delivers the message again, the guard reports a duplicate, and it is acknowledged.
+/// delivers the message again, the guard reports a duplicate, and it is acknowledged. On
+/// Kafka the offset committed with the effect is where the next consumer starts: the message
+/// does not come back at all.
 async fn a_commit_whose_ack_is_lost_comes_back_as_a_duplicate<DB: TestDb, Broker: TestBroker>() {
     let Some(fixture) = Fixture::<DB, Broker>::new("lost_ack").await else {
         return;
@@ -249,16 +262,17 @@ async fn a_commit_whose_ack_is_lost_comes_back_as_a_duplicate<DB: TestDb, Broker
             })
     };
     consumer.migrate().await.unwrap();
-    let source = fixture.source(settings).await;
-    let first = tokio::time::timeout(DEADLINE, consumer.run(source, stop))
-        .await
-        .expect("stopped before the deadline")
-        .unwrap();
+    let first = fixture.run(consumer, settings, stop).await;
     assert_eq!((first.applied, first.released), (1, 1), "{first:?}");
     assert_eq!(ledger_rows(&fixture.pool).await, 1);
 
     let second = fixture.drain(settings, settled(settings)).await;
-    assert_eq!((second.applied, second.duplicates), (0, 1), "{second:?}");
+    let redelivered = u64::from(Broker::REDELIVERS_COMMITTED);
+    assert_eq!(
+        (second.applied, second.duplicates),
+        (0, redelivered),
+        "{second:?}"
+    );
     assert_eq!(
         ledger_rows(&fixture.pool).await,
         1,
@@ -442,6 +456,7 @@ async fn three_consumers_apply_each_key_once<DB: TestDb, Broker: TestBroker>() {
         prefetch: 4,
         ..Settings::default()
     };
+    fixture.prepare(settings).await;
     let idle = Duration::from_secs(2);
     let (a, b, c) = tokio::join!(
         fixture.drain(settings, idle),
@@ -486,7 +501,7 @@ async fn a_long_job_keeps_its_message<DB: TestDb, Broker: TestBroker>() {
     fixture.cleanup().await;
 }
 
-brokers!(fn a_message_whose_consumers_keep_dying_is_dead_lettered);
+brokers!(fn a_message_whose_consumers_keep_dying_is_dead_lettered, counting deliveries);
 /// A message whose consumer dies while running it, on every delivery, ends in the dead
 /// letters once its deliveries run out, though no consumer ever settled it.
 async fn a_message_whose_consumers_keep_dying_is_dead_lettered<DB: TestDb, Broker: TestBroker>() {
@@ -513,11 +528,7 @@ async fn a_message_whose_consumers_keep_dying_is_dead_lettered<DB: TestDb, Broke
         let consumer =
             Consumer::with_config(Guard::new(fixture.pool.clone()), config).register::<Credit>();
         consumer.migrate().await.unwrap();
-        let source = fixture.source(settings).await;
-        let stats = tokio::time::timeout(DEADLINE, consumer.run(source, started))
-            .await
-            .expect("stopped before the deadline")
-            .unwrap();
+        let stats = fixture.run(consumer, settings, started).await;
         assert_eq!(stats.released, 1, "death {death}: {stats:?}");
     }
     // No consumer runs while the last delivery times out: the decision to dead-letter cannot

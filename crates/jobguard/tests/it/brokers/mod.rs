@@ -1,9 +1,10 @@
-//! The broker consumers and outbox sinks against real RabbitMQ, NATS JetStream, Redis and SQS
-//! (moto's server): the consumer suite (`consumer.rs`) runs once per broker and database
+//! The broker consumers and outbox sinks against real RabbitMQ, NATS JetStream, Redis, SQS
+//! (moto's server) and Kafka (tansu): the consumer suite (`consumer.rs`) runs once per broker and database
 //! backend, and the outbox tests once per broker.
 //!
 //! Each broker's URL comes from `JOBGUARD_TEST_AMQP_URL`, `JOBGUARD_TEST_NATS_URL`,
-//! `JOBGUARD_TEST_REDIS_URL` or `JOBGUARD_TEST_SQS_URL` (scripts/test sets them), else the
+//! `JOBGUARD_TEST_REDIS_URL`, `JOBGUARD_TEST_SQS_URL` or `JOBGUARD_TEST_KAFKA_URL` (scripts/test
+//! sets them), else the
 //! broker's default port on
 //! 127.0.0.1. A broker that does not answer skips its tests with a message, except with
 //! `CI=true`, where it fails them. Every test uses queues, streams and subjects of its own.
@@ -15,13 +16,15 @@ use jobguard::broker::nats::{NatsConfig, NatsSink, NatsSource};
 use jobguard::broker::rabbitmq::{RabbitConfig, RabbitSink, RabbitSource};
 use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
 use jobguard::broker::sqs::{self, SqsConfig, SqsSink, SqsSource};
-use jobguard::broker::{Envelope, Source};
+use jobguard::broker::{Consumer, ConsumerStats, Envelope, Source};
 use jobguard::outbox::{Outbox, Relay, Sink};
 use jobguard::{Guard, JobError, JobKey, MessageId};
 use serde_json::{Value, json};
 use sqlx::Sqlite;
 
 use crate::common::{TestDb, reachable};
+
+use self::kafka::Kafka;
 
 /// How a test wants its source set up.
 #[derive(Clone, Copy, Debug)]
@@ -30,6 +33,9 @@ struct Settings {
     max_deliveries: u32,
     /// NATS AckWait, Redis claim threshold, SQS visibility timeout.
     redelivery: Duration,
+    /// Kafka: the topic's partitions, when [`TestBroker::prepare`] makes it; publishing into
+    /// a topic not prepared makes it with one.
+    partitions: i32,
 }
 
 impl Default for Settings {
@@ -38,6 +44,7 @@ impl Default for Settings {
             prefetch: 10,
             max_deliveries: 3,
             redelivery: Duration::from_secs(1),
+            partitions: 3,
         }
     }
 }
@@ -45,7 +52,11 @@ impl Default for Settings {
 /// A real broker, as the suite uses it.
 trait TestBroker {
     const NAME: &'static str;
-    type Source: Source;
+
+    /// Whether a message whose effect committed and whose acknowledgement never came is
+    /// delivered again (then as a duplicate). Kafka resumes after the offset stored with the
+    /// effect, so it does not deliver it again at all.
+    const REDELIVERS_COMMITTED: bool = true;
 
     /// The URL of a broker that answers, or `None` to skip.
     fn url() -> Option<String>;
@@ -53,8 +64,22 @@ trait TestBroker {
     /// Deletes the test's queue or stream and its dead letters.
     fn reset(url: &str, name: &str) -> impl Future<Output = ()> + Send;
 
-    /// A source on the test's queue or stream, declared when missing.
-    fn source(url: &str, name: &str, settings: Settings) -> impl Future<Output = Self::Source>;
+    /// Runs `consumer` on the test's queue or stream, declared when missing, until `stop`
+    /// resolves or the consumer is idle.
+    fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> impl Future<Output = jobguard::Result<ConsumerStats>>;
+
+    /// Makes the test's queue or stream ready before anything is published (Kafka: a topic
+    /// with `settings.partitions` partitions); by default, publishing makes it.
+    fn prepare(url: &str, name: &str, settings: Settings) -> impl Future<Output = ()> {
+        let _ = (url, name, settings);
+        async {}
+    }
 
     /// Publishes a raw body to the test's queue or stream.
     fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) -> impl Future<Output = ()>;
@@ -115,6 +140,18 @@ impl Publish for SqsSink {
 struct Rabbit;
 
 impl Rabbit {
+    /// A source on the test's queue or stream, declared when missing.
+    async fn source(url: &str, name: &str, settings: Settings) -> RabbitSource {
+        let config = RabbitConfig {
+            prefetch: settings.prefetch as u16,
+            max_deliveries: settings.max_deliveries,
+            ..RabbitConfig::new(Self::queue(name))
+        };
+        RabbitSource::connect(url, config)
+            .await
+            .expect("consume from RabbitMQ")
+    }
+
     fn queue(name: &str) -> String {
         format!("jg-test-{name}")
     }
@@ -130,7 +167,6 @@ impl Rabbit {
 
 impl TestBroker for Rabbit {
     const NAME: &'static str = "rabbitmq";
-    type Source = RabbitSource;
 
     fn url() -> Option<String> {
         reachable("JOBGUARD_TEST_AMQP_URL", "amqp://127.0.0.1:5672", 5672)
@@ -154,15 +190,16 @@ impl TestBroker for Rabbit {
         let _ = connection.close(200, "reset".into()).await;
     }
 
-    async fn source(url: &str, name: &str, settings: Settings) -> RabbitSource {
-        let config = RabbitConfig {
-            prefetch: settings.prefetch as u16,
-            max_deliveries: settings.max_deliveries,
-            ..RabbitConfig::new(Self::queue(name))
-        };
-        RabbitSource::connect(url, config)
+    async fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> jobguard::Result<ConsumerStats> {
+        consumer
+            .run(Self::source(url, name, settings).await, stop)
             .await
-            .expect("consume from RabbitMQ")
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
@@ -302,6 +339,19 @@ impl TestBroker for Rabbit {
 struct Nats;
 
 impl Nats {
+    /// A source on the test's queue or stream, declared when missing.
+    async fn source(url: &str, name: &str, settings: Settings) -> NatsSource {
+        let config = NatsConfig {
+            prefetch: settings.prefetch,
+            max_deliveries: settings.max_deliveries,
+            ack_wait: settings.redelivery,
+            ..Self::config(name)
+        };
+        NatsSource::connect(url, config)
+            .await
+            .expect("consume from NATS")
+    }
+
     fn config(name: &str) -> NatsConfig {
         let token = name.replace(['-', '.'], "_");
         NatsConfig::new(
@@ -322,7 +372,6 @@ impl Nats {
 
 impl TestBroker for Nats {
     const NAME: &'static str = "nats";
-    type Source = NatsSource;
 
     fn url() -> Option<String> {
         reachable("JOBGUARD_TEST_NATS_URL", "nats://127.0.0.1:4222", 4222)
@@ -336,16 +385,16 @@ impl TestBroker for Nats {
         }
     }
 
-    async fn source(url: &str, name: &str, settings: Settings) -> NatsSource {
-        let config = NatsConfig {
-            prefetch: settings.prefetch,
-            max_deliveries: settings.max_deliveries,
-            ack_wait: settings.redelivery,
-            ..Self::config(name)
-        };
-        NatsSource::connect(url, config)
+    async fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> jobguard::Result<ConsumerStats> {
+        consumer
+            .run(Self::source(url, name, settings).await, stop)
             .await
-            .expect("consume from NATS")
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
@@ -446,6 +495,19 @@ impl TestBroker for Nats {
 struct Redis;
 
 impl Redis {
+    /// A source on the test's queue or stream, declared when missing.
+    async fn source(url: &str, name: &str, settings: Settings) -> RedisSource {
+        let config = RedisConfig {
+            prefetch: settings.prefetch,
+            max_deliveries: settings.max_deliveries,
+            claim_idle: settings.redelivery,
+            ..Self::config(name)
+        };
+        RedisSource::connect(url, config)
+            .await
+            .expect("consume from Redis")
+    }
+
     fn config(name: &str) -> RedisConfig {
         RedisConfig::new(format!("jg:test:{name}"))
     }
@@ -461,7 +523,6 @@ impl Redis {
 
 impl TestBroker for Redis {
     const NAME: &'static str = "redis";
-    type Source = RedisSource;
 
     fn url() -> Option<String> {
         reachable("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379", 6379)
@@ -477,16 +538,16 @@ impl TestBroker for Redis {
             .expect("delete the streams");
     }
 
-    async fn source(url: &str, name: &str, settings: Settings) -> RedisSource {
-        let config = RedisConfig {
-            prefetch: settings.prefetch,
-            max_deliveries: settings.max_deliveries,
-            claim_idle: settings.redelivery,
-            ..Self::config(name)
-        };
-        RedisSource::connect(url, config)
+    async fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> jobguard::Result<ConsumerStats> {
+        consumer
+            .run(Self::source(url, name, settings).await, stop)
             .await
-            .expect("consume from Redis")
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
@@ -579,6 +640,17 @@ impl TestBroker for Redis {
 struct Sqs;
 
 impl Sqs {
+    async fn source(url: &str, name: &str, settings: Settings) -> SqsSource {
+        let config = SqsConfig {
+            prefetch: settings.prefetch,
+            max_deliveries: settings.max_deliveries,
+            visibility_timeout: settings.redelivery,
+            ..Self::config(name)
+        };
+        SqsSource::connect(url, config)
+            .await
+            .expect("consume from SQS")
+    }
     fn config(name: &str) -> SqsConfig {
         SqsConfig::new(format!("jg-test-{name}"))
     }
@@ -640,7 +712,6 @@ impl Sqs {
 
 impl TestBroker for Sqs {
     const NAME: &'static str = "sqs";
-    type Source = SqsSource;
 
     fn url() -> Option<String> {
         reachable("JOBGUARD_TEST_SQS_URL", "http://127.0.0.1:9324", 9324)
@@ -652,16 +723,16 @@ impl TestBroker for Sqs {
             .expect("delete the queues");
     }
 
-    async fn source(url: &str, name: &str, settings: Settings) -> SqsSource {
-        let config = SqsConfig {
-            prefetch: settings.prefetch,
-            max_deliveries: settings.max_deliveries,
-            visibility_timeout: settings.redelivery,
-            ..Self::config(name)
-        };
-        SqsSource::connect(url, config)
+    async fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> jobguard::Result<ConsumerStats> {
+        consumer
+            .run(Self::source(url, name, settings).await, stop)
             .await
-            .expect("consume from SQS")
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
@@ -800,6 +871,23 @@ async fn rabbitmq_counts_every_requeue_of_a_failing_message() {
 macro_rules! brokers {
     (fn $name:ident) => {
         mod $name {
+            use crate::brokers::{Kafka, Nats, Rabbit, Redis, Sqs};
+
+            brokers!(@test $name, postgres_rabbitmq, sqlx::Postgres, Rabbit);
+            brokers!(@test $name, sqlite_rabbitmq, sqlx::Sqlite, Rabbit);
+            brokers!(@test $name, postgres_nats, sqlx::Postgres, Nats);
+            brokers!(@test $name, sqlite_nats, sqlx::Sqlite, Nats);
+            brokers!(@test $name, postgres_redis, sqlx::Postgres, Redis);
+            brokers!(@test $name, sqlite_redis, sqlx::Sqlite, Redis);
+            brokers!(@test $name, postgres_sqs, sqlx::Postgres, Sqs);
+            brokers!(@test $name, sqlite_sqs, sqlx::Sqlite, Sqs);
+            brokers!(@test $name, postgres_kafka, sqlx::Postgres, Kafka);
+            brokers!(@test $name, sqlite_kafka, sqlx::Sqlite, Kafka);
+        }
+    };
+    // A case that relies on the broker counting deliveries, which Kafka does not.
+    (fn $name:ident, counting deliveries) => {
+        mod $name {
             use crate::brokers::{Nats, Rabbit, Redis, Sqs};
 
             brokers!(@test $name, postgres_rabbitmq, sqlx::Postgres, Rabbit);
@@ -822,6 +910,7 @@ macro_rules! brokers {
 
 mod batch;
 mod consumer;
+mod kafka;
 
 /// The outbox relayed to the broker: a committed job's message arrives with its stable id, a
 /// rolled-back job's never does; a job envelope published twice with one id arrives once where
@@ -992,4 +1081,9 @@ async fn sqs_fifo_queues_store_a_job_published_again_once() {
     assert!(left.is_empty(), "{left:?}");
     sqs::remove(&url, &config).await.expect("delete the queues");
     pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_to_kafka() {
+    outbox_to::<Kafka>().await;
 }

@@ -1,0 +1,699 @@
+//! [`Consumer::run_kafka`]: each partition's messages in order, each transaction writing the
+//! guard rows, the effects and the partition's next offset together.
+//!
+//! The loop owns the Kafka client. It polls it all along (rebalances and heartbeats need it,
+//! however long jobs run), keeps the messages it receives in a lane per partition, and runs one
+//! unit per lane at a time: one message, or with batches a run of consecutive batchable
+//! messages of the lane. A unit's result says how far the lane got; only then does the lane
+//! run its next unit. A lane whose unit failed waits out a backoff, its partition paused in
+//! the client; so does a lane holding [`KafkaConfig::buffer`] messages.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer as _;
+use rdkafka::message::{Header, Message as _, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::TopicPartitionList;
+use tracing::Instrument;
+
+use super::source::{Event, KafkaSource};
+use super::{KafkaConfig, ORIGIN_HEADER, PRODUCE_TIMEOUT, REASON_HEADER, kafka_error};
+use crate::broker::consumer::{
+    Consumer, ConsumerStats, Counters, Decoded, MAX_RECEIVE_FAILURES, kind_of, retry_delay,
+};
+use crate::broker::offsets::{Offsets, Position};
+use crate::dispatch::log_join;
+use crate::error::{Error, Result, effect_error};
+use crate::guard::{Claim, Outcome, duplicate_of};
+use crate::key::JobKey;
+use crate::spikes::record_outcome;
+use crate::store::Backend;
+
+/// A message received from a partition, decoded.
+struct Received<DB: Backend> {
+    offset: i64,
+    key: Option<Vec<u8>>,
+    body: Vec<u8>,
+    decoded: Decoded<DB>,
+}
+
+/// One partition's messages, as this consumer holds them.
+struct Lane<DB: Backend> {
+    /// Received, not yet settled, in offset order.
+    queue: VecDeque<Received<DB>>,
+    /// Whether the group assigns the partition to this consumer.
+    owned: bool,
+    /// Bumped on every assignment and revocation: a unit's result from before is stale.
+    generation: u64,
+    /// Whether a unit of the lane runs.
+    running: bool,
+    /// Failed attempts of the message at the head.
+    failures: u32,
+    /// When the head may be tried again, after a failure.
+    retry_at: Option<Instant>,
+    /// Whether the partition is paused in the client.
+    paused: bool,
+    /// When a short batch stops waiting for more messages.
+    ready_at: Option<Instant>,
+    /// The offset after the last message this process settled: anything before it was
+    /// applied or dead-lettered, and is skipped when it comes again.
+    settled_next: i64,
+}
+
+impl<DB: Backend> Lane<DB> {
+    fn new() -> Self {
+        Lane {
+            queue: VecDeque::new(),
+            owned: false,
+            generation: 0,
+            running: false,
+            failures: 0,
+            retry_at: None,
+            paused: false,
+            ready_at: None,
+            settled_next: 0,
+        }
+    }
+
+    /// A new assignment or revocation: what the lane held belongs to the old one.
+    fn reset(&mut self, owned: bool) {
+        self.owned = owned;
+        self.generation += 1;
+        self.queue.clear();
+        self.failures = 0;
+        self.retry_at = None;
+        self.paused = false;
+        self.ready_at = None;
+    }
+}
+
+/// Consecutive messages of one partition, to run as one transaction (or one by one).
+struct Unit<DB: Backend> {
+    partition: i32,
+    generation: u64,
+    messages: Vec<Received<DB>>,
+    /// Which attempt this is for the first message; the others' first.
+    attempt: u32,
+}
+
+/// How a unit ended.
+struct Ran<DB: Backend> {
+    partition: i32,
+    generation: u64,
+    /// The messages it did not settle, in order, for the lane to keep.
+    unsettled: Vec<Received<DB>>,
+    /// The offset after the last message it settled.
+    next_offset: Option<i64>,
+    /// The attempt on which the first unsettled message failed, when one did.
+    failed_attempt: Option<u32>,
+}
+
+/// What every unit of a run shares.
+struct Shared<DB: Backend> {
+    offsets: Offsets<DB>,
+    dead_letters: FutureProducer,
+    config: KafkaConfig,
+    counters: Counters,
+    retry_delay: Duration,
+}
+
+impl<DB: Backend> Consumer<DB> {
+    /// Joins the consumer group of `config` on the Kafka broker at `url`
+    /// (`kafka://host:9092`), with its offsets stored in this consumer's database: creates the
+    /// topics unless told not to, and the offsets table when missing. Run it with
+    /// [`run_kafka`](Self::run_kafka).
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "kafka")]
+    /// # async fn f(consumer: jobguard::broker::Consumer<sqlx::Postgres>) -> jobguard::Result<()> {
+    /// use jobguard::broker::kafka::KafkaConfig;
+    ///
+    /// let source = consumer.kafka_source("kafka://127.0.0.1:9092", KafkaConfig::new("credits")).await?;
+    /// let stats = consumer.run_kafka(source, jobguard::worker::shutdown_signal()).await?;
+    /// println!("{} applied, {} duplicates", stats.applied, stats.duplicates);
+    /// # Ok(()) }
+    /// ```
+    pub async fn kafka_source(&self, url: &str, config: KafkaConfig) -> Result<KafkaSource<DB>> {
+        KafkaSource::connect(url, config, self.guard.pool().clone()).await
+    }
+
+    /// Runs the messages of `source` until `shutdown` resolves, or until idle with
+    /// [`ConsumerConfig::stop_when_idle_for`](crate::broker::ConsumerConfig::stop_when_idle_for):
+    /// each partition's in order, each transaction claiming the keys, applying the effects and
+    /// storing the partition's next offset (see the [`kafka`](crate::broker::kafka) module).
+    ///
+    /// The consumer's [`before_commit`](Self::before_commit) hook runs before each commit and
+    /// [`before_ack`](Self::before_ack) after it, before the offset is handed to Kafka.
+    pub async fn run_kafka(
+        self,
+        source: KafkaSource<DB>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<ConsumerStats> {
+        let poller = source.start();
+        let KafkaSource {
+            consumer: client,
+            mut events,
+            stopping,
+            dead_letters,
+            offsets,
+            config,
+            ..
+        } = source;
+        let this = Arc::new(self);
+        let shared = Arc::new(Shared {
+            offsets,
+            dead_letters,
+            retry_delay: this.config.retry_delay,
+            config,
+            counters: Counters::default(),
+        });
+        let topic = shared.config.topic.clone();
+        let concurrency = shared.config.concurrency.max(1);
+        let buffer = shared.config.buffer.max(1);
+        let batch_size = this.batch_size();
+        let linger = this.config.batch_linger;
+        let mut lanes: BTreeMap<i32, Lane<DB>> = BTreeMap::new();
+        let mut revoking: Vec<(Vec<i32>, std::sync::mpsc::Sender<()>)> = Vec::new();
+        let mut units = tokio::task::JoinSet::new();
+        let mut shutdown = pin!(shutdown);
+        let mut last_message = Instant::now();
+        let mut receive_failures = 0_u32;
+        let mut joined = false;
+        let mut failure = None;
+        let pause = |lane: &mut Lane<DB>, partition: i32, paused: bool| {
+            if lane.paused == paused {
+                return;
+            }
+            let list = partition_list(&topic, partition);
+            let done = if paused {
+                client.pause(&list)
+            } else {
+                client.resume(&list)
+            };
+            match done {
+                Ok(()) => lane.paused = paused,
+                Err(error) => tracing::debug!(%error, partition, paused, "cannot pause or resume"),
+            }
+        };
+
+        loop {
+            // A revocation waits for the transactions running on its partitions.
+            revoking.retain(|(partitions, done)| {
+                let running = partitions
+                    .iter()
+                    .any(|partition| lanes.get(partition).is_some_and(|lane| lane.running));
+                if !running {
+                    let _ = done.send(());
+                }
+                running
+            });
+            // Start what may run: one unit per lane, up to the concurrency.
+            let now = Instant::now();
+            for (&partition, lane) in lanes.iter_mut() {
+                if units.len() >= concurrency {
+                    break;
+                }
+                if !lane.owned || lane.running || lane.queue.is_empty() {
+                    continue;
+                }
+                if lane.retry_at.is_some_and(|at| at > now) {
+                    continue;
+                }
+                if lane.queue.len() < batch_size && lane.ready_at.is_some_and(|at| at > now) {
+                    continue;
+                }
+                lane.retry_at = None;
+                lane.ready_at = None;
+                let unit = this.take_unit(partition, lane);
+                if lane.queue.len() < buffer {
+                    pause(lane, partition, false);
+                }
+                let (consumer, shared) = (Arc::clone(&this), Arc::clone(&shared));
+                units.spawn(consumer.run_unit(shared, unit));
+            }
+            let next_retry = lanes
+                .values()
+                .filter(|lane| lane.owned && !lane.running && !lane.queue.is_empty())
+                .filter_map(|lane| lane.retry_at.max(lane.ready_at))
+                .min();
+            let idle_check = this.config.stop_when_idle_for;
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                Some(joined) = units.join_next() => {
+                    let Some(ran) = joined_unit(joined) else { continue };
+                    let lane = lanes.entry(ran.partition).or_insert_with(Lane::new);
+                    lane.running = false;
+                    if let Some(next) = ran.next_offset {
+                        lane.settled_next = lane.settled_next.max(next);
+                        if let Err(error) = client.store_offset(&topic, ran.partition, next) {
+                            tracing::debug!(%error, "Kafka did not take the offset; the stored one stands");
+                        }
+                    }
+                    if ran.generation == lane.generation && lane.owned {
+                        for message in ran.unsettled.into_iter().rev() {
+                            lane.queue.push_front(message);
+                        }
+                        match ran.failed_attempt {
+                            Some(attempt) => {
+                                lane.failures = attempt;
+                                lane.retry_at =
+                                    Some(Instant::now() + retry_delay(shared.retry_delay, attempt));
+                                pause(lane, ran.partition, true);
+                            }
+                            None => lane.failures = 0,
+                        }
+                    }
+                    let settled_next = lane.settled_next;
+                    lane.queue.retain(|message| message.offset >= settled_next);
+                }
+                event = events.recv() => {
+                    let Some(event) = event else {
+                        failure = Some(Error::Broker {
+                            broker: super::BROKER,
+                            action: format!("receive from `{topic}`"),
+                            source: "the client's thread stopped".into(),
+                        });
+                        break;
+                    };
+                    match event {
+                        Event::Message(message) => {
+                            receive_failures = 0;
+                            last_message = Instant::now();
+                            let partition = message.partition();
+                            let Some(lane) = lanes.get_mut(&partition).filter(|lane| lane.owned) else {
+                                continue;
+                            };
+                            if message.offset() < lane.settled_next {
+                                continue;
+                            }
+                            let body = message.payload().unwrap_or_default().to_vec();
+                            let decoded = this.decode_body(&body);
+                            if batch_size > 1 && lane.queue.is_empty() && !lane.running {
+                                // A batch waits a moment for the messages fetched with this one.
+                                lane.ready_at = Some(Instant::now() + linger);
+                            }
+                            lane.queue.push_back(Received {
+                                offset: message.offset(),
+                                key: message.key().map(<[u8]>::to_vec),
+                                body,
+                                decoded,
+                            });
+                            if lane.queue.len() >= buffer {
+                                pause(lane, partition, true);
+                            }
+                        }
+                        Event::Assigned(partitions) => {
+                            joined = true;
+                            last_message = Instant::now();
+                            for (partition, start) in partitions {
+                                let lane = lanes.entry(partition).or_insert_with(Lane::new);
+                                lane.reset(true);
+                                if let Some(start) = start {
+                                    lane.settled_next = lane.settled_next.max(start);
+                                }
+                            }
+                        }
+                        Event::Revoked { partitions, done } => {
+                            for partition in &partitions {
+                                if let Some(lane) = lanes.get_mut(partition) {
+                                    lane.reset(false);
+                                }
+                            }
+                            revoking.push((partitions, done));
+                        }
+                        Event::Failed(error) => {
+                            receive_failures += 1;
+                            if receive_failures >= MAX_RECEIVE_FAILURES {
+                                failure = Some(kafka_error(format!("receive from `{topic}`"), error));
+                                break;
+                            }
+                            tracing::warn!(%error, broker = super::BROKER, "receiving failed; trying again");
+                        }
+                    }
+                }
+                () = sleep_until(next_retry) => {}
+                () = tokio::time::sleep(Duration::from_millis(100)), if idle_check.is_some() => {
+                    let idle = idle_check.expect("checked");
+                    // Idle once in the group: joining may take longer than the idle time.
+                    if joined
+                        && units.is_empty()
+                        && lanes.values().all(|lane| lane.queue.is_empty())
+                        && last_message.elapsed() >= idle
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+
+        let drained = tokio::time::timeout(this.config.shutdown_timeout, async {
+            while let Some(joined) = units.join_next().await {
+                if let Some(ran) = joined_unit(joined)
+                    && let Some(next) = ran.next_offset
+                {
+                    let _ = client.store_offset(&topic, ran.partition, next);
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            let unsettled = units.len() as u64;
+            tracing::warn!(
+                partitions = unsettled,
+                "running jobs did not finish in time; rolling them back, their messages stay in the log"
+            );
+            shared
+                .counters
+                .released
+                .fetch_add(unsettled, std::sync::atomic::Ordering::Relaxed);
+            units.abort_all();
+            while units.join_next().await.is_some() {}
+        }
+        // The client's thread commits what was stored in it (the database's offsets stand
+        // either way) and leaves the group.
+        stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        for (_, done) in revoking {
+            let _ = done.send(());
+        }
+        drop(events);
+        drop(client);
+        let _ = tokio::task::spawn_blocking(move || poller.join()).await;
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(shared.counters.snapshot()),
+        }
+    }
+
+    /// The next unit of `lane`: its head, and with batches the consecutive batchable
+    /// messages after it, up to the batch size. A head that failed before runs alone.
+    fn take_unit(&self, partition: i32, lane: &mut Lane<DB>) -> Unit<DB> {
+        lane.running = true;
+        let attempt = lane.failures + 1;
+        let first = lane.queue.pop_front().expect("the lane holds a message");
+        let mut messages = vec![first];
+        let size = self.batch_size();
+        if size > 1 && attempt == 1 && self.kafka_batchable(&messages[0]) {
+            while messages.len() < size
+                && lane
+                    .queue
+                    .front()
+                    .is_some_and(|next| self.kafka_batchable(next))
+            {
+                messages.push(lane.queue.pop_front().expect("checked"));
+            }
+        }
+        Unit {
+            partition,
+            generation: lane.generation,
+            messages,
+            attempt,
+        }
+    }
+
+    /// Whether a message may join a batch: it decoded and its kind opted in.
+    fn kafka_batchable(&self, message: &Received<DB>) -> bool {
+        match &message.decoded {
+            Ok((envelope, _)) => self.batched.contains(&envelope.kind),
+            Err(_) => false,
+        }
+    }
+
+    /// Runs a unit: as one transaction when it holds several messages, and one per
+    /// transaction when that rolled back, in order, up to the first failure.
+    async fn run_unit(self: Arc<Self>, shared: Arc<Shared<DB>>, unit: Unit<DB>) -> Ran<DB> {
+        let Unit {
+            partition,
+            generation,
+            messages,
+            attempt,
+        } = unit;
+        let span = tracing::info_span!(
+            "partition",
+            broker = super::BROKER,
+            topic = %shared.config.topic,
+            partition,
+            messages = messages.len(),
+        );
+        async move {
+            let mut messages = VecDeque::from(messages);
+            let mut next_offset = None;
+            if messages.len() > 1 {
+                let batch: Vec<&Received<DB>> = messages.iter().collect();
+                match self.transaction(&shared, partition, &batch, 1).await {
+                    Ok(()) => {
+                        let last = messages.back().expect("a batch").offset;
+                        return Ran {
+                            partition,
+                            generation,
+                            unsettled: Vec::new(),
+                            next_offset: Some(last + 1),
+                            failed_attempt: None,
+                        };
+                    }
+                    Err(error) => tracing::info!(
+                        %error,
+                        "the batch rolled back; running its messages one per transaction"
+                    ),
+                }
+            }
+            let mut attempt = attempt;
+            while let Some(message) = messages.pop_front() {
+                let settled = match &message.decoded {
+                    Err((_, reason)) => self.bury_kafka(&shared, partition, &message, reason).await,
+                    Ok(_) => match self.transaction(&shared, partition, &[&message], attempt).await {
+                        Ok(()) => Ok(()),
+                        Err(error)
+                            if error.is_retryable()
+                                && attempt < shared.config.max_deliveries.max(1) =>
+                        {
+                            tracing::warn!(%error, attempt, "the job failed; the partition waits, then tries it again");
+                            Counters::add(&shared.counters.failed);
+                            Err(())
+                        }
+                        Err(error) => {
+                            let reason = if error.is_retryable() {
+                                format!("failed on attempt {attempt}, the last allowed: {error}")
+                            } else {
+                                error.to_string()
+                            };
+                            self.bury_kafka(&shared, partition, &message, &reason).await
+                        }
+                    },
+                };
+                if settled.is_err() {
+                    messages.push_front(message);
+                    return Ran {
+                        partition,
+                        generation,
+                        unsettled: messages.into(),
+                        next_offset,
+                        failed_attempt: Some(attempt),
+                    };
+                }
+                next_offset = Some(message.offset + 1);
+                attempt = 1;
+            }
+            Ran {
+                partition,
+                generation,
+                unsettled: Vec::new(),
+                next_offset,
+                failed_attempt: None,
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// One transaction for `messages`, consecutive in `partition`: each key claimed and its
+    /// effect run when fresh, then the offset after the last one stored, then the commit.
+    /// After the commit, each outcome is counted and the `before_ack` hook runs.
+    async fn transaction(
+        &self,
+        shared: &Shared<DB>,
+        partition: i32,
+        messages: &[&Received<DB>],
+        attempt: u32,
+    ) -> Result<()> {
+        let guard = &self.guard;
+        let last = messages.last().expect("at least one message").offset;
+        let position = Position {
+            group: &shared.config.group,
+            topic: &shared.config.topic,
+            partition,
+            next_offset: last + 1,
+        };
+        // On SQLite, this process's turn to write before the connection, as every writer;
+        // both given back at the commit, before the hooks.
+        let outcomes = {
+            let _turn = guard.write_turn().await;
+            let mut conn = guard.pool().acquire().await?;
+            let mut guarded = guard.begin_on(&mut conn).await?;
+            let ran: Result<(Vec<Outcome<()>>, Vec<JobKey>)> = async {
+                let mut outcomes = Vec::with_capacity(messages.len());
+                let mut claimed = Vec::new();
+                for message in messages {
+                    let Ok((envelope, runnable)) = &message.decoded else {
+                        unreachable!("only decoded messages run in a transaction");
+                    };
+                    let key = &envelope.key;
+                    match guard
+                        .claim_with_payload_tx(&mut guarded.tx, key, &envelope.payload)
+                        .await?
+                    {
+                        Claim::Claimed => {
+                            let run =
+                                crate::dispatch::catch_panic(runnable.run_in(&mut guarded.tx));
+                            match run.await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(error)) => return Err(effect_error(key, error)),
+                                Err(panicked) => {
+                                    return Err(Error::Effect {
+                                        key: key.to_string(),
+                                        fatal: false,
+                                        source: panicked.into(),
+                                    });
+                                }
+                            }
+                            outcomes.push(Outcome::Applied(()));
+                            claimed.push(key.clone());
+                        }
+                        // Held by a committed transaction, or by an earlier message of this one.
+                        Claim::Duplicate(record) => {
+                            outcomes.push(Outcome::Duplicate(duplicate_of(key, record)?))
+                        }
+                    }
+                }
+                shared.offsets.store_tx(&mut guarded.tx, &position).await?;
+                Ok((outcomes, claimed))
+            }
+            .await;
+            let (outcomes, claimed) = match ran {
+                Ok(ran) => ran,
+                Err(error) => {
+                    let _ = guarded.tx.rollback().await;
+                    return Err(error);
+                }
+            };
+            if !claimed.is_empty()
+                && let Some(hook) = &self.before_commit
+            {
+                hook(claimed).await;
+            }
+            guarded.tx.commit().await?;
+            outcomes
+        };
+        for (message, outcome) in messages.iter().zip(outcomes) {
+            let kind = kind_of(&message.decoded);
+            let attempt = if message.offset == messages[0].offset {
+                attempt
+            } else {
+                1
+            };
+            record_outcome(&kind, outcome.label());
+            shared.counters.count(&outcome, &kind, attempt);
+            if let (Some(hook), Ok((envelope, _))) = (&self.before_ack, &message.decoded) {
+                hook(&envelope.key, &outcome).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Produces `message` to the dead-letter topic, then stores the offset after it in a
+    /// transaction of its own. A consumer that dies in between produces it again.
+    async fn bury_kafka(
+        &self,
+        shared: &Shared<DB>,
+        partition: i32,
+        message: &Received<DB>,
+        reason: &str,
+    ) -> std::result::Result<(), ()> {
+        let config = &shared.config;
+        tracing::warn!(
+            error = reason,
+            offset = message.offset,
+            "message dead-lettered"
+        );
+        let origin = format!("{}/{partition}/{}", config.topic, message.offset);
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: REASON_HEADER,
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: ORIGIN_HEADER,
+                value: Some(&origin),
+            });
+        let mut record = FutureRecord::to(&config.dead_letter_topic)
+            .payload(&message.body)
+            .headers(headers);
+        if let Some(key) = &message.key {
+            record = record.key(key);
+        }
+        if let Err((error, _)) = shared.dead_letters.send(record, PRODUCE_TIMEOUT).await {
+            tracing::warn!(%error, "producing the dead letter failed; the partition tries again later");
+            return Err(());
+        }
+        let position = Position {
+            group: &config.group,
+            topic: &config.topic,
+            partition,
+            next_offset: message.offset + 1,
+        };
+        let stored: Result<()> = async {
+            let guard = &self.guard;
+            let _turn = guard.write_turn().await;
+            let mut conn = guard.pool().acquire().await?;
+            let mut guarded = guard.begin_on(&mut conn).await?;
+            shared.offsets.store_tx(&mut guarded.tx, &position).await?;
+            guarded.tx.commit().await?;
+            Ok(())
+        }
+        .await;
+        if let Err(error) = stored {
+            tracing::warn!(%error, "storing the offset after a dead letter failed; it is dead-lettered again");
+            return Err(());
+        }
+        let kind = kind_of(&message.decoded);
+        let label = if self.handlers.contains(&kind) {
+            kind.as_str()
+        } else {
+            "unknown"
+        };
+        record_outcome(label, "dead");
+        Counters::add(&shared.counters.dead);
+        Ok(())
+    }
+}
+
+/// A unit's result, unless its task panicked outside the job (logged).
+fn joined_unit<DB: Backend>(
+    joined: std::result::Result<Ran<DB>, tokio::task::JoinError>,
+) -> Option<Ran<DB>> {
+    match joined {
+        Ok(ran) => Some(ran),
+        Err(error) => {
+            log_join(Err(error), "a partition's task panicked outside the job");
+            None
+        }
+    }
+}
+
+/// Sleeps until `at`, or for ever without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn partition_list(topic: &str, partition: i32) -> TopicPartitionList {
+    let mut list = TopicPartitionList::with_capacity(1);
+    list.add_partition(topic, partition);
+    list
+}

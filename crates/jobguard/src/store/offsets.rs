@@ -1,0 +1,68 @@
+//! Consumer offsets kept with the effects: for a log broker (Kafka), the next offset of each
+//! partition a consumer group takes, written in the transaction that applied the messages
+//! before it. The statements each backend builds from the table name, and their interface.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::table::TableName;
+
+/// The table offsets are kept in unless told otherwise.
+pub const DEFAULT_OFFSETS_TABLE: &str = "jobguard_consumer_offsets";
+
+/// Where a consumer group stands in one partition: the offset of the next message to take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Position<'a> {
+    /// The consumer group.
+    pub group: &'a str,
+    /// The topic.
+    pub topic: &'a str,
+    /// The partition.
+    pub partition: i32,
+    /// The offset of the first message not yet applied (or dead-lettered).
+    pub next_offset: i64,
+}
+
+/// The offset table's statements, built once from its validated table name.
+#[derive(Debug)]
+pub struct OffsetSql {
+    pub(crate) table: TableName,
+    pub(crate) create: Vec<Arc<str>>,
+    /// `$1` group, `$2` topic, `$3` partition, `$4` next offset: upsert, never moving back.
+    pub(crate) store: Arc<str>,
+    /// `$1` group, `$2` topic: `(partition, next_offset)` rows.
+    pub(crate) read: Arc<str>,
+    /// `$1` group, `$2` topic: deletes their rows.
+    pub(crate) forget: Arc<str>,
+}
+
+/// The offset statements each backend implements, in its `offsets.rs`.
+pub trait OffsetStore: sqlx::Database {
+    fn offset_sql(table: &TableName) -> crate::Result<OffsetSql>;
+
+    /// Records `position` on the caller's connection, usually inside the transaction that
+    /// applied the messages before it. An offset lower than the one stored leaves the row as
+    /// it is: a consumer that lost the partition in a rebalance and commits late never moves
+    /// its new owner back.
+    fn store_offset(
+        conn: &mut Self::Connection,
+        sql: &OffsetSql,
+        position: &Position<'_>,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// The stored next offsets of `group` in `topic`, by partition.
+    fn read_offsets(
+        conn: &mut Self::Connection,
+        sql: &OffsetSql,
+        group: &str,
+        topic: &str,
+    ) -> impl Future<Output = sqlx::Result<Vec<(i32, i64)>>> + Send;
+
+    /// Deletes the stored offsets of `group` in `topic`; how many partitions had one.
+    fn forget_offsets(
+        conn: &mut Self::Connection,
+        sql: &OffsetSql,
+        group: &str,
+        topic: &str,
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+}

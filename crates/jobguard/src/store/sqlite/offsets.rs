@@ -1,0 +1,94 @@
+//! The consumer offsets' SQL for SQLite. Times are integer microseconds since the Unix epoch.
+
+use std::sync::Arc;
+
+use sqlx::sqlite::{Sqlite, SqliteConnection};
+
+use super::guard::NOW_MICROS as NOW;
+use crate::error::Error;
+use crate::store::offsets::{OffsetSql, OffsetStore, Position};
+use crate::table::TableName;
+
+impl OffsetStore for Sqlite {
+    fn offset_sql(table: &TableName) -> crate::Result<OffsetSql> {
+        if let Some(schema) = table.schema() {
+            return Err(Error::InvalidName {
+                what: "schema (SQLite has none)",
+                name: schema.into(),
+            });
+        }
+        let t = table.quoted();
+        let create = vec![format!(
+            "create table if not exists {t} (
+                consumer_group text not null,
+                topic          text not null,
+                partition      integer not null,
+                next_offset    integer not null,
+                updated_at     integer not null default ({NOW}),
+                primary key (consumer_group, topic, partition)
+            )"
+        )];
+        Ok(OffsetSql {
+            table: table.clone(),
+            create: create.into_iter().map(Arc::from).collect(),
+            // In the transaction of the effects (under SQLite's one write lock); the later of
+            // two owners' commits never moves the row back.
+            store: format!(
+                "insert into {t} (consumer_group, topic, partition, next_offset)
+                 values ($1, $2, $3, $4)
+                 on conflict (consumer_group, topic, partition) do update
+                 set next_offset = max({t}.next_offset, excluded.next_offset),
+                     updated_at = {NOW}"
+            )
+            .into(),
+            read: format!(
+                "select partition, next_offset from {t}
+                 where consumer_group = $1 and topic = $2 order by partition"
+            )
+            .into(),
+            forget: format!("delete from {t} where consumer_group = $1 and topic = $2").into(),
+        })
+    }
+
+    async fn store_offset(
+        conn: &mut SqliteConnection,
+        sql: &OffsetSql,
+        position: &Position<'_>,
+    ) -> sqlx::Result<()> {
+        sqlx::query(sqlx::AssertSqlSafe(&*sql.store))
+            .bind(position.group)
+            .bind(position.topic)
+            .bind(position.partition)
+            .bind(position.next_offset)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn read_offsets(
+        conn: &mut SqliteConnection,
+        sql: &OffsetSql,
+        group: &str,
+        topic: &str,
+    ) -> sqlx::Result<Vec<(i32, i64)>> {
+        sqlx::query_as(sqlx::AssertSqlSafe(&*sql.read))
+            .bind(group)
+            .bind(topic)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn forget_offsets(
+        conn: &mut SqliteConnection,
+        sql: &OffsetSql,
+        group: &str,
+        topic: &str,
+    ) -> sqlx::Result<u64> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(&*sql.forget))
+            .bind(group)
+            .bind(topic)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,454 @@
+//! Kafka in the broker suite (the [`TestBroker`] the `brokers!` cases run on), and the cases
+//! only Kafka has: the offsets stored with the effects, a consumer stopped between its
+//! database commit and Kafka's, and a rebalance while a batch runs.
+//!
+//! Kafka comes from `JOBGUARD_TEST_KAFKA_URL`, else `kafka://127.0.0.1:9092` (scripts/test
+//! starts tansu there when nothing answers).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use jobguard::broker::kafka::{self, ID_HEADER, KafkaConfig, KafkaSink, bootstrap_servers};
+use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Envelope, Offsets};
+use jobguard::{Guard, JobKey, Outcome};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::message::{Headers as _, Message as _};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use serde_json::Value;
+
+use super::consumer::{Credit, Fixture, effect_runs};
+use super::{Settings, TestBroker};
+use crate::common::{TestDb, ledger_rows, reachable};
+
+pub(super) struct Kafka;
+
+impl Kafka {
+    fn topic(name: &str) -> String {
+        format!("jg-test-{name}")
+    }
+
+    fn config(name: &str, settings: Settings) -> KafkaConfig {
+        KafkaConfig {
+            group: Self::topic(name),
+            concurrency: settings.prefetch,
+            max_deliveries: settings.max_deliveries,
+            partitions: settings.partitions,
+            session_timeout: Duration::from_secs(6),
+            ..KafkaConfig::new(Self::topic(name))
+        }
+    }
+
+    fn client(url: &str) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set(
+            "bootstrap.servers",
+            bootstrap_servers(url).expect("a Kafka URL"),
+        );
+        config
+    }
+
+    /// Every message of `topic`, from its first, on a client outside any group.
+    fn read_all(url: &str, topic: &str) -> Vec<(Option<String>, Option<Vec<u8>>, Vec<u8>)> {
+        let consumer: BaseConsumer = Self::client(url)
+            .set("group.id", "jobguard-test-reader")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a reader");
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("the topic's metadata");
+        let mut messages = Vec::new();
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            let partition = partition.id();
+            let (low, high) = consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .expect("watermarks");
+            if high <= low {
+                continue;
+            }
+            let mut list = TopicPartitionList::new();
+            list.add_partition_offset(topic, partition, Offset::Offset(low))
+                .unwrap();
+            consumer.assign(&list).expect("assign");
+            let mut next = low;
+            while next < high {
+                match consumer.poll(Duration::from_secs(10)) {
+                    Some(Ok(message)) if message.partition() == partition => {
+                        next = message.offset() + 1;
+                        let id = message.headers().and_then(|headers| {
+                            headers
+                                .iter()
+                                .find(|header| header.key == ID_HEADER)
+                                .and_then(|header| header.value)
+                                .map(|value| String::from_utf8_lossy(value).into_owned())
+                        });
+                        messages.push((
+                            id,
+                            message.key().map(<[u8]>::to_vec),
+                            message.payload().unwrap_or_default().to_vec(),
+                        ));
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => panic!("reading `{topic}`: {error}"),
+                    None => panic!("`{topic}` [{partition}] stopped before offset {high}"),
+                }
+            }
+        }
+        messages
+    }
+
+    /// Where each partition of `topic` ends.
+    pub(super) fn high_watermarks(url: &str, topic: &str) -> Vec<(i32, i64)> {
+        let consumer: BaseConsumer = Self::client(url).create().expect("a client");
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("the topic's metadata");
+        metadata
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions())
+            .map(|partition| {
+                let (_, high) = consumer
+                    .fetch_watermarks(topic, partition.id(), Duration::from_secs(10))
+                    .expect("watermarks");
+                (partition.id(), high)
+            })
+            .collect()
+    }
+
+    /// The offsets Kafka holds committed for the test's group, by partition.
+    fn committed(url: &str, name: &str) -> Vec<(i32, Option<i64>)> {
+        let topic = Self::topic(name);
+        let consumer: BaseConsumer = Self::client(url)
+            .set("group.id", &topic)
+            .create()
+            .expect("a client");
+        let mut list = TopicPartitionList::new();
+        for (partition, _) in Self::high_watermarks(url, &topic) {
+            list.add_partition(&topic, partition);
+        }
+        let committed = consumer
+            .committed_offsets(list, Duration::from_secs(10))
+            .expect("the committed offsets");
+        committed
+            .elements()
+            .iter()
+            .map(|element| match element.offset() {
+                Offset::Offset(offset) => (element.partition(), Some(offset)),
+                _ => (element.partition(), None),
+            })
+            .collect()
+    }
+}
+
+impl TestBroker for Kafka {
+    const NAME: &'static str = "kafka";
+    const REDELIVERS_COMMITTED: bool = false;
+
+    fn url() -> Option<String> {
+        reachable("JOBGUARD_TEST_KAFKA_URL", "kafka://127.0.0.1:9092", 9092)
+    }
+
+    async fn reset(url: &str, name: &str) {
+        kafka::remove(url, &Self::config(name, Settings::default()))
+            .await
+            .expect("delete the topics");
+    }
+
+    async fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> jobguard::Result<ConsumerStats> {
+        let source = consumer
+            .kafka_source(url, Self::config(name, settings))
+            .await?;
+        consumer.run_kafka(source, stop).await
+    }
+
+    async fn prepare(url: &str, name: &str, settings: Settings) {
+        kafka::declare(url, &Self::config(name, settings))
+            .await
+            .expect("create the topics");
+    }
+
+    async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
+        // A topic not prepared has one partition: the order of the bodies is the order taken.
+        let one = Settings {
+            partitions: 1,
+            ..Settings::default()
+        };
+        Self::prepare(url, name, one).await;
+        let producer: FutureProducer = Self::client(url)
+            .set("enable.idempotence", "true")
+            .create()
+            .expect("a producer");
+        let topic = Self::topic(name);
+        for body in bodies {
+            // Keyed by the job key, as `KafkaSink::publish` does, when the body has one.
+            let key = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|value| value.get("key")?.as_str().map(str::to_owned));
+            let mut record = FutureRecord::to(&topic).payload(&body);
+            if let Some(key) = &key {
+                record = record.key(key);
+            }
+            producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .map_err(|(error, _)| error)
+                .expect("produce");
+        }
+    }
+
+    async fn dead_letters(url: &str, name: &str) -> Vec<Vec<u8>> {
+        let topic = Self::config(name, Settings::default()).dead_letter_topic;
+        let url = url.to_owned();
+        tokio::task::spawn_blocking(move || Self::read_all(&url, &topic))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, _, body)| body)
+            .collect()
+    }
+
+    async fn left_behind(url: &str, name: &str) -> u64 {
+        let (url, name) = (url.to_owned(), name.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let ends = Self::high_watermarks(&url, &Self::topic(&name));
+            let committed = Self::committed(&url, &name);
+            ends.iter()
+                .map(|(partition, high)| {
+                    let done = committed
+                        .iter()
+                        .find(|(p, _)| p == partition)
+                        .and_then(|(_, offset)| *offset)
+                        .unwrap_or(0);
+                    u64::try_from(high - done).unwrap_or(0)
+                })
+                .sum()
+        })
+        .await
+        .unwrap()
+    }
+
+    type Sink = KafkaSink;
+    const DEDUPES: bool = false;
+
+    async fn sink(url: &str) -> KafkaSink {
+        KafkaSink::connect(url).expect("connect the sink")
+    }
+
+    async fn prepare_topic(url: &str, topic: &str) {
+        let config = KafkaConfig {
+            partitions: 1,
+            ..KafkaConfig::new(topic)
+        };
+        kafka::remove(url, &config).await.expect("delete the topic");
+        kafka::declare(url, &config)
+            .await
+            .expect("create the topic");
+    }
+
+    async fn received(url: &str, topic: &str) -> Vec<(String, Value)> {
+        let (url, topic) = (url.to_owned(), topic.to_owned());
+        tokio::task::spawn_blocking(move || Self::read_all(&url, &topic))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, key, body)| {
+                // Outbox messages carry their id in a header; job envelopes their key.
+                let id = id
+                    .or_else(|| key.map(|key| String::from_utf8(key).expect("a UTF-8 key")))
+                    .expect("an id or a key");
+                (id, serde_json::from_slice(&body).expect("JSON"))
+            })
+            .collect()
+    }
+}
+
+impl super::Publish for KafkaSink {
+    async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
+        self.publish(to, envelope).await.expect("publish");
+    }
+}
+
+/// A consumer of `Credit` jobs on `pool`, stopping once idle for `idle`.
+async fn credit_consumer<DB: TestDb>(
+    pool: &sqlx::Pool<DB>,
+    idle: Duration,
+    batch: usize,
+) -> Consumer<DB> {
+    let config = ConsumerConfig {
+        retry_delay: Duration::from_millis(100),
+        shutdown_timeout: Duration::from_secs(10),
+        stop_when_idle_for: Some(idle),
+        batch_size: batch,
+        batch_linger: Duration::from_millis(50),
+    };
+    let consumer = Consumer::with_config(Guard::new(pool.clone()), config).register::<Credit>();
+    consumer.migrate().await.expect("migrate the guard");
+    consumer
+}
+
+backends!(fn the_offsets_table_holds_where_each_partition_was_applied_to);
+/// After a drain, the offsets table holds, for each partition, the end of the partition: every
+/// message before it applied (or a duplicate), in the transactions that wrote it.
+async fn the_offsets_table_holds_where_each_partition_was_applied_to<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("offsets").await else {
+        return;
+    };
+    let settings = Settings::default();
+    fixture.prepare(settings).await;
+    let credits: Vec<Credit> = (0..30).map(|n| Credit::new(n, 10)).collect();
+    fixture
+        .publish(credits.iter().flat_map(|c| [c.body(), c.body()]).collect())
+        .await;
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(2), 1).await;
+    let stats = fixture
+        .run(consumer, settings, std::future::pending())
+        .await;
+    assert_eq!((stats.applied, stats.duplicates), (30, 30), "{stats:?}");
+
+    let topic = Kafka::topic(&fixture.name);
+    let ends = Kafka::high_watermarks(&fixture.url, &topic);
+    assert_eq!(ends.len(), 3, "{ends:?}");
+    let stored = Offsets::new(fixture.pool.clone())
+        .read(&topic, &topic)
+        .await
+        .unwrap();
+    let expected: std::collections::BTreeMap<i32, i64> =
+        ends.into_iter().filter(|(_, end)| *end > 0).collect();
+    assert_eq!(stored, expected);
+    assert_eq!(ledger_rows(&fixture.pool).await, 30);
+    fixture.cleanup().await;
+}
+
+backends!(fn a_consumer_stopped_after_its_commit_resumes_from_the_stored_offsets);
+/// A consumer applies the first message of the partition and stops between its database commit
+/// and handing the offset to Kafka: Kafka's committed offset is still behind, the stored one is
+/// not. The next consumer starts at the stored offset: nothing comes again (no duplicate), and
+/// nothing is skipped (every other message applied).
+async fn a_consumer_stopped_after_its_commit_resumes_from_the_stored_offsets<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("resume").await else {
+        return;
+    };
+    let credits: Vec<Credit> = (0..10).map(|n| Credit::new(n, 10)).collect();
+    fixture
+        .publish(credits.iter().map(Credit::body).collect())
+        .await;
+    let settings = Settings {
+        prefetch: 1,
+        ..Settings::default()
+    };
+
+    let committed = Arc::new(tokio::sync::Notify::new());
+    let stop = {
+        let committed = Arc::clone(&committed);
+        async move { committed.notified().await }
+    };
+    let consumer = {
+        let committed = Arc::clone(&committed);
+        let config = ConsumerConfig {
+            shutdown_timeout: Duration::ZERO,
+            ..ConsumerConfig::default()
+        };
+        Consumer::with_config(Guard::new(fixture.pool.clone()), config)
+            .register::<Credit>()
+            .before_ack(move |_key: &JobKey, _outcome: &Outcome<()>| {
+                committed.notify_one();
+                // Stopped here: Kafka never hears of the commit.
+                std::future::pending().boxed()
+            })
+    };
+    consumer.migrate().await.unwrap();
+    let first = fixture.run(consumer, settings, stop).await;
+    assert_eq!((first.applied, first.released), (1, 1), "{first:?}");
+    let topic = Kafka::topic(&fixture.name);
+    let stored = Offsets::new(fixture.pool.clone())
+        .read(&topic, &topic)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        [(0, 1)].into(),
+        "the offset committed with the effect"
+    );
+    let in_kafka = Kafka::committed(&fixture.url, &fixture.name);
+    assert!(
+        in_kafka
+            .iter()
+            .all(|(_, offset)| offset.is_none_or(|o| o < 1)),
+        "Kafka was told: {in_kafka:?}"
+    );
+
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(2), 1).await;
+    let second = fixture
+        .run(consumer, settings, std::future::pending())
+        .await;
+    assert_eq!((second.applied, second.duplicates), (9, 0), "{second:?}");
+    assert_eq!(ledger_rows(&fixture.pool).await, 10);
+    for credit in &credits {
+        assert_eq!(effect_runs::<DB>(&credit.order), 1, "{}", credit.order);
+    }
+    fixture.cleanup().await;
+}
+
+backends!(fn a_rebalance_while_a_batch_runs_applies_nothing_twice);
+/// One consumer runs batches of long jobs on a three-partition topic; a second joins the group
+/// while they run, and the group moves partitions between them. The revocation waits for the
+/// running batch to commit, and the new owner starts at the stored offset: every credit applied
+/// once, none run twice.
+async fn a_rebalance_while_a_batch_runs_applies_nothing_twice<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("rebalance").await else {
+        return;
+    };
+    let settings = Settings::default();
+    fixture.prepare(settings).await;
+    let credits: Vec<Credit> = (0..24)
+        .map(|n| Credit {
+            order: format!("rebalance-{}-{n}", DB::BACKEND),
+            hold_ms: 150,
+            ..Credit::new(n, 10)
+        })
+        .collect();
+    fixture
+        .publish(credits.iter().map(Credit::body).collect())
+        .await;
+
+    let first = credit_consumer(&fixture.pool, Duration::from_secs(3), 4).await;
+    let second = credit_consumer(&fixture.pool, Duration::from_secs(3), 4).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let first = first.before_commit({
+        let started = Arc::clone(&started);
+        move |_keys: Vec<JobKey>| {
+            started.notify_one();
+            std::future::ready(()).boxed()
+        }
+    });
+    let (a, b) = tokio::join!(
+        fixture.run(first, settings, std::future::pending()),
+        async {
+            // Joins once the first consumer is in the middle of its batches.
+            started.notified().await;
+            fixture.run(second, settings, std::future::pending()).await
+        },
+    );
+    assert_eq!(a.applied + b.applied, 24, "{a:?} {b:?}");
+    assert_eq!(ledger_rows(&fixture.pool).await, 24);
+    for credit in &credits {
+        assert_eq!(
+            effect_runs::<DB>(&credit.order),
+            1,
+            "{}: {a:?} {b:?}",
+            credit.order
+        );
+    }
+    fixture.cleanup().await;
+}
