@@ -60,6 +60,7 @@
     doc(cfg(any(feature = "rabbitmq", feature = "nats", feature = "redis")))
 )]
 pub mod broker;
+pub mod console;
 mod dispatch;
 mod duration;
 mod error;

@@ -15,6 +15,7 @@ use crate::fingerprint::Fingerprint;
 use crate::table::TableName;
 use crate::time::micros_to_time;
 
+pub(crate) mod console;
 pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -32,7 +33,11 @@ pub(crate) use writer::WriterLock;
 ///
 /// The trait is sealed; its methods are an internal detail.
 pub trait Backend:
-    Database + sealed::Sealed + self::outbox::OutboxStore + self::steps::StepStore
+    Database
+    + sealed::Sealed
+    + self::console::ConsoleStore
+    + self::outbox::OutboxStore
+    + self::steps::StepStore
 {
     /// The backend's name as shown to users: `postgres` or `sqlite`.
     const BACKEND: &'static str;
