@@ -15,11 +15,11 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use axum::Json;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde_json::json;
 use subtle::ConstantTimeEq as _;
 
@@ -90,8 +90,7 @@ pub async fn check_access(
             None => {
                 return failure(
                     StatusCode::FORBIDDEN,
-                    "changes are off: start jobguard serve with --token (or JOBGUARD_TOKEN)"
-                        .into(),
+                    "changes are off: start jobguard serve with --token (or JOBGUARD_TOKEN)".into(),
                 );
             }
         }
@@ -203,7 +202,10 @@ mod tests {
     fn writes_from_other_sites_are_refused() {
         let host = (header::HOST, "127.0.0.1:9464");
         let site = header::HeaderName::from_static("sec-fetch-site");
-        assert!(cross_site(&headers(&[host.clone()])).is_none(), "curl");
+        assert!(
+            cross_site(&headers(std::slice::from_ref(&host))).is_none(),
+            "curl"
+        );
         for fine in ["same-origin", "none"] {
             assert!(cross_site(&headers(&[host.clone(), (site.clone(), fine)])).is_none());
         }

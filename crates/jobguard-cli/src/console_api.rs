@@ -228,7 +228,11 @@ mod tests {
         assert_eq!(all.queue, None);
         assert_eq!(all.key.as_deref(), Some("credit:o-1"));
         assert_eq!((all.before, all.limit), (Some(12), 7));
-        assert!(filter(&query(&[("state", "gone")])).unwrap_err().contains("unknown state"));
+        assert!(
+            filter(&query(&[("state", "gone")]))
+                .unwrap_err()
+                .contains("unknown state")
+        );
         assert!(filter(&query(&[("limit", "0")])).is_err());
         assert!(filter(&query(&[("limit", "501")])).is_err());
         assert!(filter(&query(&[("before", "x")])).is_err());

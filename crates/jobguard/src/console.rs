@@ -153,7 +153,10 @@ impl<DB: Backend> Console<DB> {
                 ..JobFilter::default()
             })
             .await?;
-        let steps = or_absent(DB::console_key_steps(pool, &self.sql, key).await, Vec::new())?;
+        let steps = or_absent(
+            DB::console_key_steps(pool, &self.sql, key).await,
+            Vec::new(),
+        )?;
         // Every id that starts with `<key>/` and names a topic (which has no `/`): a key
         // `a` must not list the messages of a key `a/b`.
         let prefix = format!("{}/", crate::store::outbox::encode_key(key));

@@ -4,8 +4,8 @@
 
 use std::process::ExitCode;
 
-use clap::{Args, Subcommand};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Args, Subcommand};
 use comfy_table::{Cell, CellAlignment};
 use jobguard::console::{Console, JobDetail};
 use jobguard::queue::{Counts, JobRow, JobState};
@@ -190,7 +190,10 @@ async fn act<DB: Backend>(
     pool.close().await;
     let acted = Acted { id, done, job };
     report::print(&acted, args.target.json, |acted| match &acted.job {
-        Some(job) => format!("job {} {}: now {}\n", acted.id, acted.done, job.summary.state),
+        Some(job) => format!(
+            "job {} {}: now {}\n",
+            acted.id, acted.done, job.summary.state
+        ),
         None => format!("job {} {}\n", acted.id, acted.done),
     })?;
     Ok(ExitCode::SUCCESS)

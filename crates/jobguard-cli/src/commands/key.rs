@@ -70,7 +70,15 @@ fn render(report: &KeyReport) -> String {
         out += "no job carries it\n";
     } else {
         out += "jobs that carried it, newest first:\n";
-        let mut jobs = table(&["id", "kind", "queue", "state", "attempt", "enqueued", "last error"]);
+        let mut jobs = table(&[
+            "id",
+            "kind",
+            "queue",
+            "state",
+            "attempt",
+            "enqueued",
+            "last error",
+        ]);
         for job in &report.jobs {
             jobs.add_row(vec![
                 Cell::new(job.id).set_alignment(CellAlignment::Right),

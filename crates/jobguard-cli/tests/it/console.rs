@@ -68,7 +68,10 @@ fn the_console_api_finds_keys_and_acts_on_jobs_and_queues(db: &Db) {
         job["state"] == "completed"
     });
     let second = enqueue(db, "credit", credit("o-1"));
-    assert_ne!(first, second, "the first job completed: a new job carries the key");
+    assert_ne!(
+        first, second,
+        "the first job completed: a new job carries the key"
+    );
     job_when(&server, second, "the duplicate", |job| {
         job["state"] == "completed"
     });
@@ -91,10 +94,7 @@ fn the_console_api_finds_keys_and_acts_on_jobs_and_queues(db: &Db) {
     let job = get(&server.url(&format!("/api/jobs/{first}")), None).json();
     assert_eq!(job["guard"], key["guard"], "{job}");
     assert_eq!(job["payload"], credit("o-1"), "{job}");
-    assert_eq!(
-        get(&server.url("/api/keys/credit:never"), None).status,
-        404
-    );
+    assert_eq!(get(&server.url("/api/keys/credit:never"), None).status, 404);
     // The same from the command line.
     let from_cli = db.json(&["key", "credit:o-1"]);
     assert_eq!(from_cli["guard"], key["guard"], "{from_cli}");
@@ -104,10 +104,16 @@ fn the_console_api_finds_keys_and_acts_on_jobs_and_queues(db: &Db) {
     let dead = enqueue(db, "fail", json!({"id": "boom", "fatal": true}));
     let listed = wait_until("the dead job in the list", || {
         let answer = get(&server.url("/api/jobs?state=dead"), None);
-        let jobs = answer.json()["jobs"].as_array().cloned().unwrap_or_default();
+        let jobs = answer.json()["jobs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         jobs.iter().any(|job| job["id"] == dead).then_some(jobs)
     });
-    assert!(listed.iter().all(|job| job["state"] == "dead"), "{listed:?}");
+    assert!(
+        listed.iter().all(|job| job["state"] == "dead"),
+        "{listed:?}"
+    );
     let by_kind = get(&server.url("/api/jobs?kind=fail&state=dead&limit=5"), None).json();
     assert_eq!(by_kind["jobs"][0]["id"], dead, "{by_kind}");
     assert_eq!(
@@ -145,8 +151,15 @@ fn the_console_api_finds_keys_and_acts_on_jobs_and_queues(db: &Db) {
     );
     assert_eq!(cross.status, 403, "{}", cross.body);
     let metrics = || get(&server.url("/metrics"), None).body;
-    let dead_count = || series_value(&metrics(), r#"jobguard_outcomes_total{kind="fail",outcome="dead"}"#);
-    wait_until("the first death counted", || (dead_count() == Some(1.0)).then_some(()));
+    let dead_count = || {
+        series_value(
+            &metrics(),
+            r#"jobguard_outcomes_total{kind="fail",outcome="dead"}"#,
+        )
+    };
+    wait_until("the first death counted", || {
+        (dead_count() == Some(1.0)).then_some(())
+    });
     let retried = request("POST", &retry, Some(TOKEN));
     assert_eq!(retried.status, 200, "{}", retried.body);
     assert_eq!(retried.json()["done"], "retried");
@@ -159,7 +172,11 @@ fn the_console_api_finds_keys_and_acts_on_jobs_and_queues(db: &Db) {
     });
 
     // Wrong states and unknown ids: clear refusals, nothing changed.
-    let cancel = request("POST", &server.url(&format!("/api/jobs/{first}/cancel")), Some(TOKEN));
+    let cancel = request(
+        "POST",
+        &server.url(&format!("/api/jobs/{first}/cancel")),
+        Some(TOKEN),
+    );
     assert_eq!(cancel.status, 409, "{}", cancel.body);
     assert!(
         cancel.json()["error"]
@@ -169,7 +186,11 @@ fn the_console_api_finds_keys_and_acts_on_jobs_and_queues(db: &Db) {
         "{}",
         cancel.body
     );
-    let again = request("POST", &server.url(&format!("/api/jobs/{first}/retry")), Some(TOKEN));
+    let again = request(
+        "POST",
+        &server.url(&format!("/api/jobs/{first}/retry")),
+        Some(TOKEN),
+    );
     assert_eq!(again.status, 409, "{}", again.body);
     for (method, path) in [
         ("POST", "/api/jobs/987654/retry"),
@@ -184,7 +205,11 @@ fn the_console_api_finds_keys_and_acts_on_jobs_and_queues(db: &Db) {
 
     // Pause: neither the server's worker nor a worker process of its own fetches the queue's
     // jobs; a worker that finds nothing to fetch stops idle, leaving the job waiting.
-    let paused = request("POST", &server.url("/api/queues/default/pause"), Some(TOKEN));
+    let paused = request(
+        "POST",
+        &server.url("/api/queues/default/pause"),
+        Some(TOKEN),
+    );
     assert_eq!(paused.status, 200, "{}", paused.body);
     let queues = get(&server.url("/api/queues"), None).json();
     assert_eq!(queues["queues"][0]["name"], "default", "{queues}");
@@ -205,7 +230,11 @@ fn the_console_api_finds_keys_and_acts_on_jobs_and_queues(db: &Db) {
     assert_eq!(job["state"], "available", "{job}");
     assert_eq!(job["attempt"], 0, "{job}");
     assert_eq!(db.json(&["queue", "list"])[0]["paused"], true);
-    let resumed = request("POST", &server.url("/api/queues/default/resume"), Some(TOKEN));
+    let resumed = request(
+        "POST",
+        &server.url("/api/queues/default/resume"),
+        Some(TOKEN),
+    );
     assert_eq!(resumed.status, 200, "{}", resumed.body);
     job_when(&server, waiting, "the resumed queue's job", |job| {
         job["state"] == "completed"
@@ -272,7 +301,13 @@ fn a_worker_serves_its_metrics_and_the_docs_name_only_real_series() {
     enqueue(db, "fail", json!({"id": "again"}));
     let mut worker = db.spawn(
         "worker",
-        &["worker", "--metrics-bind", "127.0.0.1:0", "--backoff", "50ms"],
+        &[
+            "worker",
+            "--metrics-bind",
+            "127.0.0.1:0",
+            "--backoff",
+            "50ms",
+        ],
     );
     let address = wait_until("the metrics address", || {
         let (_, stderr) = worker.output();
@@ -287,8 +322,10 @@ fn a_worker_serves_its_metrics_and_the_docs_name_only_real_series() {
     // The credit applied, then enqueued again once completed: a duplicate.
     wait_until("the first credit", || {
         let text = get(&url("/metrics"), None).body;
-        (series_value(&text, r#"jobguard_outcomes_total{kind="credit",outcome="applied"}"#)
-            == Some(1.0))
+        (series_value(
+            &text,
+            r#"jobguard_outcomes_total{kind="credit",outcome="applied"}"#,
+        ) == Some(1.0))
         .then_some(())
     });
     let again = enqueue(db, "credit", credit("o-1"));
@@ -301,20 +338,21 @@ fn a_worker_serves_its_metrics_and_the_docs_name_only_real_series() {
             &text,
             r#"jobguard_outcomes_total{kind="credit",outcome="duplicate"}"#,
         );
-        let dead = series_value(&text, r#"jobguard_outcomes_total{kind="fail",outcome="dead"}"#);
-        let failed = series_value(&text, r#"jobguard_outcomes_total{kind="fail",outcome="failed"}"#);
+        let dead = series_value(
+            &text,
+            r#"jobguard_outcomes_total{kind="fail",outcome="dead"}"#,
+        );
+        let failed = series_value(
+            &text,
+            r#"jobguard_outcomes_total{kind="fail",outcome="failed"}"#,
+        );
         (duplicate == Some(1.0) && dead == Some(1.0) && failed.is_some_and(|n| n >= 1.0))
             .then_some(text)
     });
     let served: BTreeSet<String> = text
         .lines()
         .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .map(|line| {
-            line.split(['{', ' '])
-                .next()
-                .unwrap_or_default()
-                .to_owned()
-        })
+        .map(|line| line.split(['{', ' ']).next().unwrap_or_default().to_owned())
         .collect();
     let missing: Vec<&String> = named.difference(&served).collect();
     assert!(
@@ -337,11 +375,17 @@ fn the_console_pages_find_a_key_retry_a_job_and_pause_a_queue_in_a_browser() {
     let first = enqueue(db, "credit", credit("o-1"));
     let dead = enqueue(db, "fail", json!({"id": "boom", "fatal": true}));
     let server = Server::start(db, &["--worker", "--token", TOKEN], &[]);
-    job_when(&server, first, "the credit", |job| job["state"] == "completed");
+    job_when(&server, first, "the credit", |job| {
+        job["state"] == "completed"
+    });
     job_when(&server, dead, "the dead job", |job| job["state"] == "dead");
     let metrics = || get(&server.url("/metrics"), None).body;
-    let dead_count =
-        || series_value(&metrics(), r#"jobguard_outcomes_total{kind="fail",outcome="dead"}"#);
+    let dead_count = || {
+        series_value(
+            &metrics(),
+            r#"jobguard_outcomes_total{kind="fail",outcome="dead"}"#,
+        )
+    };
 
     let driver = browser.start();
     let session = driver.session();
@@ -354,10 +398,15 @@ fn the_console_pages_find_a_key_retry_a_job_and_pause_a_queue_in_a_browser() {
         "const at = document.getElementById('applied-at');\
          const row = document.querySelector('#key-jobs tr.job');\
          return at && row ? [at.textContent, row.dataset.jobId] : null;",
-        |found| found[1] == json!(first.to_string()) && found[0].as_str().is_some_and(|t| t.contains('T')),
+        |found| {
+            found[1] == json!(first.to_string())
+                && found[0].as_str().is_some_and(|t| t.contains('T'))
+        },
     );
     // Open the job.
-    session.click(&format!("#key-jobs tr.job[data-job-id=\"{first}\"] a.job-link"));
+    session.click(&format!(
+        "#key-jobs tr.job[data-job-id=\"{first}\"] a.job-link"
+    ));
     session.wait_for_script(
         "the job's page",
         "const s = document.getElementById('job-state'); return s && s.textContent;",
@@ -416,7 +465,7 @@ fn the_console_pages_find_a_key_retry_a_job_and_pause_a_queue_in_a_browser() {
     assert_eq!(queues["queues"][0]["paused"], false, "{queues}");
 
     // The dead job's page after the retry, for the screenshot.
-    session.navigate(&server.url(&format!("/console#/key/fail%3Aboom")));
+    session.navigate(&server.url("/console#/key/fail%3Aboom"));
     session.wait_for_script(
         "the failed key's page",
         "return document.querySelectorAll('#key-jobs tr.job').length;",

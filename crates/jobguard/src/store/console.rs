@@ -361,7 +361,10 @@ macro_rules! console_statements {
             if let Some(state) = filter.state {
                 query = query.bind(state.as_str());
             }
-            for text in [&filter.kind, &filter.queue, &filter.key].into_iter().flatten() {
+            for text in [&filter.kind, &filter.queue, &filter.key]
+                .into_iter()
+                .flatten()
+            {
                 query = query.bind(text.as_str());
             }
             if let Some(before) = filter.before {
@@ -475,9 +478,8 @@ macro_rules! console_statements {
                 $crate::store::console::KeyRecord {
                     kind,
                     applied_at: $crate::time::micros_to_time(applied_at),
-                    fingerprint: fingerprint.map(|bytes| {
-                        bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-                    }),
+                    fingerprint: fingerprint
+                        .map(|bytes| bytes.iter().map(|byte| format!("{byte:02x}")).collect()),
                     result: result.map(|json| json.0),
                 }
             }))

@@ -141,4 +141,3 @@ pub fn request_with(
 pub fn get(url: &str, token: Option<&str>) -> Answer {
     request("GET", url, token)
 }
-

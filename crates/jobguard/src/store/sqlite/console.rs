@@ -23,10 +23,8 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
         // Each filter has an index that hands rows out newest first (see the queue's
         // migration).
         list: format!("select {summary} from {t}"),
-        job: format!(
-            "select {summary}, payload, leased_until, lease_token from {t} where id = $1"
-        )
-        .into(),
+        job: format!("select {summary}, payload, leased_until, lease_token from {t} where id = $1")
+            .into(),
         state_of: format!("select state, job_key from {t} where id = $1").into(),
         live_holder: format!("select id from {t} where job_key = $1 and {live} and id <> $2")
             .into(),
