@@ -96,6 +96,14 @@ fn the_console_api_finds_keys_and_acts_on_jobs_and_queues(db: &Db) {
     assert_eq!(job["payload"], credit("o-1"), "{job}");
     assert_eq!(get(&server.url("/api/keys/credit:never"), None).status, 404);
     // The same from the command line.
+    // Nothing known of a key: said, and exit 1, as the API's 404.
+    let unknown = db.run(&["key", "credit:never"]);
+    assert!(
+        !unknown.ok && unknown.stdout.contains("not applied") && unknown.stdout.contains("no job"),
+        "{}{}",
+        unknown.stdout,
+        unknown.stderr
+    );
     let from_cli = db.json(&["key", "credit:o-1"]);
     assert_eq!(from_cli["guard"], key["guard"], "{from_cli}");
     assert_eq!(from_cli["jobs"].as_array().unwrap().len(), 2, "{from_cli}");
@@ -296,6 +304,11 @@ fn series_named_in_docs() -> BTreeSet<String> {
 fn a_worker_serves_its_metrics_and_the_docs_name_only_real_series() {
     let named = series_named_in_docs();
     let db = &Db::sqlite("console::metrics");
+    let refused = db.fails(&["worker", "--metrics-bind", "0.0.0.0:0", "--until-idle"]);
+    assert!(
+        refused.contains("not a loopback address") && refused.contains("--metrics-token"),
+        "{refused}"
+    );
     let first = enqueue(db, "credit", credit("o-1"));
     enqueue(db, "fail", json!({"id": "boom", "fatal": true}));
     enqueue(db, "fail", json!({"id": "again"}));
