@@ -10,11 +10,10 @@
 //! its external steps and its outbox messages.
 //!
 //! Actions (in `console/actions.rs`): [`Console::retry`], [`Console::cancel`],
-//! [`Console::delete`], [`Console::pause`] and [`Console::resume`]. Each is one statement that
-//! changes the job only from the states it applies to, so two operators (or an operator and a
-//! worker) racing on one job cannot leave it in a state neither asked for; a job in another
-//! state is refused with [`Error::JobConflict`] saying why, an unknown id with
-//! [`Error::JobNotFound`].
+//! [`Console::delete`], [`Console::pause`] and [`Console::resume`]. Each job action is one
+//! statement whose `where` names the states it applies to, so a job that a worker or another
+//! operator moved on in the meantime is left as it is; a job in another state is refused with
+//! [`Error::JobConflict`] saying why, an unknown id with [`Error::JobNotFound`].
 //!
 //! ```no_run
 //! use jobguard::Queue;
