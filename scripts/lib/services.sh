@@ -508,3 +508,28 @@ setup_brokers() {
     fi
     warn "${missing[*]} unavailable: their broker tests will be SKIPPED."
 }
+
+# Chromium and its WebDriver for the browser tests of the dashboard and the console: found on
+# PATH, else Debian's `chromium` and `chromium-driver` installed when root. Their paths are
+# exported as JOBGUARD_TEST_CHROMIUM and JOBGUARD_TEST_CHROMEDRIVER. Missing: an error on CI
+# (a skipped browser test must never pass CI), a warning elsewhere (the tests skip).
+setup_chromium() {
+    local chromium driver
+    chromium=$(command -v chromium || command -v chromium-browser || true)
+    driver=$(command -v chromedriver || true)
+    if [[ -z "$chromium" || -z "$driver" ]]; then
+        broker_install chromium chromium || true
+        broker_install chromedriver chromium-driver || true
+        chromium=$(command -v chromium || command -v chromium-browser || true)
+        driver=$(command -v chromedriver || true)
+    fi
+    if [[ -n "$chromium" && -n "$driver" ]]; then
+        export JOBGUARD_TEST_CHROMIUM=$chromium JOBGUARD_TEST_CHROMEDRIVER=$driver
+        log "Chromium for the browser tests: $chromium (driver $driver)"
+        return 0
+    fi
+    if is_ci; then
+        die "CI=true but chromium and chromedriver cannot be found or installed for the browser tests."
+    fi
+    warn "chromium or chromedriver unavailable: the browser tests will be SKIPPED."
+}

@@ -3,15 +3,19 @@
 //! This file parses the command line and dispatches to [`commands`], one file per command.
 //! Below them: [`builtin_jobs`], the jobs `jobguard worker` runs; [`demo`] and [`bench`], which
 //! only the `demo`, `bench` and hidden scenario commands reach; and the helpers every command
-//! shares: [`args`], [`database`], [`broker`], [`figures`] and [`report`].
+//! shares: [`args`], [`access`], [`database`], [`broker`], [`exporter`], [`figures`] and
+//! [`report`]; [`console_api`] is the console's HTTP API that `serve` mounts.
 
+mod access;
 mod args;
 mod bench;
 mod broker;
 mod builtin_jobs;
 mod commands;
+mod console_api;
 mod database;
 mod demo;
+mod exporter;
 mod figures;
 mod report;
 
@@ -20,8 +24,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    bench::BenchCommand, dead, demo as demo_command, enqueue, jobs, outbox, provider, prune, relay,
-    retention, scenario, serve, stats, steps, worker,
+    bench::BenchCommand, dead, demo as demo_command, enqueue, jobs, key, outbox, provider, prune,
+    queue, relay, retention, scenario, serve, stats, steps, worker,
 };
 
 /// Exactly-once effects for background jobs delivered at least once.
@@ -48,8 +52,13 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Put a job on the queue, unless a job with its key is already waiting or running.
     Enqueue(enqueue::EnqueueArgs),
-    /// Job counts by state and the newest jobs.
+    /// Job counts by state and the newest jobs; show, retry, cancel or delete one job.
     Jobs(jobs::JobsArgs),
+    /// Everything stored about a job key: its guard row, its jobs, steps and outbox messages.
+    Key(key::KeyArgs),
+    /// List queues, and pause or resume workers' fetches from one.
+    #[command(subcommand)]
+    Queue(queue::QueueCommand),
     /// List and replay dead-lettered jobs.
     #[command(subcommand)]
     Dead(dead::DeadCommand),
@@ -108,6 +117,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker(args) => worker::worker(args).await,
         Command::Enqueue(args) => enqueue::enqueue(args).await,
         Command::Jobs(args) => jobs::jobs(args).await,
+        Command::Key(args) => key::key(args).await,
+        Command::Queue(command) => queue::queue(command).await,
         Command::Dead(command) => dead::dead(command).await,
         Command::Relay(args) => relay::relay(args).await,
         Command::Outbox(command) => outbox::outbox(command).await,

@@ -335,6 +335,25 @@ pub enum Error {
         replay_window: std::time::Duration,
     },
 
+    /// No job has this id: it never existed, or it was deleted or pruned. Nothing changed.
+    #[error("no job has id {id}: it never existed, or it was deleted or pruned")]
+    JobNotFound {
+        /// The id asked for.
+        id: i64,
+    },
+
+    /// The job is not in a state the operator's action applies to (cancelling a running job,
+    /// retrying a completed one). Nothing changed; the reason says what would.
+    #[error("job {id} cannot be {action}: {reason}")]
+    JobConflict {
+        /// The job's id.
+        id: i64,
+        /// What was asked: `retried`, `cancelled` or `deleted`.
+        action: &'static str,
+        /// Why not, and what to do instead.
+        reason: String,
+    },
+
     /// Any other database error. Nothing was applied.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

@@ -122,7 +122,7 @@ pub enum Claim {
 /// How a [`Guard`] is set up.
 #[derive(Clone, Debug)]
 pub struct GuardConfig {
-    table: TableName,
+    pub(crate) table: TableName,
     contention_attempts: u32,
 }
 

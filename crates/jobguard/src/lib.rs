@@ -71,6 +71,7 @@
     )))
 )]
 pub mod broker;
+pub mod console;
 mod dispatch;
 mod duration;
 mod error;

@@ -365,7 +365,8 @@ impl<DB: Backend> Queue<DB> {
             .collect()
     }
 
-    async fn notify(&self, conn: &mut DB::Connection, queue: &str) -> Result<()> {
+    /// Wakes idle workers of `queue` (on PostgreSQL), at most once per [`NOTIFY_EVERY`].
+    pub(crate) async fn notify(&self, conn: &mut DB::Connection, queue: &str) -> Result<()> {
         let Some(notify) = &self.inner.sql.notify else {
             return Ok(());
         };

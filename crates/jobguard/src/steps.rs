@@ -130,7 +130,7 @@ pub struct SweepReport {
 /// Settings of a [`Steps`] ledger.
 #[derive(Clone, Debug)]
 pub struct StepConfig {
-    table: TableName,
+    pub(crate) table: TableName,
     lease: Duration,
 }
 

@@ -15,6 +15,7 @@ use crate::fingerprint::Fingerprint;
 use crate::table::TableName;
 use crate::time::micros_to_time;
 
+pub(crate) mod console;
 pub(crate) mod offsets;
 pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
@@ -35,6 +36,7 @@ pub(crate) use writer::WriterLock;
 pub trait Backend:
     Database
     + sealed::Sealed
+    + self::console::ConsoleStore
     + self::outbox::OutboxStore
     + self::steps::StepStore
     + self::offsets::OffsetStore

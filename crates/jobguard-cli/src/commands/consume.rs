@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats};
 use jobguard::worker::shutdown_signal;
@@ -18,6 +19,7 @@ use crate::args::{ConnectWait, Target, parse_duration};
 use crate::broker::{Broker, Endpoint, URL_ENV};
 use crate::builtin_jobs::{self, Credit, ExampleDb, Fail, Noop};
 use crate::database::{Startup, redact};
+use crate::exporter::MetricsArgs;
 use crate::on_pool;
 use crate::report;
 
@@ -87,6 +89,8 @@ pub struct ConsumeArgs {
     /// Stop once no message has arrived for this long and no job is running.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     until_idle: Option<Duration>,
+    #[command(flatten)]
+    metrics: MetricsArgs,
     #[command(flatten)]
     wait: ConnectWait,
     #[command(flatten)]
@@ -216,8 +220,16 @@ async fn consume<DB: ExampleDb>(
             }
         );
     }
+    let signal = shutdown_signal().boxed().shared();
+    // Before the first message, so that every outcome is counted.
+    if let Some(endpoint) = args.metrics.start(pool.clone(), signal.clone()).await? {
+        eprintln!(
+            "jobguard consume: metrics on http://{}/metrics, health on /health",
+            endpoint.address
+        );
+    }
     let started = Instant::now();
-    let stats = endpoint.run(consumer, shutdown_signal()).await?;
+    let stats = endpoint.run(consumer, signal).await?;
     let report = ConsumeReport {
         broker: endpoint.broker,
         url: redact(&endpoint.url),

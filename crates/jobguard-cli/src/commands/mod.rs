@@ -1,6 +1,6 @@
 //! One file per command: its arguments, and what it runs.
 //!
-//! The operator commands (`worker`, `enqueue`, `jobs`, `dead`, `relay`, `outbox`, `steps`,
+//! The operator commands (`worker`, `enqueue`, `jobs`, `key`, `queue`, `dead`, `relay`, `outbox`, `steps`,
 //! `prune`, `retention`, `consume`, `provider`, `serve`, `stats`) use the library, the built-in
 //! jobs and the helpers shared by every command; they import nothing of the demo or the
 //! benchmarks. `demo` and `bench` parse and dispatch to [`crate::demo`] and [`crate::bench`];
@@ -13,9 +13,11 @@ pub mod dead;
 pub mod demo;
 pub mod enqueue;
 pub mod jobs;
+pub mod key;
 pub mod outbox;
 pub mod provider;
 pub mod prune;
+pub mod queue;
 pub mod relay;
 pub mod retention;
 pub mod scenario;

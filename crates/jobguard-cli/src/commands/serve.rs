@@ -1,74 +1,62 @@
-//! `jobguard serve`: Prometheus metrics, a health check and a dashboard over HTTP.
+//! `jobguard serve`: the operator console, Prometheus metrics and a health check over HTTP.
+//!
+//! Pages: the dashboard at `/` (duplicates per window, backlog, dead letters, steps needing
+//! attention, the memory horizon) and the console at `/console` (jobs by state, kind, queue or
+//! key; a job; a key; queues with their pause state), plain HTML with a small script, embedded
+//! in the binary. The console's JSON API is in [`crate::console_api`].
 //!
 //! Which process exports what: outcome counters, durations and the duplicate-spike gauge are
 //! recorded by the process that runs the jobs, so `jobguard serve --worker` runs the built-in
-//! jobs' worker in this process and exports what it counts. The database's figures (backlog,
-//! oldest waiting job, dead letters, steps needing attention, the guard's memory horizon) are
-//! read from the database whenever `/metrics` or `/api/stats` is asked, at most once a second,
-//! with or without `--worker`.
+//! jobs' worker in this process and exports what it counts (`jobguard worker --metrics-bind`
+//! exports its own). The database's figures (backlog, oldest waiting job, dead letters, steps
+//! needing attention, the guard's memory horizon) are read from the database whenever
+//! `/metrics` or `/api/stats` is asked, at most once a second, with or without `--worker`.
 //!
-//! Access: on a loopback address (the default) the figures are open to local clients, and the
-//! `Host` header must name a loopback host, so a web page cannot reach them through DNS
-//! rebinding. Any other address needs `--token`, and then every request but the dashboard page
-//! itself and `/health` must carry `Authorization: Bearer TOKEN`. Replaying a dead letter always
-//! needs the token. The token is never printed or logged.
+//! Access is [`crate::access`]'s: reads open on a loopback address, the token for everything
+//! but the pages and `/health` elsewhere, and for every write (replay, retry, cancel, delete,
+//! pause, resume) always, refused from other sites. The token is never printed or logged.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Args;
 use futures::FutureExt as _;
+use jobguard::console::Console;
 use jobguard::metrics::{
-    DEAD_LETTERS, DUPLICATE_AGE_SECONDS, GUARD_OLDEST_AGE_SECONDS, JOB_DURATION_SECONDS,
-    JOBS_RUNNING, QUEUE_DEPTH, QUEUE_OLDEST_AGE_SECONDS, STEPS_ATTENTION,
+    DEAD_LETTERS, GUARD_OLDEST_AGE_SECONDS, JOBS_RUNNING, QUEUE_DEPTH, QUEUE_OLDEST_AGE_SECONDS,
+    STEPS_ATTENTION,
 };
 use jobguard::queue::{DEFAULT_QUEUE, Replay};
-use jobguard::spikes::{SpikeConfig, SpikeWatch};
 use jobguard::worker::shutdown_signal;
 use jobguard::{Queue, Worker, WorkerConfig};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use sqlx::Pool;
-use subtle::ConstantTimeEq as _;
 
+use crate::access::{self, Access, failure};
 use crate::args::{ConnectWait, Token, parse_duration};
 use crate::builtin_jobs::{self, ExampleDb};
 use crate::database::{DEFAULT_URL, Startup, redact};
+use crate::exporter::Exporter;
 use crate::figures::{Figures, KindTotals, OutcomeFigures, Tables, WindowFigures};
 use crate::on_pool;
 
 /// The dashboard: one page, its script and styles inline, nothing fetched from elsewhere.
 const DASHBOARD: &str = include_str!("dashboard.html");
+/// The console: jobs, a job, a key, queues; one page, script and styles inline.
+const CONSOLE: &str = include_str!("console.html");
 
 /// The database is read at most this often, however many dashboards and scrapers ask.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
-
-/// Job durations: from a few milliseconds to a minute.
-const DURATION_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
-/// Ages of the guard rows duplicates find: from a second to the default retention, two weeks.
-const AGE_BUCKETS: &[f64] = &[
-    1.0,
-    10.0,
-    60.0,
-    600.0,
-    3600.0,
-    21_600.0,
-    86_400.0,
-    604_800.0,
-    1_209_600.0,
-];
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -102,18 +90,6 @@ pub struct ServeArgs {
     database_url: String,
 }
 
-/// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.
-fn admits(token: &Token, headers: &HeaderMap) -> bool {
-    let Some(given) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    given.as_bytes().ct_eq(token.secret().as_bytes()).into()
-}
-
 pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let open = !args.bind.ip().is_loopback();
     if open && args.token.is_none() {
@@ -124,30 +100,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             args.bind
         );
     }
-    let prometheus = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(JOB_DURATION_SECONDS.into()), DURATION_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(DUPLICATE_AGE_SECONDS.into()), AGE_BUCKETS)?
-        .install_recorder()
-        .context("cannot install the Prometheus recorder")?;
-    jobguard::metrics::describe();
-    let watch = SpikeWatch::install(SpikeConfig {
-        window: args.spike_window,
-        ..SpikeConfig::default()
-    })?;
+    let exporter = Exporter::install(args.spike_window)?;
     // A running job holds a connection; fetching, heartbeats and the figures need a few more.
     let connections = if args.worker { args.concurrency + 6 } else { 4 };
     let database = Startup::new(&args.database_url, args.wait.connect_timeout)
         .connect(&args.database_url, connections)
         .await?;
-    on_pool!(database, pool => run(pool, args, prometheus, watch).await)
+    on_pool!(database, pool => run(pool, args, exporter).await)
 }
 
 /// What the handlers share.
 struct App<DB: ExampleDb> {
     tables: Tables<DB>,
     database: String,
-    prometheus: PrometheusHandle,
-    watch: SpikeWatch,
+    exporter: Exporter,
     worker: bool,
     /// The last figures read from the database, and when.
     sampled: tokio::sync::Mutex<Option<(Instant, Figures)>>,
@@ -156,18 +122,10 @@ struct App<DB: ExampleDb> {
     queues: Mutex<BTreeSet<String>>,
 }
 
-/// Who may do what, for the access middleware.
-struct Access {
-    token: Option<Token>,
-    /// Listening on a non-loopback address: every request but the public ones needs the token.
-    open: bool,
-}
-
 async fn run<DB: ExampleDb>(
     pool: Pool<DB>,
     args: ServeArgs,
-    prometheus: PrometheusHandle,
-    watch: SpikeWatch,
+    exporter: Exporter,
 ) -> anyhow::Result<ExitCode> {
     let database = redact(&args.database_url);
     let worker = if args.worker {
@@ -190,8 +148,7 @@ async fn run<DB: ExampleDb>(
     let app = Arc::new(App {
         tables: Tables::new(pool.clone()),
         database: database.clone(),
-        prometheus,
-        watch,
+        exporter,
         worker: worker.is_some(),
         sampled: tokio::sync::Mutex::new(None),
         queues: Mutex::new(BTreeSet::from([args.queue.clone()])),
@@ -199,17 +156,21 @@ async fn run<DB: ExampleDb>(
     let access = Arc::new(Access {
         token: args.token.clone(),
         open: !args.bind.ip().is_loopback(),
+        public: &["/", "/console", "/health"],
     });
+    let console = Console::new(Queue::new(pool.clone()));
     let router = Router::new()
         .route("/", get(dashboard))
+        .route("/console", get(console_page))
         .route("/health", get(health::<DB>))
         .route("/metrics", get(metrics::<DB>))
         .route("/api/stats", get(stats::<DB>))
         .route("/api/dead/{id}/replay", post(replay::<DB>))
         .with_state(Arc::clone(&app))
+        .merge(crate::console_api::routes(console))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&access),
-            check_access,
+            access::check_access,
         ));
 
     let listener = tokio::net::TcpListener::bind(args.bind)
@@ -217,7 +178,8 @@ async fn run<DB: ExampleDb>(
         .with_context(|| format!("cannot listen on {}", args.bind))?;
     let address = listener.local_addr()?;
     eprintln!(
-        "jobguard serve: listening on http://{address} (dashboard /, /metrics, /health) for \
+        "jobguard serve: listening on http://{address} (dashboard /, console /console, /metrics, \
+         /health) for \
          {database} ({}); {}; {}",
         DB::BACKEND,
         match &worker {
@@ -229,8 +191,8 @@ async fn run<DB: ExampleDb>(
         },
         match (&args.token, access.open) {
             (Some(_), true) => "every request needs the token",
-            (Some(_), false) => "replay needs the token",
-            (None, _) => "replay is off (it needs --token)",
+            (Some(_), false) => "changes need the token",
+            (None, _) => "changes are off (they need --token)",
         }
     );
 
@@ -253,21 +215,11 @@ async fn run<DB: ExampleDb>(
             None => Ok(None),
         }
     };
-    let upkeep = async {
-        let mut ticks = tokio::time::interval(Duration::from_secs(5));
-        let mut stop = std::pin::pin!(shutdown.clone());
-        loop {
-            tokio::select! {
-                () = &mut stop => return anyhow::Ok(()),
-                _ = ticks.tick() => app.prometheus.run_upkeep(),
-            }
-        }
-    };
-    let watching = async {
-        app.watch.run(shutdown.clone()).await;
+    let exporting = async {
+        app.exporter.run(shutdown.clone()).await;
         anyhow::Ok(())
     };
-    let ((), stats, (), ()) = tokio::try_join!(serving, working, upkeep, watching)?;
+    let ((), stats, ()) = tokio::try_join!(serving, working, exporting)?;
     if let Some(stats) = stats {
         eprintln!(
             "jobguard serve: stopped; the worker applied {}, found {} duplicates, {} failed, \
@@ -329,7 +281,7 @@ impl<DB: ExampleDb> App<DB> {
 
     /// What this process's worker counted, per kind and per window.
     fn outcomes(&self) -> OutcomeFigures {
-        self.watch.read(|detector| {
+        self.exporter.watch.read(|detector| {
             let spiking = detector.spiking();
             let totals = detector
                 .totals()
@@ -361,6 +313,10 @@ async fn dashboard() -> Html<&'static str> {
     Html(DASHBOARD)
 }
 
+async fn console_page() -> Html<&'static str> {
+    Html(CONSOLE)
+}
+
 async fn health<DB: ExampleDb>(State(app): State<Arc<App<DB>>>) -> Response {
     match app.tables.queue.pool().acquire().await {
         Ok(_) => Json(json!({"status": "ok"})).into_response(),
@@ -380,15 +336,7 @@ async fn metrics<DB: ExampleDb>(State(app): State<Arc<App<DB>>>) -> Response {
             "cannot sample the database for /metrics"
         );
     }
-    app.prometheus.run_upkeep();
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        app.prometheus.render(),
-    )
-        .into_response()
+    app.exporter.render()
 }
 
 async fn stats<DB: ExampleDb>(State(app): State<Arc<App<DB>>>) -> Response {
@@ -417,115 +365,5 @@ async fn replay<DB: ExampleDb>(State(app): State<Arc<App<DB>>>, Path(id): Path<i
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot replay job {id}: {error}"),
         ),
-    }
-}
-
-/// Checks the `Host` header on a loopback address, and the token where it is needed.
-async fn check_access(State(access): State<Arc<Access>>, request: Request, next: Next) -> Response {
-    if !access.open && !names_loopback(request.headers()) {
-        // A browser sends the name it resolved: another name pointing at 127.0.0.1 is a web
-        // page trying to read local figures through DNS rebinding.
-        return failure(
-            StatusCode::MISDIRECTED_REQUEST,
-            "this server answers only to a loopback host name such as 127.0.0.1 or localhost"
-                .into(),
-        );
-    }
-    let path = request.uri().path();
-    let replaying = path.starts_with("/api/dead/");
-    let public = matches!(path, "/" | "/health");
-    if replaying || (access.open && !public) {
-        match &access.token {
-            Some(token) if admits(token, request.headers()) => {}
-            Some(_) => {
-                tracing::info!(
-                    method = %request.method(),
-                    path,
-                    "refused a request without the token"
-                );
-                let mut response = failure(
-                    StatusCode::UNAUTHORIZED,
-                    "this needs the token of jobguard serve, as `Authorization: Bearer TOKEN`"
-                        .into(),
-                );
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, "Bearer".parse().expect("valid"));
-                return response;
-            }
-            None => {
-                return failure(
-                    StatusCode::FORBIDDEN,
-                    "replaying is off: start jobguard serve with --token (or JOBGUARD_TOKEN)"
-                        .into(),
-                );
-            }
-        }
-    }
-    next.run(request).await
-}
-
-/// Whether the `Host` header, when there is one, names a loopback host.
-fn names_loopback(headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(header::HOST) else {
-        return true;
-    };
-    let Ok(host) = host.to_str() else {
-        return false;
-    };
-    let name = match host.strip_prefix('[') {
-        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
-    };
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<IpAddr>()
-            .is_ok_and(|address| address.is_loopback())
-}
-
-fn failure(status: StatusCode, message: String) -> Response {
-    (status, Json(json!({"error": message}))).into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.insert(name.clone(), value.parse().unwrap());
-        }
-        headers
-    }
-
-    #[test]
-    fn tokens_are_long_hidden_and_compared_whole() {
-        assert!(Token::parse("short").is_err());
-        assert!(Token::parse("sixteen chars ok").is_err(), "no spaces");
-        let token = Token::parse("0123456789abcdef").unwrap();
-        assert_eq!(format!("{token:?}"), "Token(***)");
-        let bearer = |value: &str| headers(&[(header::AUTHORIZATION, value)]);
-        assert!(admits(&token, &bearer("Bearer 0123456789abcdef")));
-        assert!(!admits(&token, &bearer("Bearer 0123456789abcde")));
-        assert!(!admits(&token, &bearer("Bearer 0123456789abcdef0")));
-        assert!(!admits(&token, &bearer("0123456789abcdef")));
-        assert!(!admits(&token, &HeaderMap::new()));
-    }
-
-    #[test]
-    fn only_loopback_host_names_pass() {
-        for host in [
-            "127.0.0.1:9464",
-            "localhost:9464",
-            "[::1]:9464",
-            "127.0.0.1",
-        ] {
-            assert!(names_loopback(&headers(&[(header::HOST, host)])), "{host}");
-        }
-        for host in ["evil.example:9464", "10.0.0.7:9464", "[fe80::1]:80"] {
-            assert!(!names_loopback(&headers(&[(header::HOST, host)])), "{host}");
-        }
-        assert!(names_loopback(&HeaderMap::new()));
     }
 }

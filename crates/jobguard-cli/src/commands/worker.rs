@@ -21,6 +21,7 @@ use crate::args::{ConnectWait, Target, parse_duration};
 use crate::builtin_jobs::charges::PaymentTables;
 use crate::builtin_jobs::{self, ExampleDb};
 use crate::database::{Startup, redact};
+use crate::exporter::MetricsArgs;
 use crate::on_pool;
 use crate::report;
 
@@ -82,6 +83,8 @@ pub struct WorkerArgs {
     /// --keep after their key was applied will apply again.
     #[arg(long)]
     override_horizon: bool,
+    #[command(flatten)]
+    metrics: MetricsArgs,
     #[command(flatten)]
     wait: ConnectWait,
     #[command(flatten)]
@@ -188,6 +191,14 @@ async fn run<DB: ExampleDb>(
     tokio::select! {
         migrated = startup.retry(|| migrate(&queue, worker.guard(), &pool, &database)) => migrated?,
         () = signal.clone() => return Ok(stopped_while_starting()),
+    }
+
+    // Before the first job, so that every outcome is counted.
+    if let Some(endpoint) = args.metrics.start(pool.clone(), signal.clone()).await? {
+        eprintln!(
+            "jobguard worker: metrics on http://{}/metrics, health on /health",
+            endpoint.address
+        );
     }
 
     let relay = match sink {

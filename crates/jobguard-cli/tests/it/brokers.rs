@@ -684,7 +684,60 @@ async fn kafka_resumes_from_the_stored_offsets_after_sigkill() {
     queue.remove().await;
 }
 
+/// `jobguard consume --metrics-bind` serves `/health` and the outcomes it counted at
+/// `/metrics`: a message published twice is applied once and found a duplicate once.
+async fn consumer_serves_its_metrics(broker: Broker) {
+    let test = "metrics";
+    let Some(queue) = Queue::new(broker, test).await else {
+        return;
+    };
+    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_{}", broker.name()));
+    queue.publish(&[credit(1), credit(1)]).await;
+    let mut consumer = Consumer::start(&queue, &db, "metrics", &["--metrics-bind", "127.0.0.1:0"]);
+    let started = Instant::now();
+    let address = loop {
+        let stderr = consumer.stderr();
+        if let Some(address) = stderr
+            .split("metrics on http://")
+            .nth(1)
+            .and_then(|rest| rest.split("/metrics").next())
+        {
+            break address.to_owned();
+        }
+        assert!(consumer.0.running(), "the consumer ended: {stderr}");
+        assert!(started.elapsed() < DEADLINE, "no metrics address: {stderr}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let health = reqwest::get(format!("http://{address}/health"))
+        .await
+        .unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    let expected = [
+        r#"jobguard_outcomes_total{kind="credit",outcome="applied"} 1"#,
+        r#"jobguard_outcomes_total{kind="credit",outcome="duplicate"} 1"#,
+    ];
+    loop {
+        let text = reqwest::get(format!("http://{address}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if expected.iter().all(|line| text.lines().any(|l| l == *line)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the consumer's metrics never showed {expected:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    consumer.sigkill();
+    queue.remove().await;
+}
+
 each_broker!(
+    consumer_serves_its_metrics,
     batch_killed_before_commit,
     batch_killed_after_commit_before_ack,
     killed_after_commit_before_ack,

@@ -10,6 +10,7 @@ mod common;
 mod bench;
 mod brokers;
 mod chaos;
+mod console;
 mod contention;
 mod demo;
 mod faults;

@@ -8,9 +8,7 @@
 //! dropped, on failure too.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use jobguard::queue::NewJob;
@@ -18,7 +16,7 @@ use jobguard::{Backend, JobKey, Queue};
 use serde_json::{Value, json};
 use sqlx::Pool;
 
-use crate::common::{AnyPool, Browser, Db, block_on};
+use crate::common::{AnyPool, Browser, Db, Server, block_on, get, request};
 use crate::{each_backend, on_pool};
 
 /// The longest any wait may take before the test fails.
@@ -102,121 +100,6 @@ async fn park<DB: Backend>(pool: Pool<DB>, order: &str) -> i64 {
         .await
         .unwrap();
     enqueued.id
-}
-
-/// A running `jobguard serve`, killed when dropped. Its stdout and stderr are collected.
-struct Server {
-    child: Child,
-    /// Where to reach it: 127.0.0.1 and the port it bound.
-    base: String,
-    output: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn start(db: &Db, args: &[&str], env: &[(&str, &str)]) -> Server {
-        let bind: &[&str] = if args.contains(&"--bind") {
-            &[]
-        } else {
-            &["--bind", "127.0.0.1:0"]
-        };
-        let mut command = db.command(&[&["serve"][..], bind, args].concat());
-        command
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = command.spawn().expect("start jobguard serve");
-        let output = Arc::new(Mutex::new(String::new()));
-        let stdout = child.stdout.take().unwrap();
-        let collected = Arc::clone(&output);
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = BufReader::new(stdout).read_to_string(&mut text);
-            collected.lock().unwrap().push_str(&text);
-        });
-        let (found, port) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let collected = Arc::clone(&output);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listening on http://").nth(1) {
-                    let address = rest.split_whitespace().next().unwrap_or("");
-                    let port = address.rsplit(':').next().unwrap_or("").to_owned();
-                    let _ = found.send(port);
-                }
-                let mut output = collected.lock().unwrap();
-                output.push_str(&line);
-                output.push('\n');
-            }
-        });
-        let mut server = Server {
-            child,
-            base: String::new(),
-            output,
-        };
-        match port.recv_timeout(DEADLINE) {
-            Ok(port) => server.base = format!("http://127.0.0.1:{port}"),
-            Err(_) => panic!(
-                "jobguard serve did not start: {}",
-                server.output.lock().unwrap()
-            ),
-        }
-        server
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// Stops the server and returns everything it printed.
-    fn stop(mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // The reader threads finish once the pipes close.
-        std::thread::sleep(Duration::from_millis(200));
-        self.output.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// An HTTP answer.
-struct Answer {
-    status: u16,
-    body: String,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or(Value::Null)
-    }
-}
-
-fn request(method: &str, url: &str, token: Option<&str>) -> Answer {
-    block_on(async {
-        let client = reqwest::Client::new();
-        let mut request = match method {
-            "POST" => client.post(url),
-            _ => client.get(url),
-        };
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.expect("reach jobguard serve");
-        Answer {
-            status: response.status().as_u16(),
-            body: response.text().await.unwrap(),
-        }
-    })
-}
-
-fn get(url: &str, token: Option<&str>) -> Answer {
-    request("GET", url, token)
 }
 
 /// Asks `/api/stats` until `done` holds for the figures, and returns them.

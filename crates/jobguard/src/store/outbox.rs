@@ -51,15 +51,7 @@ impl MessageId {
     /// letters, digits, `.`, `_` and `-`, starting with a letter or digit.
     pub fn new(key: &JobKey, topic: &str) -> Result<Self> {
         check_topic(topic)?;
-        let key = key.as_str();
-        let mut id = String::with_capacity(key.len() + 1 + topic.len());
-        for &byte in key.as_bytes() {
-            if byte.is_ascii_graphic() {
-                id.push(char::from(byte));
-            } else {
-                write!(id, "%{byte:02X}").expect("writing to a string cannot fail");
-            }
-        }
+        let mut id = encode_key(key.as_str());
         id.push('/');
         id.push_str(topic);
         Ok(MessageId(id))
@@ -78,6 +70,19 @@ impl MessageId {
     pub(crate) fn from_stored(id: String) -> Self {
         MessageId(id)
     }
+}
+
+/// A key as the ids of its messages begin: its bytes outside printable ASCII as `%XX`.
+pub(crate) fn encode_key(key: &str) -> String {
+    let mut encoded = String::with_capacity(key.len());
+    for &byte in key.as_bytes() {
+        if byte.is_ascii_graphic() {
+            encoded.push(char::from(byte));
+        } else {
+            write!(encoded, "%{byte:02X}").expect("writing to a string cannot fail");
+        }
+    }
+    encoded
 }
 
 /// Reads an id as [`MessageId::as_str`] writes it, as an operator copies it from a listing.

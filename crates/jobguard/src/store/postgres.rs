@@ -6,6 +6,7 @@
 //! needed for the guard. Serialization failures (`40001`) and deadlocks (`40P01`) that the
 //! job's own effect runs into are retried a bounded number of times.
 
+mod console;
 mod guard;
 mod offsets;
 mod outbox;

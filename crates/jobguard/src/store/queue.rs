@@ -20,6 +20,11 @@ pub const DEFAULT_QUEUE: &str = "default";
 /// The PostgreSQL channel on which enqueues wake idle workers.
 pub const NOTIFY_CHANNEL: &str = "jobguard_jobs";
 
+/// The table of queue states beside a queue's jobs table: which queues are paused.
+pub(crate) fn queue_states(table: &TableName) -> String {
+    table.derived_qualified("queues")
+}
+
 /// A job to enqueue: a kind, a key, a JSON payload and where and when to run it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewJob {
@@ -208,12 +213,27 @@ pub struct JobRow {
     pub payload: Value,
 }
 
-fn serialize_time<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+/// A time as milliseconds since the Unix epoch, as the JSON of every report has them.
+pub(crate) fn serialize_time<S: serde::Serializer>(
+    time: &SystemTime,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     let micros = time
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
         .as_micros();
     s.serialize_u64(micros as u64 / 1000)
+}
+
+/// [`serialize_time`], or `null`.
+pub(crate) fn serialize_optional_time<S: serde::Serializer>(
+    time: &Option<SystemTime>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match time {
+        Some(time) => serialize_time(time, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// Which dead jobs [`Queue::replay`](crate::Queue::replay) brings back.

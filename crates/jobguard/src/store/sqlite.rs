@@ -7,6 +7,7 @@
 //! a busy timeout, so concurrent deliveries queue instead of failing with `database is locked`.
 //! WAL mode lets readers proceed while a job writes.
 
+mod console;
 mod guard;
 mod heartbeat;
 mod offsets;

@@ -24,10 +24,15 @@ pub struct Browser {
 
 impl Browser {
     pub fn find() -> Option<Browser> {
+        // scripts/test exports where it found or installed them.
         let found = || {
+            let named = |var: &str| std::env::var_os(var).map(PathBuf::from);
             Some(Browser {
-                chromium: which("chromium")?,
-                chromedriver: which("chromedriver")?,
+                chromium: named("JOBGUARD_TEST_CHROMIUM")
+                    .or_else(|| which("chromium"))
+                    .or_else(|| which("chromium-browser"))?,
+                chromedriver: named("JOBGUARD_TEST_CHROMEDRIVER")
+                    .or_else(|| which("chromedriver"))?,
             })
         };
         if let Some(browser) = found() {

@@ -7,6 +7,7 @@ mod cluster;
 mod db;
 mod machine;
 mod process;
+mod server;
 mod services;
 
 pub use browser::Browser;
@@ -14,6 +15,7 @@ pub use cluster::Cluster;
 pub use db::{AnyPool, COMMAND_TIMEOUT, Db};
 pub use machine::alone;
 pub use process::{Exit, Proc, jobguard, spawn, tail};
+pub use server::{Server, get, request, request_with};
 pub use services::service_url;
 
 /// A port on 127.0.0.1 where nothing listens (it was free a moment ago).

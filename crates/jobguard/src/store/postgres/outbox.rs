@@ -42,6 +42,12 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
         ),
     ]);
     create.extend(crate::store::outbox::outbox_indexes(table));
+    // A key's messages, as the console reads them: ids that start with `<key>/`, a range in
+    // byte order whatever the database's collation.
+    create.push(format!(
+        "create index if not exists {} on {t} ((id collate \"C\"))",
+        table.derived("id_bytes")
+    ));
     create.extend([format!(
         "create table if not exists {lease} (
                 name         text primary key,

@@ -5,12 +5,13 @@ use sqlx::AssertSqlSafe;
 use sqlx::types::Json;
 
 use crate::store::LiveJob;
-use crate::store::queue::{NewJob, QueueSql};
+use crate::store::queue::{NewJob, QueueSql, queue_states};
 use crate::table::TableName;
 use crate::time::duration_micros;
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
+    let paused_table = queue_states(table);
     let live = "state in ('available', 'running')";
     let micros = "* interval '1 microsecond'";
     let fenced = "where id = $1 and lease_token = $2 and state = 'running'";
@@ -70,6 +71,33 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "create index if not exists {} on {t} (kind, id) where state = 'dead'",
             table.derived("dead_kind")
         ),
+        // The console lists jobs newest first, by state, kind, queue or key, a page at a time:
+        // each filter walks its own index backwards from where the last page ended.
+        format!(
+            "create index if not exists {} on {t} (state, id)",
+            table.derived("state_id")
+        ),
+        format!(
+            "create index if not exists {} on {t} (kind, id)",
+            table.derived("kind_id")
+        ),
+        format!(
+            "create index if not exists {} on {t} (queue, id)",
+            table.derived("queue_id")
+        ),
+        format!(
+            "create index if not exists {} on {t} (job_key, id)",
+            table.derived("key_id")
+        ),
+        // Queues an operator paused: the fetch below takes nothing from them.
+        format!(
+            "create table if not exists {} (
+                name       text primary key,
+                paused     boolean not null default false,
+                changed_at timestamptz not null default now()
+            )",
+            queue_states(table)
+        ),
     ]);
     QueueSql {
         table: table.clone(),
@@ -108,6 +136,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "with picked as (
                  select id from {t}
                  where state = 'available' and queue = $1 and run_at <= now()
+                   -- a paused queue gives out nothing; jobs already leased run on
+                   and not exists (select 1 from {paused_table} p
+                                   where p.name = $1 and p.paused)
                  order by run_at, id
                  limit $2
                  for update skip locked

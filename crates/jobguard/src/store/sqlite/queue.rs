@@ -6,12 +6,13 @@ use sqlx::AssertSqlSafe;
 use sqlx::types::Json;
 
 use crate::store::LiveJob;
-use crate::store::queue::{NewJob, QueueSql};
+use crate::store::queue::{NewJob, QueueSql, queue_states};
 use crate::table::TableName;
 use crate::time::duration_micros;
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
+    let paused_table = queue_states(table);
     let live = "state in ('available', 'running')";
     let fenced = "where id = $1 and lease_token = $2 and state = 'running'";
     let create = vec![
@@ -66,6 +67,33 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "create index if not exists {} on {t} (kind, id) where state = 'dead'",
             table.derived("dead_kind")
         ),
+        // The console lists jobs newest first, by state, kind, queue or key, a page at a time:
+        // each filter walks its own index backwards from where the last page ended.
+        format!(
+            "create index if not exists {} on {t} (state, id)",
+            table.derived("state_id")
+        ),
+        format!(
+            "create index if not exists {} on {t} (kind, id)",
+            table.derived("kind_id")
+        ),
+        format!(
+            "create index if not exists {} on {t} (queue, id)",
+            table.derived("queue_id")
+        ),
+        format!(
+            "create index if not exists {} on {t} (job_key, id)",
+            table.derived("key_id")
+        ),
+        // Queues an operator paused: the fetch below takes nothing from them.
+        format!(
+            "create table if not exists {} (
+                name       text primary key,
+                paused     integer not null default 0,
+                changed_at integer not null
+            )",
+            queue_states(table)
+        ),
     ];
     QueueSql {
         table: table.clone(),
@@ -110,6 +138,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  leased_until = {NOW} + $3
              where id in (select id from {t}
                           where state = 'available' and queue = $1 and run_at <= {NOW}
+                            -- a paused queue gives out nothing
+                            and not exists (select 1 from {paused_table} p
+                                            where p.name = $1 and p.paused <> 0)
                           order by run_at, id limit $2)
              returning id, kind, job_key, payload, attempt, max_attempts, leased_until, lease_token"
         )

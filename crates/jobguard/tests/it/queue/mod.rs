@@ -15,6 +15,7 @@ use sqlx::Pool;
 
 use crate::common::{TestDb, ledger_rows};
 
+mod console;
 mod enqueue;
 mod fetch_and_lease;
 mod replay;

@@ -1,0 +1,575 @@
+//! What an operator's console reads and changes, and its interface to the backends: the rows
+//! it returns, the statements each backend builds from the table names, and their binding and
+//! decoding, written once in [`console_statements`] and expanded in each backend's
+//! `console.rs`. `jobguard::console` re-exports the types users name.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::Pool;
+
+use crate::store::queue::{JobState, serialize_optional_time, serialize_time};
+use crate::table::TableName;
+
+/// The most jobs one page of [`Console::jobs`](crate::console::Console::jobs) returns.
+pub const MAX_PAGE: u32 = 500;
+
+/// Which jobs [`Console::jobs`](crate::console::Console::jobs) lists: every filter given must
+/// hold. Newest first; `before` pages on by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobFilter {
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// Only jobs of this kind.
+    pub kind: Option<String>,
+    /// Only jobs on this queue.
+    pub queue: Option<String>,
+    /// Only jobs carrying this key, exactly as stored.
+    pub key: Option<String>,
+    /// Only jobs older than this id: the id of the last job of the previous page.
+    pub before: Option<i64>,
+    /// How many jobs at most, 1 to [`MAX_PAGE`] (clamped).
+    pub limit: u32,
+}
+
+impl JobFilter {
+    /// The filter's `where` clause, its conditions in a fixed order with numbered parameters
+    /// (`$1`...), then the limit's parameter: each combination of filters is its own statement,
+    /// so PostgreSQL plans it for the one index that serves it, and never a generic plan that
+    /// has to allow for an absent filter.
+    pub(crate) fn clause(&self) -> String {
+        let mut conditions = Vec::new();
+        let mut next = 1;
+        let mut condition = |column: &str, op: &str| {
+            conditions.push(format!("{column} {op} ${next}"));
+            next += 1;
+        };
+        if self.state.is_some() {
+            condition("state", "=");
+        }
+        if self.kind.is_some() {
+            condition("kind", "=");
+        }
+        if self.queue.is_some() {
+            condition("queue", "=");
+        }
+        if self.key.is_some() {
+            condition("job_key", "=");
+        }
+        if self.before.is_some() {
+            condition("id", "<");
+        }
+        let filter = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!("where {}", conditions.join(" and "))
+        };
+        format!("{filter} order by id desc limit ${next}")
+    }
+
+    pub(crate) fn page(&self) -> i64 {
+        i64::from(self.limit.clamp(1, MAX_PAGE))
+    }
+}
+
+/// A job as listed: everything but its payload.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobSummary {
+    /// The job's id.
+    pub id: i64,
+    /// The handler it runs with.
+    pub kind: String,
+    /// The job key.
+    pub key: String,
+    /// The queue it is on.
+    pub queue: String,
+    /// Where it is in its life.
+    pub state: JobState,
+    /// Attempts made so far.
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// When it runs, or ran last (milliseconds since the Unix epoch in JSON).
+    #[serde(serialize_with = "serialize_time")]
+    pub run_at: SystemTime,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
+    /// When it was enqueued.
+    #[serde(serialize_with = "serialize_time")]
+    pub created_at: SystemTime,
+    /// When it completed or died.
+    #[serde(serialize_with = "serialize_optional_time")]
+    pub finished_at: Option<SystemTime>,
+}
+
+/// One job in full: [`Console::job`](crate::console::Console::job).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobDetail {
+    /// What the listing shows.
+    #[serde(flatten)]
+    pub summary: JobSummary,
+    /// The payload.
+    pub payload: Value,
+    /// Until when its current attempt's lease holds, while it runs.
+    #[serde(serialize_with = "serialize_optional_time")]
+    pub leased_until: Option<SystemTime>,
+    /// How many times it was fetched: the fencing token of its newest lease.
+    pub lease_token: i64,
+    /// The guard row of its key, when the key was applied.
+    pub guard: Option<KeyRecord>,
+}
+
+/// A key's guard row: the proof that its effect was applied, once.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KeyRecord {
+    /// The kind that applied it.
+    pub kind: String,
+    /// When it was applied, by the database clock.
+    #[serde(serialize_with = "serialize_time")]
+    pub applied_at: SystemTime,
+    /// The fingerprint of the payload it was applied with, in hex, when one was stored.
+    pub fingerprint: Option<String>,
+    /// What the job returned, stored with the key.
+    pub result: Option<Value>,
+}
+
+/// An external step of a key, from the step ledger.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KeyStep {
+    /// The step's name.
+    pub step: String,
+    /// The job kind that ran it.
+    pub kind: String,
+    /// `started`, `done` or `attention`.
+    pub state: String,
+    /// Times it was started.
+    pub attempts: i32,
+    /// What the call returned, once done.
+    pub result: Option<Value>,
+    /// Why it needs attention.
+    pub reason: Option<String>,
+    /// When it was first started.
+    #[serde(serialize_with = "serialize_time")]
+    pub started_at: SystemTime,
+    /// When it last changed.
+    #[serde(serialize_with = "serialize_time")]
+    pub updated_at: SystemTime,
+}
+
+/// An outbox message a key's job published.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KeyMessage {
+    /// The message id, `<key>/<topic>`.
+    pub id: String,
+    /// The topic.
+    pub topic: String,
+    /// `pending`, `sent` or `dead`.
+    pub state: String,
+    /// Deliveries tried.
+    pub attempts: i32,
+    /// The error of the last failed delivery.
+    pub last_error: Option<String>,
+    /// When the job published it.
+    #[serde(serialize_with = "serialize_time")]
+    pub created_at: SystemTime,
+    /// When it was delivered.
+    #[serde(serialize_with = "serialize_optional_time")]
+    pub sent_at: Option<SystemTime>,
+}
+
+/// Everything stored about one key: [`Console::key`](crate::console::Console::key).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KeyReport {
+    /// The key.
+    pub key: String,
+    /// Its guard row; `None` when it was never applied (or was pruned).
+    pub guard: Option<KeyRecord>,
+    /// The jobs that carried it, newest first: the one that applied it and its duplicates
+    /// alike.
+    pub jobs: Vec<JobSummary>,
+    /// Its external steps.
+    pub steps: Vec<KeyStep>,
+    /// The outbox messages its job published.
+    pub messages: Vec<KeyMessage>,
+}
+
+/// A queue as the console shows it: [`Console::queues`](crate::console::Console::queues).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QueueState {
+    /// The queue's name.
+    pub name: String,
+    /// Whether workers leave its jobs waiting.
+    pub paused: bool,
+    /// When it was last paused or resumed.
+    #[serde(serialize_with = "serialize_optional_time")]
+    pub changed_at: Option<SystemTime>,
+    /// Jobs ready to run now.
+    pub ready: i64,
+}
+
+/// The console's statements, built once from the validated names of the tables it reads.
+#[derive(Debug)]
+pub struct ConsoleSql {
+    /// `select <summary columns> from <jobs>`, which [`JobFilter::clause`] completes.
+    pub(crate) list: String,
+    /// One job by id (`$1`), with its payload, lease and token.
+    pub(crate) job: Arc<str>,
+    /// A job's state and key by id.
+    pub(crate) state_of: Arc<str>,
+    /// Another live job holding a key: `$1` key, `$2` the id to leave out.
+    pub(crate) live_holder: Arc<str>,
+    pub(crate) retry: Arc<str>,
+    /// `$1` id, `$2` the error to record.
+    pub(crate) cancel: Arc<str>,
+    pub(crate) delete: Arc<str>,
+    /// `$1` queue, `$2` paused.
+    pub(crate) set_paused: Arc<str>,
+    pub(crate) queues: Arc<str>,
+    pub(crate) key_record: Arc<str>,
+    pub(crate) key_steps: Arc<str>,
+    /// The outbox messages whose id lies in `[$1, $2)`: every id that starts with `<key>/`.
+    pub(crate) key_messages: Arc<str>,
+}
+
+/// The tables the console reads, by concept.
+#[derive(Clone, Debug)]
+pub struct ConsoleTables {
+    pub(crate) jobs: TableName,
+    pub(crate) guard: TableName,
+    pub(crate) steps: TableName,
+    pub(crate) outbox: TableName,
+}
+
+/// A job's row as the console decodes it, before its guard row is read.
+pub(crate) type JobRowDetail = (JobSummary, Value, Option<SystemTime>, i64);
+
+/// The console's statements each backend implements.
+pub trait ConsoleStore: sqlx::Database {
+    fn console_sql(tables: &ConsoleTables) -> ConsoleSql;
+
+    fn console_jobs(
+        pool: &Pool<Self>,
+        sql: &ConsoleSql,
+        filter: &JobFilter,
+    ) -> impl Future<Output = crate::Result<Vec<JobSummary>>> + Send;
+
+    fn console_job(
+        pool: &Pool<Self>,
+        sql: &ConsoleSql,
+        id: i64,
+    ) -> impl Future<Output = crate::Result<Option<JobRowDetail>>> + Send;
+
+    /// The state and key of job `id`.
+    fn console_state(
+        pool: &Pool<Self>,
+        sql: &ConsoleSql,
+        id: i64,
+    ) -> impl Future<Output = sqlx::Result<Option<(String, String)>>> + Send;
+
+    fn console_live_holder(
+        pool: &Pool<Self>,
+        sql: &ConsoleSql,
+        key: &str,
+        id: i64,
+    ) -> impl Future<Output = sqlx::Result<Option<i64>>> + Send;
+
+    /// Runs the statement of an action on job `id`, with `text` bound second when given;
+    /// returns the queue of the job it changed, or `None` when no job was in a state it applies
+    /// to.
+    fn console_act(
+        pool: &Pool<Self>,
+        statement: &Arc<str>,
+        id: i64,
+        text: Option<&str>,
+    ) -> impl Future<Output = sqlx::Result<Option<String>>> + Send;
+
+    fn console_set_paused(
+        pool: &Pool<Self>,
+        sql: &ConsoleSql,
+        queue: &str,
+        paused: bool,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// Every queue paused or resumed once: name, paused, when (microseconds).
+    fn console_queues(
+        pool: &Pool<Self>,
+        sql: &ConsoleSql,
+    ) -> impl Future<Output = sqlx::Result<Vec<(String, bool, i64)>>> + Send;
+
+    fn console_key_record(
+        pool: &Pool<Self>,
+        sql: &ConsoleSql,
+        key: &str,
+    ) -> impl Future<Output = sqlx::Result<Option<KeyRecord>>> + Send;
+
+    fn console_key_steps(
+        pool: &Pool<Self>,
+        sql: &ConsoleSql,
+        key: &str,
+    ) -> impl Future<Output = sqlx::Result<Vec<KeyStep>>> + Send;
+
+    fn console_key_messages(
+        pool: &Pool<Self>,
+        sql: &ConsoleSql,
+        range: (&str, &str),
+    ) -> impl Future<Output = sqlx::Result<Vec<KeyMessage>>> + Send;
+}
+
+/// The summary columns every backend selects, in this order: id, kind, key, queue, state,
+/// attempt, max attempts, then run, creation and finish times in microseconds. The job's own
+/// statement adds payload, lease and token.
+pub(crate) fn decode_summary<R>(row: &R) -> crate::Result<JobSummary>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    use crate::time::micros_to_time;
+    let state: String = row.try_get(4)?;
+    Ok(JobSummary {
+        id: row.try_get(0)?,
+        kind: row.try_get(1)?,
+        key: row.try_get(2)?,
+        queue: row.try_get(3)?,
+        state: state.parse()?,
+        attempt: row.try_get(5)?,
+        max_attempts: row.try_get(6)?,
+        run_at: micros_to_time(row.try_get(7)?),
+        last_error: row.try_get(8)?,
+        created_at: micros_to_time(row.try_get(9)?),
+        finished_at: row.try_get::<Option<i64>, _>(10)?.map(micros_to_time),
+    })
+}
+
+/// The console statements whose binding and decoding are the same on every backend: only their
+/// SQL differs, and that comes from the backend's [`ConsoleSql`]. Expanded inside each
+/// `impl ConsoleStore`, where the backend's types are concrete.
+macro_rules! console_statements {
+    () => {
+        async fn console_jobs(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::console::ConsoleSql,
+            filter: &$crate::store::console::JobFilter,
+        ) -> $crate::Result<Vec<$crate::store::console::JobSummary>> {
+            let statement = format!("{} {}", sql.list, filter.clause());
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(statement));
+            if let Some(state) = filter.state {
+                query = query.bind(state.as_str());
+            }
+            for text in [&filter.kind, &filter.queue, &filter.key]
+                .into_iter()
+                .flatten()
+            {
+                query = query.bind(text.as_str());
+            }
+            if let Some(before) = filter.before {
+                query = query.bind(before);
+            }
+            let rows = query.bind(filter.page()).fetch_all(pool).await?;
+            rows.iter()
+                .map($crate::store::console::decode_summary)
+                .collect()
+        }
+
+        async fn console_job(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::console::ConsoleSql,
+            id: i64,
+        ) -> $crate::Result<Option<$crate::store::console::JobRowDetail>> {
+            use sqlx::Row as _;
+            let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql.job.clone()))
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+            else {
+                return Ok(None);
+            };
+            let summary = $crate::store::console::decode_summary(&row)?;
+            let payload: sqlx::types::Json<serde_json::Value> = row.try_get(11)?;
+            let leased_until: Option<i64> = row.try_get(12)?;
+            Ok(Some((
+                summary,
+                payload.0,
+                leased_until.map($crate::time::micros_to_time),
+                row.try_get(13)?,
+            )))
+        }
+
+        async fn console_state(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::console::ConsoleSql,
+            id: i64,
+        ) -> sqlx::Result<Option<(String, String)>> {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.state_of.clone()))
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+        }
+
+        async fn console_live_holder(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::console::ConsoleSql,
+            key: &str,
+            id: i64,
+        ) -> sqlx::Result<Option<i64>> {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.live_holder.clone()))
+                .bind(key)
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+        }
+
+        async fn console_act(
+            pool: &sqlx::Pool<Self>,
+            statement: &std::sync::Arc<str>,
+            id: i64,
+            text: Option<&str>,
+        ) -> sqlx::Result<Option<String>> {
+            let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(statement.clone())).bind(id);
+            if let Some(text) = text {
+                query = query.bind(text);
+            }
+            query.fetch_optional(pool).await
+        }
+
+        async fn console_set_paused(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::console::ConsoleSql,
+            queue: &str,
+            paused: bool,
+        ) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(sql.set_paused.clone()))
+                .bind(queue)
+                .bind(paused)
+                .execute(pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn console_queues(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::console::ConsoleSql,
+        ) -> sqlx::Result<Vec<(String, bool, i64)>> {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.queues.clone()))
+                .fetch_all(pool)
+                .await
+        }
+
+        async fn console_key_record(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::console::ConsoleSql,
+            key: &str,
+        ) -> sqlx::Result<Option<$crate::store::console::KeyRecord>> {
+            let row: Option<(
+                String,
+                i64,
+                Option<Vec<u8>>,
+                Option<sqlx::types::Json<serde_json::Value>>,
+            )> = sqlx::query_as(sqlx::AssertSqlSafe(sql.key_record.clone()))
+                .bind(key)
+                .fetch_optional(pool)
+                .await?;
+            Ok(row.map(|(kind, applied_at, fingerprint, result)| {
+                $crate::store::console::KeyRecord {
+                    kind,
+                    applied_at: $crate::time::micros_to_time(applied_at),
+                    fingerprint: fingerprint
+                        .map(|bytes| bytes.iter().map(|byte| format!("{byte:02x}")).collect()),
+                    result: result.map(|json| json.0),
+                }
+            }))
+        }
+
+        async fn console_key_steps(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::console::ConsoleSql,
+            key: &str,
+        ) -> sqlx::Result<Vec<$crate::store::console::KeyStep>> {
+            use sqlx::Row as _;
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.key_steps.clone()))
+                .bind(key)
+                .fetch_all(pool)
+                .await?;
+            rows.into_iter()
+                .map(|row| {
+                    let result: Option<sqlx::types::Json<serde_json::Value>> = row.try_get(4)?;
+                    Ok($crate::store::console::KeyStep {
+                        step: row.try_get(0)?,
+                        kind: row.try_get(1)?,
+                        state: row.try_get(2)?,
+                        attempts: row.try_get(3)?,
+                        result: result.map(|json| json.0),
+                        reason: row.try_get(5)?,
+                        started_at: $crate::time::micros_to_time(row.try_get(6)?),
+                        updated_at: $crate::time::micros_to_time(row.try_get(7)?),
+                    })
+                })
+                .collect()
+        }
+
+        async fn console_key_messages(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::console::ConsoleSql,
+            range: (&str, &str),
+        ) -> sqlx::Result<Vec<$crate::store::console::KeyMessage>> {
+            use sqlx::Row as _;
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.key_messages.clone()))
+                .bind(range.0)
+                .bind(range.1)
+                .fetch_all(pool)
+                .await?;
+            rows.into_iter()
+                .map(|row| {
+                    let sent_at: Option<i64> = row.try_get(6)?;
+                    Ok($crate::store::console::KeyMessage {
+                        id: row.try_get(0)?,
+                        topic: row.try_get(1)?,
+                        state: row.try_get(2)?,
+                        attempts: row.try_get(3)?,
+                        last_error: row.try_get(4)?,
+                        created_at: $crate::time::micros_to_time(row.try_get(5)?),
+                        sent_at: sent_at.map($crate::time::micros_to_time),
+                    })
+                })
+                .collect()
+        }
+    };
+}
+pub(crate) use console_statements;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_filter_numbers_its_parameter_in_order() {
+        let all = JobFilter {
+            state: Some(JobState::Dead),
+            kind: Some("credit".into()),
+            queue: Some("default".into()),
+            key: Some("credit:o-1".into()),
+            before: Some(10),
+            limit: 50,
+        };
+        assert_eq!(
+            all.clause(),
+            "where state = $1 and kind = $2 and queue = $3 and job_key = $4 and id < $5 \
+             order by id desc limit $6"
+        );
+        let none = JobFilter::default();
+        assert_eq!(none.clause(), " order by id desc limit $1");
+        assert_eq!(none.page(), 1);
+        let kind = JobFilter {
+            kind: Some("credit".into()),
+            limit: 10_000,
+            ..JobFilter::default()
+        };
+        assert_eq!(kind.clause(), "where kind = $1 order by id desc limit $2");
+        assert_eq!(kind.page(), i64::from(MAX_PAGE));
+    }
+}

@@ -1,0 +1,107 @@
+//! The console's SQL for PostgreSQL. Times come back as microseconds since the Unix epoch.
+
+use sqlx::postgres::Postgres;
+
+use crate::store::console::{ConsoleSql, ConsoleStore, ConsoleTables};
+use crate::store::queue::queue_states;
+
+impl ConsoleStore for Postgres {
+    fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
+        console_sql(tables)
+    }
+
+    crate::store::console::console_statements!();
+}
+
+/// Microseconds since the Unix epoch of a `timestamptz` column.
+fn micros(column: &str) -> String {
+    format!("(extract(epoch from {column}) * 1000000)::int8")
+}
+
+fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
+    let t = tables.jobs.quoted();
+    let live = "state in ('available', 'running')";
+    let summary = format!(
+        "id, kind, job_key, queue, state, attempt, max_attempts, {}, last_error, {}, {}",
+        micros("run_at"),
+        micros("created_at"),
+        micros("finished_at"),
+    );
+    ConsoleSql {
+        // Each filter has an index that hands rows out newest first: the primary key for none,
+        // `(state, id)`, `(kind, id)`, `(queue, id)` and `(job_key, id)` for one (see the
+        // queue's migration); with several, the planner walks the most selective.
+        list: format!("select {summary} from {t}"),
+        job: format!(
+            "select {summary}, payload, {}, lease_token from {t} where id = $1",
+            micros("leased_until")
+        )
+        .into(),
+        state_of: format!("select state, job_key from {t} where id = $1").into(),
+        live_holder: format!("select id from {t} where job_key = $1 and {live} and id <> $2")
+            .into(),
+        // A dead job comes back with fresh attempts, as a replay; a failed job waiting for its
+        // backoff runs now. Never while another live job holds the key: the live-key index
+        // would refuse it, and that job is the one to watch.
+        retry: format!(
+            "update {t} j
+             set state = 'available',
+                 attempt = case when j.state = 'dead' then 0 else j.attempt end,
+                 run_at = now(), finished_at = null, leased_until = null
+             where j.id = $1
+               and (j.state = 'dead' or (j.state = 'available' and j.last_error is not null))
+               and not exists (select 1 from {t} l
+                               where l.job_key = j.job_key and l.{live} and l.id <> j.id)
+             returning j.queue"
+        )
+        .into(),
+        // Only a job no worker holds: a running job's row is locked by its attempt's
+        // transaction or fenced by its lease, and finishes on its own.
+        cancel: format!(
+            "update {t} set state = 'dead', finished_at = now(), leased_until = null,
+                 last_error = $2
+             where id = $1 and state = 'available'
+             returning queue"
+        )
+        .into(),
+        delete: format!("delete from {t} where id = $1 and state <> 'running' returning queue")
+            .into(),
+        set_paused: format!(
+            "insert into {q} (name, paused, changed_at) values ($1, $2, now())
+             on conflict (name) do update set paused = excluded.paused, changed_at = now()",
+            q = queue_states(&tables.jobs)
+        )
+        .into(),
+        queues: format!(
+            "select name, paused, {} from {} order by name",
+            micros("changed_at"),
+            queue_states(&tables.jobs)
+        )
+        .into(),
+        key_record: format!(
+            "select kind, {}, fingerprint, result from {} where job_key = $1",
+            micros("applied_at"),
+            tables.guard.quoted()
+        )
+        .into(),
+        key_steps: format!(
+            "select step, kind, state, attempts, result, reason, {}, {}
+             from {} where job_key = $1 order by started_at, step",
+            micros("started_at"),
+            micros("updated_at"),
+            tables.steps.quoted()
+        )
+        .into(),
+        // Byte order, as the outbox's `id_bytes` index keeps it: every id that starts with
+        // `<key>/` lies between `<key>/` and `<key>0`.
+        key_messages: format!(
+            "select id, topic, state, attempts, last_error, {}, {}
+             from {} where id collate \"C\" >= $1 and id collate \"C\" < $2
+             order by id collate \"C\"",
+            micros("created_at"),
+            micros("sent_at"),
+            tables.outbox.quoted()
+        )
+        .into(),
+    }
+}

@@ -1,0 +1,84 @@
+//! The console's SQL for SQLite. Times are integer microseconds since the Unix epoch.
+
+use sqlx::sqlite::Sqlite;
+
+use super::guard::NOW_MICROS as NOW;
+use crate::store::console::{ConsoleSql, ConsoleStore, ConsoleTables};
+use crate::store::queue::queue_states;
+
+impl ConsoleStore for Sqlite {
+    fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
+        console_sql(tables)
+    }
+
+    crate::store::console::console_statements!();
+}
+
+fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
+    let t = tables.jobs.quoted();
+    let live = "state in ('available', 'running')";
+    let summary = "id, kind, job_key, queue, state, attempt, max_attempts, run_at, last_error, \
+                   created_at, finished_at";
+    ConsoleSql {
+        // Each filter has an index that hands rows out newest first (see the queue's
+        // migration).
+        list: format!("select {summary} from {t}"),
+        job: format!("select {summary}, payload, leased_until, lease_token from {t} where id = $1")
+            .into(),
+        state_of: format!("select state, job_key from {t} where id = $1").into(),
+        live_holder: format!("select id from {t} where job_key = $1 and {live} and id <> $2")
+            .into(),
+        // A dead job comes back with fresh attempts, as a replay; a failed job waiting for its
+        // backoff runs now. Never while another live job holds the key.
+        retry: format!(
+            "update {t} as j
+             set state = 'available',
+                 attempt = case when j.state = 'dead' then 0 else j.attempt end,
+                 run_at = {NOW}, finished_at = null, leased_until = null
+             where j.id = $1
+               and (j.state = 'dead' or (j.state = 'available' and j.last_error is not null))
+               and not exists (select 1 from {t} l
+                               where l.job_key = j.job_key and l.{live} and l.id <> j.id)
+             returning queue"
+        )
+        .into(),
+        cancel: format!(
+            "update {t} set state = 'dead', finished_at = {NOW}, leased_until = null,
+                 last_error = $2
+             where id = $1 and state = 'available'
+             returning queue"
+        )
+        .into(),
+        delete: format!("delete from {t} where id = $1 and state <> 'running' returning queue")
+            .into(),
+        set_paused: format!(
+            "insert into {q} (name, paused, changed_at) values ($1, $2, {NOW})
+             on conflict (name) do update set paused = excluded.paused, changed_at = {NOW}",
+            q = queue_states(&tables.jobs)
+        )
+        .into(),
+        queues: format!(
+            "select name, paused, changed_at from {} order by name",
+            queue_states(&tables.jobs)
+        )
+        .into(),
+        key_record: format!(
+            "select kind, applied_at, fingerprint, result from {} where job_key = $1",
+            tables.guard.quoted()
+        )
+        .into(),
+        key_steps: format!(
+            "select step, kind, state, attempts, result, reason, started_at, updated_at
+             from {} where job_key = $1 order by started_at, step",
+            tables.steps.quoted()
+        )
+        .into(),
+        // SQLite compares text byte by byte: the unique index on `id` serves the range.
+        key_messages: format!(
+            "select id, topic, state, attempts, last_error, created_at, sent_at
+             from {} where id >= $1 and id < $2 order by id",
+            tables.outbox.quoted()
+        )
+        .into(),
+    }
+}
