@@ -120,9 +120,8 @@ sqs_setup() {
             log "SQS: $(redact_url "$JOBGUARD_TEST_SQS_URL") [JOBGUARD_TEST_SQS_URL]"
             return 0
         fi
-        warn "nothing answers at JOBGUARD_TEST_SQS_URL=$(redact_url "$JOBGUARD_TEST_SQS_URL")"
+        warn "nothing answers at JOBGUARD_TEST_SQS_URL=$(redact_url "$JOBGUARD_TEST_SQS_URL"); trying 127.0.0.1:$JOBGUARD_SQS_PORT"
         unset JOBGUARD_TEST_SQS_URL
-        return 1
     fi
     local url="http://127.0.0.1:$JOBGUARD_SQS_PORT"
     if tcp_open 127.0.0.1 "$JOBGUARD_SQS_PORT" || sqs_start; then
