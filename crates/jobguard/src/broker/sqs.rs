@@ -38,7 +38,8 @@
 //! window is stored once, and as `MessageGroupId` unless a group is given
 //! ([`SqsSink::publish_in_group`]): SQS hands out the messages of one group in order, one
 //! in flight at a time, so jobs that must not run at once or out of order (the credits of one
-//! account) share a group. Outside the window the guard deduplicates.
+//! account) share a group. Outside the window the guard deduplicates. A failed job's message,
+//! given back with the retry delay, holds its group back until it is received again.
 //!
 //! # A delete after the visibility timeout
 //!
