@@ -157,7 +157,7 @@ impl Endpoint {
         self.source().await.with_context(|| {
             format!(
                 "cannot consume `{}` from {} at {}",
-                self.queue,
+                self.queue_on_broker(),
                 self.broker.name(),
                 redact(&self.url)
             )
