@@ -6,9 +6,11 @@
 #
 # Entry points:
 #   sqs_setup   - export JOBGUARD_TEST_SQS_URL: the URL already set, when it
-#                 answers; else a server on 127.0.0.1:9324; else moto_server
-#                 started there (installed into a cached virtualenv first when
-#                 missing). Returns non-zero, with a warning, when it cannot.
+#                 answers; else a server on 127.0.0.1:9324; else moto's server
+#                 started there (scripts/lib/moto_sqs.py: moto_server with a race
+#                 in its DeleteMessage closed; moto[server] installed into a
+#                 cached virtualenv first when missing). Returns non-zero, with
+#                 a warning, when it cannot.
 #   sqs_stop    - stop the server sqs_setup started, if any.
 #   sqs_status  - say whether SQS answers, and where.
 #
@@ -48,13 +50,12 @@ sqs_url_answers() {
     tcp_open "$host" "$port"
 }
 
-# Path of a moto_server that runs: on PATH, or in the cached virtualenv.
-sqs_moto_server() {
+# A Python that has moto[server]: the cached virtualenv's, or python3 on PATH.
+sqs_moto_python() {
     local candidate
-    for candidate in "$(sqs_venv)/bin/moto_server" "$(command -v moto_server 2>/dev/null || true)"; do
+    for candidate in "$(sqs_venv)/bin/python" "$(command -v python3 2>/dev/null || true)"; do
         [[ -n "$candidate" && -x "$candidate" ]] || continue
-        # A pyenv shim exists for every version; it must run for this one.
-        if "$candidate" --help >/dev/null 2>&1; then
+        if "$candidate" -c 'import moto.server, moto.sqs.models' >/dev/null 2>&1; then
             printf '%s\n' "$candidate"
             return 0
         fi
@@ -93,20 +94,23 @@ sqs_install_moto() {
     "$venv/bin/pip" install --quiet --disable-pip-version-check 'moto[server]' </dev/null >&2
 }
 
-# Start moto_server on 127.0.0.1:9324, recording its pid.
+# Start moto's server (scripts/lib/moto_sqs.py: moto_server with its delete
+# race closed) on 127.0.0.1:9324, recording its pid.
 sqs_start() {
-    local moto state
-    moto=$(sqs_moto_server) || { sqs_install_moto && moto=$(sqs_moto_server); } || {
-        warn "moto_server could not be installed"
+    local python state here
+    python=$(sqs_moto_python) || { sqs_install_moto && python=$(sqs_moto_python); } || {
+        warn "moto[server] could not be installed"
         return 1
     }
     state=$(sqs_state_dir) || return 1
-    log "starting moto_server (SQS) on 127.0.0.1:$JOBGUARD_SQS_PORT ($moto)"
-    nohup "$moto" -H 127.0.0.1 -p "$JOBGUARD_SQS_PORT" </dev/null >"$state/sqs.log" 2>&1 &
+    here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+    log "starting moto (SQS) on 127.0.0.1:$JOBGUARD_SQS_PORT ($python $here/moto_sqs.py)"
+    nohup "$python" "$here/moto_sqs.py" -H 127.0.0.1 -p "$JOBGUARD_SQS_PORT" \
+        </dev/null >"$state/sqs.log" 2>&1 &
     printf '%s\n' "$!" >"$state/sqs.pid"
     disown
     if ! wait_for_port 127.0.0.1 "$JOBGUARD_SQS_PORT" 60; then
-        warn "moto_server did not listen within 60 s; its log:"
+        warn "moto did not listen within 60 s; its log:"
         sed 's/^/    /' "$state/sqs.log" >&2 || true
         sqs_stop
         return 1
@@ -120,9 +124,8 @@ sqs_setup() {
             log "SQS: $(redact_url "$JOBGUARD_TEST_SQS_URL") [JOBGUARD_TEST_SQS_URL]"
             return 0
         fi
-        warn "nothing answers at JOBGUARD_TEST_SQS_URL=$(redact_url "$JOBGUARD_TEST_SQS_URL")"
+        warn "nothing answers at JOBGUARD_TEST_SQS_URL=$(redact_url "$JOBGUARD_TEST_SQS_URL"); trying 127.0.0.1:$JOBGUARD_SQS_PORT"
         unset JOBGUARD_TEST_SQS_URL
-        return 1
     fi
     local url="http://127.0.0.1:$JOBGUARD_SQS_PORT"
     if tcp_open 127.0.0.1 "$JOBGUARD_SQS_PORT" || sqs_start; then
@@ -141,8 +144,8 @@ sqs_stop() {
     pidfile="$state/sqs.pid"
     [[ -f "$pidfile" ]] || return 0
     pid=$(head -n1 "$pidfile" 2>/dev/null || true)
-    if [[ "$pid" =~ ^[0-9]+$ ]] && grep -qa moto_server "/proc/$pid/cmdline" 2>/dev/null; then
-        log "stopping moto_server (SQS), pid $pid"
+    if [[ "$pid" =~ ^[0-9]+$ ]] && grep -qa moto_sqs "/proc/$pid/cmdline" 2>/dev/null; then
+        log "stopping moto (SQS), pid $pid"
         kill -TERM "$pid" 2>/dev/null || true
     fi
     rm -f "$pidfile"
@@ -152,7 +155,7 @@ sqs_status() {
     local url=${JOBGUARD_TEST_SQS_URL:-http://127.0.0.1:$JOBGUARD_SQS_PORT} state started=""
     state=$(sqs_state_dir) || true
     if [[ -n "$state" && -f "$state/sqs.pid" ]]; then
-        started=" (moto_server started by scripts/services, pid $(head -n1 "$state/sqs.pid"))"
+        started=" (moto started by scripts/services, pid $(head -n1 "$state/sqs.pid"))"
     fi
     if sqs_url_answers "$url"; then
         printf 'SQS: answers at %s%s\n' "$(redact_url "$url")" "$started"

@@ -177,7 +177,7 @@ impl Endpoint {
     fn cannot_consume(&self) -> String {
         format!(
             "cannot consume `{}` from {} at {}",
-            self.queue,
+            self.queue_on_broker(),
             self.broker.name(),
             redact(&self.url)
         )

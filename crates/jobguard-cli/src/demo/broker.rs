@@ -354,12 +354,13 @@ async fn run_on<DB: LedgerDb>(
     })
 }
 
-/// How long a message waits unacknowledged before it is delivered again: 2 s, and 5 s on SQS,
-/// whose local servers (moto, in Python) answer slowly enough under load that a message the
-/// naive consumer (which never extends it) finished could be received again before its delete.
+/// How long a message waits unacknowledged before it is delivered again: 2 s, and 10 s on SQS,
+/// whose local server (moto, in Python) answers slowly enough on a loaded machine that a message
+/// the naive consumer (which never extends it) finished was received again before its delete
+/// with 5 s.
 fn redelivery(broker: Broker) -> Duration {
     match broker {
-        Broker::Sqs => Duration::from_secs(5),
+        Broker::Sqs => Duration::from_secs(10),
         _ => Duration::from_secs(2),
     }
 }

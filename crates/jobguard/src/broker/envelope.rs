@@ -8,8 +8,8 @@ use crate::job::Job;
 use crate::key::JobKey;
 use crate::store::Backend;
 
-/// A job as a broker carries it: the body of a RabbitMQ message or a JetStream message, and
-/// the `body` field of a Redis Streams entry, as one JSON object.
+/// A job as a broker carries it: the body of a RabbitMQ, JetStream or SQS message, and the
+/// `body` field of a Redis Streams entry, as one JSON object.
 ///
 /// ```json
 /// {"kind": "credit", "key": "credit:order-8812", "payload": {"order": "order-8812", "account": 7, "amount": 500}}
@@ -25,7 +25,8 @@ use crate::store::Backend;
 ///
 /// Build it with [`Envelope::for_job`] so that the key is the one the job derives, and publish
 /// it with the broker's sink (`RabbitSink::publish`, `NatsSink::publish`,
-/// `RedisSink::publish`), which also stamp the key as the broker's message id.
+/// `RedisSink::publish`, `SqsSink::publish`), which also stamp the key as the broker's message
+/// id.
 ///
 /// ```
 /// use jobguard::broker::Envelope;

@@ -3,6 +3,49 @@
 //! the delivery count and a dead-letter queue, and [`SqsSink`], the outbox's sink, sending with
 //! `MessageDeduplicationId` on FIFO queues.
 //!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use jobguard::broker::sqs::{SqsConfig, SqsSink, SqsSource};
+//! use jobguard::broker::{Consumer, Envelope};
+//! use jobguard::{Job, JobError, JobKey, KeyError, PgGuard};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Credit { order: String, account: i64, amount: i64 }
+//!
+//! impl Job<sqlx::Postgres> for Credit {
+//!     const KIND: &'static str = "credit";
+//!     fn key(&self) -> Result<JobKey, KeyError> { JobKey::new("credit", [&self.order]) }
+//!     async fn run(&self, conn: &mut sqlx::PgConnection) -> Result<(), JobError> {
+//!         sqlx::query("insert into ledger (account, amount) values ($1, $2)")
+//!             .bind(self.account).bind(self.amount).execute(conn).await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn f(pool: sqlx::PgPool) -> jobguard::Result<()> {
+//! // Any SQS endpoint: a local server here, `https://sqs.<region>.amazonaws.com` in AWS.
+//! let url = "http://127.0.0.1:9324";
+//! let config = SqsConfig {
+//!     visibility_timeout: Duration::from_secs(60),
+//!     ..SqsConfig::new("credits")
+//! };
+//! // The consumer declares the queue and its dead-letter queue when missing.
+//! let source = SqsSource::connect(url, config.clone()).await?;
+//!
+//! // The producer.
+//! let credit = Credit { order: "order-8812".into(), account: 7, amount: 500 };
+//! let sink = SqsSink::connect(url)?;
+//! sink.publish(&config.queue, &Envelope::for_job::<sqlx::Postgres, _>(&credit)?).await?;
+//!
+//! // A consumer, in as many processes as needed.
+//! let consumer = Consumer::new(PgGuard::new(pool)).register::<Credit>();
+//! consumer.migrate().await?;
+//! let stats = consumer.run(source, jobguard::worker::shutdown_signal()).await?;
+//! println!("{} applied, {} duplicates", stats.applied, stats.duplicates);
+//! # Ok(()) }
+//! ```
+//!
 //! # Topology
 //!
 //! [`declare`] (run by [`SqsSource::connect`] unless [`SqsConfig::declare`] is off) creates,
@@ -38,7 +81,8 @@
 //! window is stored once, and as `MessageGroupId` unless a group is given
 //! ([`SqsSink::publish_in_group`]): SQS hands out the messages of one group in order, one
 //! in flight at a time, so jobs that must not run at once or out of order (the credits of one
-//! account) share a group. Outside the window the guard deduplicates.
+//! account) share a group. Outside the window the guard deduplicates. A failed job's message,
+//! given back with the retry delay, holds its group back until it is received again.
 //!
 //! # A delete after the visibility timeout
 //!

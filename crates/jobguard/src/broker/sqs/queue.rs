@@ -10,7 +10,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use super::{MAX_VISIBILITY, broker_error, client, refused, seconds};
 use crate::error::{Error, Result};
 
-/// Where an [`SqsSource`] consumes from, and how.
+/// Where an [`SqsSource`](super::SqsSource) consumes from, and how.
 #[derive(Clone, Debug)]
 pub struct SqsConfig {
     /// The queue's name; one ending in `.fifo` is a FIFO queue.

@@ -1,0 +1,283 @@
+//! SQS as the suite uses it (moto's server, `JOBGUARD_TEST_SQS_URL`), and what only SQS has:
+//! FIFO queues, which deduplicate a job sent again and need a FIFO dead-letter queue.
+
+use std::future::Future;
+use std::time::Duration;
+
+use jobguard::broker::sqs::{self, SqsConfig, SqsSink, SqsSource};
+use jobguard::broker::{Consumer, ConsumerStats, Envelope};
+use jobguard::{Guard, JobKey};
+use serde_json::Value;
+use sqlx::Sqlite;
+
+use super::{Publish, Settings, TestBroker};
+use crate::common::{TestDb, reachable};
+
+impl Publish for SqsSink {
+    async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
+        self.publish(&sqs::queue_name(to), envelope)
+            .await
+            .expect("publish");
+    }
+}
+
+pub(super) struct Sqs;
+
+impl Sqs {
+    fn config(name: &str) -> SqsConfig {
+        SqsConfig::new(format!("jg-test-{name}"))
+    }
+
+    fn client(url: &str) -> aws_sdk_sqs::Client {
+        sqs::client(url).expect("an SQS client")
+    }
+
+    async fn url_of(client: &aws_sdk_sqs::Client, queue: &str) -> String {
+        client
+            .get_queue_url()
+            .queue_name(queue)
+            .send()
+            .await
+            .expect("the queue's URL")
+            .queue_url()
+            .expect("a URL")
+            .to_owned()
+    }
+
+    /// Every message waiting in `queue`, received and deleted: bodies and their
+    /// `Jobguard-Message-Id` attributes.
+    async fn take_all(url: &str, queue: &str) -> Vec<(String, Option<String>)> {
+        let client = Self::client(url);
+        let queue_url = Self::url_of(&client, queue).await;
+        let mut taken = Vec::new();
+        loop {
+            let received = client
+                .receive_message()
+                .queue_url(&queue_url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(0)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .expect("receive");
+            let messages = received.messages.unwrap_or_default();
+            if messages.is_empty() {
+                return taken;
+            }
+            for message in messages {
+                client
+                    .delete_message()
+                    .queue_url(&queue_url)
+                    .receipt_handle(message.receipt_handle().expect("a receipt"))
+                    .send()
+                    .await
+                    .expect("delete");
+                let id = message
+                    .message_attributes()
+                    .and_then(|attributes| attributes.get(sqs::MESSAGE_ID_ATTRIBUTE))
+                    .and_then(|id| id.string_value())
+                    .map(str::to_owned);
+                taken.push((message.body.unwrap_or_default(), id));
+            }
+        }
+    }
+}
+
+impl Sqs {
+    async fn source(url: &str, name: &str, settings: Settings) -> SqsSource {
+        let config = SqsConfig {
+            prefetch: settings.prefetch,
+            max_deliveries: settings.max_deliveries,
+            visibility_timeout: settings.redelivery,
+            ..Self::config(name)
+        };
+        SqsSource::connect(url, config)
+            .await
+            .expect("consume from SQS")
+    }
+}
+
+impl TestBroker for Sqs {
+    const NAME: &'static str = "sqs";
+
+    fn url() -> Option<String> {
+        reachable("JOBGUARD_TEST_SQS_URL", "http://127.0.0.1:9324", 9324)
+    }
+
+    async fn reset(url: &str, name: &str) {
+        sqs::remove(url, &Self::config(name))
+            .await
+            .expect("delete the queues");
+    }
+
+    async fn run<DB: TestDb>(
+        consumer: Consumer<DB>,
+        url: &str,
+        name: &str,
+        settings: Settings,
+        stop: impl Future<Output = ()> + Send,
+    ) -> jobguard::Result<ConsumerStats> {
+        consumer
+            .run(Self::source(url, name, settings).await, stop)
+            .await
+    }
+
+    async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
+        let client = Self::client(url);
+        // The queues as the test's sources declare them, so that messages sent first wait.
+        let config = SqsConfig {
+            max_deliveries: Settings::default().max_deliveries,
+            ..Self::config(name)
+        };
+        let queue_url = sqs::declare(&client, &config)
+            .await
+            .expect("declare the queues");
+        for body in bodies {
+            client
+                .send_message()
+                .queue_url(&queue_url)
+                .message_body(String::from_utf8(body).expect("UTF-8"))
+                .send()
+                .await
+                .expect("send");
+        }
+    }
+
+    async fn dead_letters(url: &str, name: &str) -> Vec<Vec<u8>> {
+        Self::take_all(url, &Self::config(name).dead_letter_queue)
+            .await
+            .into_iter()
+            .map(|(body, _)| body.into_bytes())
+            .collect()
+    }
+
+    async fn left_behind(url: &str, name: &str) -> u64 {
+        use aws_sdk_sqs::types::QueueAttributeName;
+        let client = Self::client(url);
+        let queue_url = Self::url_of(&client, &Self::config(name).queue).await;
+        let counts = [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ];
+        let attributes = client
+            .get_queue_attributes()
+            .queue_url(&queue_url)
+            .set_attribute_names(Some(counts.to_vec()))
+            .send()
+            .await
+            .expect("the queue's attributes");
+        let attributes = attributes.attributes().expect("attributes");
+        counts
+            .iter()
+            .map(|count| attributes[count].parse::<u64>().expect("a count"))
+            .sum()
+    }
+
+    type Sink = SqsSink;
+    // Standard queues keep every send; FIFO queues deduplicate (`sqs_fifo_*` below).
+    const DEDUPES: bool = false;
+
+    async fn sink(url: &str) -> SqsSink {
+        SqsSink::connect(url).expect("an SQS sink")
+    }
+
+    async fn prepare_topic(url: &str, topic: &str) {
+        let config = SqsConfig::new(sqs::queue_name(topic));
+        sqs::remove(url, &config).await.expect("delete the queue");
+        Self::client(url)
+            .create_queue()
+            .queue_name(&config.queue)
+            .send()
+            .await
+            .expect("create the queue");
+    }
+
+    async fn received(url: &str, topic: &str) -> Vec<(String, Value)> {
+        Self::take_all(url, &sqs::queue_name(topic))
+            .await
+            .into_iter()
+            .map(|(body, id)| {
+                (
+                    id.expect("a Jobguard-Message-Id"),
+                    serde_json::from_str(&body).expect("JSON"),
+                )
+            })
+            .collect()
+    }
+}
+
+/// A FIFO queue: the sink sends a job with its key as `MessageDeduplicationId`, so a job
+/// published three times is stored once and applied once; a message that can never run goes to
+/// the FIFO dead-letter queue (which needs a group and a deduplication id of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_fifo_queues_store_a_job_published_again_once() {
+    use jobguard::broker::{Consumer, ConsumerConfig};
+
+    use super::consumer::Credit;
+    use crate::common::ledger_rows;
+
+    let Some(url) = Sqs::url() else {
+        return;
+    };
+    let name = format!("fifo-{}.fifo", std::process::id());
+    let config = SqsConfig {
+        max_deliveries: 3,
+        visibility_timeout: Duration::from_secs(2),
+        ..Sqs::config(&name)
+    };
+    assert!(config.is_fifo() && config.dead_letter_queue.ends_with("-dead.fifo"));
+    sqs::remove(&url, &config).await.expect("delete the queues");
+    let source = SqsSource::connect(&url, config.clone())
+        .await
+        .expect("declare the FIFO queues");
+
+    let credit = Credit::new(1, 100);
+    let envelope = Envelope::for_job::<Sqlite, _>(&credit).unwrap();
+    let foreign = Envelope::new(
+        "credit",
+        JobKey::new("credit", ["minted-per-publish"]).unwrap(),
+        &credit,
+    )
+    .unwrap();
+    let sink = SqsSink::connect(&url).expect("an SQS sink");
+    for _ in 0..3 {
+        sink.publish(&config.queue, &envelope).await.expect("send");
+    }
+    sink.publish(&config.queue, &foreign).await.expect("send");
+
+    let pool = Sqlite::open("sqs_fifo", 4).await.expect("a SQLite file");
+    let consumer = Consumer::with_config(
+        Guard::new(pool.clone()),
+        ConsumerConfig {
+            stop_when_idle_for: Some(Duration::from_secs(5)),
+            ..ConsumerConfig::default()
+        },
+    )
+    .register::<Credit>();
+    consumer.migrate().await.unwrap();
+    let stats = tokio::time::timeout(
+        Duration::from_secs(90),
+        consumer.run(source, std::future::pending()),
+    )
+    .await
+    .expect("the consumer stopped before the deadline")
+    .expect("the consumer ran");
+    assert_eq!(
+        (stats.applied, stats.duplicates, stats.dead),
+        (1, 0, 1),
+        "the copies were deduplicated by SQS: {stats:?}"
+    );
+    assert_eq!(ledger_rows(&pool).await, 1);
+    let dead = Sqs::take_all(&url, &config.dead_letter_queue).await;
+    assert_eq!(
+        dead.iter()
+            .map(|(body, _)| body.as_bytes().to_vec())
+            .collect::<Vec<_>>(),
+        vec![foreign.to_bytes()]
+    );
+    let left = Sqs::take_all(&url, &config.queue).await;
+    assert!(left.is_empty(), "{left:?}");
+    sqs::remove(&url, &config).await.expect("delete the queues");
+    pool.close().await;
+}
