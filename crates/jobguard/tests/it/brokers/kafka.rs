@@ -328,7 +328,13 @@ async fn a_consumer_stopped_after_its_commit_resumes_from_the_stored_offsets<DB:
     let Some(fixture) = Fixture::<DB, Kafka>::new("resume").await else {
         return;
     };
-    let credits: Vec<Credit> = (0..10).map(|n| Credit::new(n, 10)).collect();
+    // Orders of the test's own: effect runs are counted across the tests of the process.
+    let credits: Vec<Credit> = (0..10)
+        .map(|n| Credit {
+            order: format!("resume-{n}"),
+            ..Credit::new(n, 10)
+        })
+        .collect();
     fixture
         .publish(credits.iter().map(Credit::body).collect())
         .await;
