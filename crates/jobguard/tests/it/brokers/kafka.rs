@@ -434,3 +434,77 @@ async fn a_rebalance_while_a_batch_runs_applies_nothing_twice<DB: TestDb>() {
     }
     fixture.cleanup().await;
 }
+
+backends!(fn a_partition_resumes_inside_a_record_batch);
+/// Messages produced together travel as one record batch; a consumer stopped after the first
+/// one leaves the stored offset inside the batch, and the next consumer starts there. tansu
+/// answers a fetch from inside a batch with the batches after it: the consumer sees the gap
+/// when the next message arrives, reads the partition again from its start and drops what is
+/// before the stored offset. Every message applies once, none is skipped.
+async fn a_partition_resumes_inside_a_record_batch<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("inside_batch").await else {
+        return;
+    };
+    let one = Settings {
+        partitions: 1,
+        prefetch: 1,
+        ..Settings::default()
+    };
+    fixture.prepare(one).await;
+    let credits: Vec<Credit> = (0..10)
+        .map(|n| Credit {
+            order: format!("inside-batch-{n}"),
+            ..Credit::new(n, 10)
+        })
+        .collect();
+    let sink = KafkaSink::connect(&fixture.url).unwrap();
+    let topic = Kafka::topic(&fixture.name);
+    let envelopes: Vec<Envelope> = credits
+        .iter()
+        .map(|credit| Envelope::for_job::<DB, _>(credit).unwrap())
+        .collect();
+    futures::future::try_join_all(envelopes.iter().map(|e| sink.publish(&topic, e)))
+        .await
+        .unwrap();
+
+    let committed = Arc::new(tokio::sync::Notify::new());
+    let stop = {
+        let committed = Arc::clone(&committed);
+        async move { committed.notified().await }
+    };
+    let consumer = {
+        let committed = Arc::clone(&committed);
+        let config = ConsumerConfig {
+            shutdown_timeout: Duration::ZERO,
+            ..ConsumerConfig::default()
+        };
+        Consumer::with_config(Guard::new(fixture.pool.clone()), config)
+            .register::<Credit>()
+            .before_ack(move |_key: &JobKey, _outcome: &Outcome<()>| {
+                committed.notify_one();
+                std::future::pending().boxed()
+            })
+    };
+    consumer.migrate().await.unwrap();
+    let first = fixture.run(consumer, one, stop).await;
+    assert_eq!(first.applied, 1, "{first:?}");
+
+    // One more message, in a batch of its own: the first one a broker that skips the rest of
+    // the batch (tansu) serves.
+    let last = Credit {
+        order: "inside-batch-10".to_owned(),
+        ..Credit::new(10, 10)
+    };
+    sink.publish(&topic, &Envelope::for_job::<DB, _>(&last).unwrap())
+        .await
+        .unwrap();
+
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(2), 1).await;
+    let second = fixture.run(consumer, one, std::future::pending()).await;
+    assert_eq!((second.applied, second.duplicates), (10, 0), "{second:?}");
+    assert_eq!(ledger_rows(&fixture.pool).await, 11);
+    for credit in credits.iter().chain([&last]) {
+        assert_eq!(effect_runs::<DB>(&credit.order), 1, "{}", credit.order);
+    }
+    fixture.cleanup().await;
+}
