@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::ValueEnum;
+use jobguard::Backend;
+use jobguard::broker::kafka::{self, KafkaConfig};
 use jobguard::broker::nats::{self, NatsConfig, NatsDelivery, NatsSource};
 use jobguard::broker::rabbitmq::{self, RabbitConfig, RabbitDelivery, RabbitSource};
 use jobguard::broker::redis::{self, RedisConfig, RedisDelivery, RedisSource};
-use jobguard::broker::kafka::{self, KafkaConfig};
 use jobguard::broker::{Consumer, ConsumerStats, Delivery, Source};
-use anyhow::Context as _;
-use jobguard::Backend;
 use serde::Serialize;
 
 use crate::database::redact;

@@ -1,5 +1,5 @@
-//! Consumers for the brokers users already run (RabbitMQ, NATS JetStream, Redis Streams), and
-//! outbox sinks for them.
+//! Consumers for the brokers users already run (RabbitMQ, NATS JetStream, Redis Streams,
+//! Kafka), and outbox sinks for them.
 //!
 //! Every broker delivers at least once: a consumer that dies after doing the work and before
 //! acknowledging the message gets it delivered again. A [`Consumer`] closes that gap the way
@@ -31,6 +31,7 @@
 //! | `rabbitmq` | [`rabbitmq`] | manual acks, prefetch, requeue on failure, quorum queue delivery limit and dead-letter exchange | publisher confirms, `message_id` |
 //! | `nats`     | [`nats`]    | JetStream pull consumer, explicit acks, AckWait with progress acks, MaxDeliver, a dead-letter subject | `Nats-Msg-Id` for the server's dedupe window |
 //! | `redis`    | [`redis`]   | consumer group, `XACK` after commit, `XAUTOCLAIM` of idle entries, a dead-letter stream | `XADD`, deduplicated by id within a window |
+//! | `kafka`    | [`kafka`]   | consumer group, each partition's next offset stored in the effects' transaction ([`Offsets`]), partitions started at it on assignment, a dead-letter topic; runs through [`Consumer::run_kafka`] | the idempotent producer, keyed by the job key |
 //!
 //! Messages carry jobs as an [`Envelope`]: `{"kind", "key", "payload"}` as JSON. Producers
 //! build it with [`Envelope::for_job`] and publish it with the broker's sink, so that every

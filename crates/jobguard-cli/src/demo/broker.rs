@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use futures::{FutureExt as _, TryFutureExt as _};
 use futures::future::BoxFuture;
+use futures::{FutureExt as _, TryFutureExt as _};
 use jobguard::broker::kafka::KafkaSink;
 use jobguard::broker::nats::NatsSink;
 use jobguard::broker::rabbitmq::RabbitSink;
@@ -281,7 +281,9 @@ async fn run_on<DB: LedgerDb>(
                 // Topics and groups of the run's own: a consumer group's committed offsets may
                 // outlive a topic deleted and made again under the same name (tansu keeps
                 // them), and would start the new topic's consumers past its end.
-                Broker::Kafka => format!("jobguard-demo-{}-{}", mode_name(mode), std::process::id()),
+                Broker::Kafka => {
+                    format!("jobguard-demo-{}-{}", mode_name(mode), std::process::id())
+                }
                 _ => format!("jobguard-demo-{}", mode_name(mode)),
             },
             prefetch: shape.concurrency as usize,
@@ -327,7 +329,10 @@ async fn run_on<DB: LedgerDb>(
                 let consumer = guarded_consumer(pool, false, Some(Arc::clone(&settled)))?;
                 let all = async move { settled.all().await };
                 let consuming = match source {
-                    Some(source) => consumer.run(source, all).map_err(anyhow::Error::from).boxed(),
+                    Some(source) => consumer
+                        .run(source, all)
+                        .map_err(anyhow::Error::from)
+                        .boxed(),
                     None => endpoint.run(consumer, all).boxed(),
                 };
                 let stats = tokio::time::timeout(DEADLINE, consuming)

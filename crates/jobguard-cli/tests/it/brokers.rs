@@ -541,7 +541,11 @@ async fn batch_killed_after_commit_before_ack(broker: Broker) {
         .await;
     // No message of the killed consumer was acknowledged: the committed ones come back as
     // duplicates (on Kafka not at all: the offset committed with them), the others apply.
-    let again = if broker.redelivers_committed() { rows as u64 } else { 0 };
+    let again = if broker.redelivers_committed() {
+        rows as u64
+    } else {
+        0
+    };
     assert_eq!(report["duplicates"].as_u64(), Some(again), "{report}");
     assert_eq!(
         report["applied"].as_u64(),
@@ -560,12 +564,20 @@ async fn stored_offsets(db: &Db, topic: &str) -> Vec<(i32, i64)> {
                where topic = $1 order by partition";
     if db.is_postgres() {
         let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-        let rows = sqlx::query_as(sql).bind(topic).fetch_all(&pool).await.unwrap();
+        let rows = sqlx::query_as(sql)
+            .bind(topic)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
         pool.close().await;
         rows
     } else {
         let pool = jobguard::sqlite::connect(&db.url, 1).await.unwrap();
-        let rows = sqlx::query_as(sql).bind(topic).fetch_all(&pool).await.unwrap();
+        let rows = sqlx::query_as(sql)
+            .bind(topic)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
         pool.close().await;
         rows
     }
@@ -606,7 +618,11 @@ async fn kafka_resumes_from_the_stored_offsets_after_sigkill() {
         (Some(9), Some(0)),
         "started after the stored offset: {report}"
     );
-    assert_eq!(ledger(&db).await, (10, 10), "every credit once, none skipped");
+    assert_eq!(
+        ledger(&db).await,
+        (10, 10),
+        "every credit once, none skipped"
+    );
     assert_eq!(stored_offsets(&db, &queue.name).await, [(0, 10)]);
     queue.remove().await;
 }

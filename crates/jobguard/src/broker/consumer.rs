@@ -693,7 +693,8 @@ impl<DB: Backend> Consumer<DB> {
     }
 }
 
-pub(super) type Decoded<DB> = std::result::Result<(Envelope, Arc<dyn Runnable<DB>>), (Option<String>, String)>;
+pub(super) type Decoded<DB> =
+    std::result::Result<(Envelope, Arc<dyn Runnable<DB>>), (Option<String>, String)>;
 
 /// A received delivery and what its body decoded to.
 struct Message<D, DB: Backend> {

@@ -15,8 +15,8 @@ use sqlx::{ConnectOptions as _, Connection as _, Pool};
 
 use crate::error::Result;
 use crate::store::Backend;
-use crate::store::offsets::{DEFAULT_OFFSETS_TABLE, OffsetSql};
 pub use crate::store::offsets::Position;
+use crate::store::offsets::{DEFAULT_OFFSETS_TABLE, OffsetSql};
 use crate::table::TableName;
 
 /// The offsets table: `(consumer_group, topic, partition) -> next_offset`.

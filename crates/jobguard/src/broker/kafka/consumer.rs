@@ -582,7 +582,8 @@ impl<DB: Backend> Consumer<DB> {
                         .await?
                     {
                         Claim::Claimed => {
-                            let run = crate::dispatch::catch_panic(runnable.run_in(&mut guarded.tx));
+                            let run =
+                                crate::dispatch::catch_panic(runnable.run_in(&mut guarded.tx));
                             match run.await {
                                 Ok(Ok(())) => {}
                                 Ok(Err(error)) => return Err(effect_error(key, error)),
@@ -598,7 +599,9 @@ impl<DB: Backend> Consumer<DB> {
                             claimed.push(key.clone());
                         }
                         // Held by a committed transaction, or by an earlier message of this one.
-                        Claim::Duplicate(record) => outcomes.push(Outcome::Duplicate(duplicate_of(key, record)?)),
+                        Claim::Duplicate(record) => {
+                            outcomes.push(Outcome::Duplicate(duplicate_of(key, record)?))
+                        }
                     }
                 }
                 shared.offsets.store_tx(&mut guarded.tx, &position).await?;
@@ -622,7 +625,11 @@ impl<DB: Backend> Consumer<DB> {
         };
         for (message, outcome) in messages.iter().zip(outcomes) {
             let kind = kind_of(&message.decoded);
-            let attempt = if message.offset == messages[0].offset { attempt } else { 1 };
+            let attempt = if message.offset == messages[0].offset {
+                attempt
+            } else {
+                1
+            };
             record_outcome(&kind, outcome.label());
             shared.counters.count(&outcome, &kind, attempt);
             if let (Some(hook), Ok((envelope, _))) = (&self.before_ack, &message.decoded) {
@@ -642,7 +649,11 @@ impl<DB: Backend> Consumer<DB> {
         reason: &str,
     ) -> std::result::Result<(), ()> {
         let config = &shared.config;
-        tracing::warn!(error = reason, offset = message.offset, "message dead-lettered");
+        tracing::warn!(
+            error = reason,
+            offset = message.offset,
+            "message dead-lettered"
+        );
         let origin = format!("{}/{partition}/{}", config.topic, message.offset);
         let headers = OwnedHeaders::new()
             .insert(Header {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use rdkafka::ClientContext;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer as _, ConsumerContext, RebalanceProtocol,
 };
@@ -14,7 +15,6 @@ use rdkafka::message::OwnedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
-use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 
 use super::{KafkaConfig, client_config, declare, kafka_error, millis, producer};
@@ -67,7 +67,10 @@ impl ConsumerContext for Rebalancer {
         err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
-        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let stored = match (self.read_stored)() {
@@ -91,11 +94,8 @@ impl ConsumerContext for Rebalancer {
                 }
                 for (partition, start) in &assigned {
                     if let Some(next) = start
-                        && let Err(error) = tpl.set_partition_offset(
-                            &self.topic,
-                            *partition,
-                            Offset::Offset(*next),
-                        )
+                        && let Err(error) =
+                            tpl.set_partition_offset(&self.topic, *partition, Offset::Offset(*next))
                     {
                         tracing::warn!(%error, partition, "cannot start a partition at its stored offset");
                     }
@@ -125,7 +125,10 @@ impl ConsumerContext for Rebalancer {
                 log_failure(done, "give the revoked partitions up");
             }
             error => {
-                tracing::warn!(?error, "the group's rebalance failed; giving every partition up");
+                tracing::warn!(
+                    ?error,
+                    "the group's rebalance failed; giving every partition up"
+                );
                 let partitions = tpl.elements().iter().map(|e| e.partition()).collect();
                 let (done, _) = std::sync::mpsc::channel();
                 let _ = self.events.send(Event::Revoked { partitions, done });
@@ -194,7 +197,10 @@ impl<DB: Backend> KafkaSource<DB> {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
-            .set("session.timeout.ms", millis(config.session_timeout).to_string());
+            .set(
+                "session.timeout.ms",
+                millis(config.session_timeout).to_string(),
+            );
         for (name, value) in &config.client_settings {
             client.set(name, value);
         }

@@ -46,7 +46,9 @@ async fn drain_recording<DB: TestDb, Broker: TestBroker>(
                 std::future::ready(()).boxed()
             })
     };
-    let stats = fixture.run(consumer, settings, std::future::pending()).await;
+    let stats = fixture
+        .run(consumer, settings, std::future::pending())
+        .await;
     let committed = committed.lock().unwrap().clone();
     (stats, committed)
 }

@@ -13,11 +13,11 @@ use futures::FutureExt as _;
 use jobguard::broker::kafka::{self, ID_HEADER, KafkaConfig, KafkaSink, bootstrap_servers};
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Envelope, Offsets};
 use jobguard::{Guard, JobKey, Outcome};
+use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::{Headers as _, Message as _};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use rdkafka::ClientConfig;
 use serde_json::Value;
 
 use super::consumer::{Credit, Fixture, effect_runs};
@@ -25,6 +25,9 @@ use super::{Settings, TestBroker};
 use crate::common::{TestDb, ledger_rows, reachable};
 
 pub(super) struct Kafka;
+
+/// A message read back: its `jobguard-id` header, its key and its body.
+type ReadBack = (Option<String>, Option<Vec<u8>>, Vec<u8>);
 
 impl Kafka {
     fn topic(name: &str) -> String {
@@ -44,12 +47,15 @@ impl Kafka {
 
     fn client(url: &str) -> ClientConfig {
         let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", bootstrap_servers(url).expect("a Kafka URL"));
+        config.set(
+            "bootstrap.servers",
+            bootstrap_servers(url).expect("a Kafka URL"),
+        );
         config
     }
 
     /// Every message of `topic`, from its first, on a client outside any group.
-    fn read_all(url: &str, topic: &str) -> Vec<(Option<String>, Option<Vec<u8>>, Vec<u8>)> {
+    fn read_all(url: &str, topic: &str) -> Vec<ReadBack> {
         let consumer: BaseConsumer = Self::client(url)
             .set("group.id", "jobguard-test-reader")
             .set("enable.auto.commit", "false")
@@ -248,7 +254,9 @@ impl TestBroker for Kafka {
             ..KafkaConfig::new(topic)
         };
         kafka::remove(url, &config).await.expect("delete the topic");
-        kafka::declare(url, &config).await.expect("create the topic");
+        kafka::declare(url, &config)
+            .await
+            .expect("create the topic");
     }
 
     async fn received(url: &str, topic: &str) -> Vec<(String, Value)> {
@@ -275,7 +283,11 @@ impl super::Publish for KafkaSink {
 }
 
 /// A consumer of `Credit` jobs on `pool`, stopping once idle for `idle`.
-async fn credit_consumer<DB: TestDb>(pool: &sqlx::Pool<DB>, idle: Duration, batch: usize) -> Consumer<DB> {
+async fn credit_consumer<DB: TestDb>(
+    pool: &sqlx::Pool<DB>,
+    idle: Duration,
+    batch: usize,
+) -> Consumer<DB> {
     let config = ConsumerConfig {
         retry_delay: Duration::from_millis(100),
         shutdown_timeout: Duration::from_secs(10),
@@ -302,7 +314,9 @@ async fn the_offsets_table_holds_where_each_partition_was_applied_to<DB: TestDb>
         .publish(credits.iter().flat_map(|c| [c.body(), c.body()]).collect())
         .await;
     let consumer = credit_consumer(&fixture.pool, Duration::from_secs(2), 1).await;
-    let stats = fixture.run(consumer, settings, std::future::pending()).await;
+    let stats = fixture
+        .run(consumer, settings, std::future::pending())
+        .await;
     assert_eq!((stats.applied, stats.duplicates), (30, 30), "{stats:?}");
 
     let topic = Kafka::topic(&fixture.name);
@@ -370,15 +384,23 @@ async fn a_consumer_stopped_after_its_commit_resumes_from_the_stored_offsets<DB:
         .read(&topic, &topic)
         .await
         .unwrap();
-    assert_eq!(stored, [(0, 1)].into(), "the offset committed with the effect");
+    assert_eq!(
+        stored,
+        [(0, 1)].into(),
+        "the offset committed with the effect"
+    );
     let in_kafka = Kafka::committed(&fixture.url, &fixture.name);
     assert!(
-        in_kafka.iter().all(|(_, offset)| offset.is_none_or(|o| o < 1)),
+        in_kafka
+            .iter()
+            .all(|(_, offset)| offset.is_none_or(|o| o < 1)),
         "Kafka was told: {in_kafka:?}"
     );
 
     let consumer = credit_consumer(&fixture.pool, Duration::from_secs(2), 1).await;
-    let second = fixture.run(consumer, settings, std::future::pending()).await;
+    let second = fixture
+        .run(consumer, settings, std::future::pending())
+        .await;
     assert_eq!((second.applied, second.duplicates), (9, 0), "{second:?}");
     assert_eq!(ledger_rows(&fixture.pool).await, 10);
     for credit in &credits {
@@ -430,7 +452,12 @@ async fn a_rebalance_while_a_batch_runs_applies_nothing_twice<DB: TestDb>() {
     assert_eq!(a.applied + b.applied, 24, "{a:?} {b:?}");
     assert_eq!(ledger_rows(&fixture.pool).await, 24);
     for credit in &credits {
-        assert_eq!(effect_runs::<DB>(&credit.order), 1, "{}: {a:?} {b:?}", credit.order);
+        assert_eq!(
+            effect_runs::<DB>(&credit.order),
+            1,
+            "{}: {a:?} {b:?}",
+            credit.order
+        );
     }
     fixture.cleanup().await;
 }

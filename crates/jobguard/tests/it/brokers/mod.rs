@@ -186,7 +186,9 @@ impl TestBroker for Rabbit {
         settings: Settings,
         stop: impl Future<Output = ()> + Send,
     ) -> jobguard::Result<ConsumerStats> {
-        consumer.run(Self::source(url, name, settings).await, stop).await
+        consumer
+            .run(Self::source(url, name, settings).await, stop)
+            .await
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
@@ -379,7 +381,9 @@ impl TestBroker for Nats {
         settings: Settings,
         stop: impl Future<Output = ()> + Send,
     ) -> jobguard::Result<ConsumerStats> {
-        consumer.run(Self::source(url, name, settings).await, stop).await
+        consumer
+            .run(Self::source(url, name, settings).await, stop)
+            .await
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
@@ -530,7 +534,9 @@ impl TestBroker for Redis {
         settings: Settings,
         stop: impl Future<Output = ()> + Send,
     ) -> jobguard::Result<ConsumerStats> {
-        consumer.run(Self::source(url, name, settings).await, stop).await
+        consumer
+            .run(Self::source(url, name, settings).await, stop)
+            .await
     }
 
     async fn publish(url: &str, name: &str, bodies: Vec<Vec<u8>>) {
