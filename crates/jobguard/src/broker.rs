@@ -1,5 +1,5 @@
 //! Consumers for the brokers users already run (RabbitMQ, NATS JetStream, Redis Streams,
-//! Amazon SQS), and outbox sinks for them.
+//! Amazon SQS, Kafka), and outbox sinks for them.
 //!
 //! Every broker delivers at least once: a consumer that dies after doing the work and before
 //! acknowledging the message gets it delivered again. A [`Consumer`] closes that gap the way
@@ -32,6 +32,7 @@
 //! | `nats`     | [`nats`]    | JetStream pull consumer, explicit acks, AckWait with progress acks, MaxDeliver, a dead-letter subject | `Nats-Msg-Id` for the server's dedupe window |
 //! | `redis`    | [`redis`]   | consumer group, `XACK` after commit, `XAUTOCLAIM` of idle entries, a dead-letter stream | `XADD`, deduplicated by id within a window |
 //! | `sqs`      | [`sqs`]     | long polling, `DeleteMessage` after commit, the visibility timeout extended while a job runs, `ApproximateReceiveCount`, a redrive policy and a dead-letter queue | `SendMessage`; `MessageDeduplicationId` on FIFO queues |
+//! | `kafka`    | [`kafka`]   | consumer group, each partition's next offset stored in the effects' transaction ([`Offsets`]), partitions started at it on assignment, a dead-letter topic; runs through [`Consumer::run_kafka`] | the idempotent producer, keyed by the job key |
 //!
 //! Messages carry jobs as an [`Envelope`]: `{"kind", "key", "payload"}` as JSON. Producers
 //! build it with [`Envelope::for_job`] and publish it with the broker's sink, so that every

@@ -201,9 +201,24 @@ where
             report.skipped.push(Skipped { broker, reason });
             continue;
         }
-        let per_message = drain(pool, &endpoint(concurrency), &envelopes, 1).await?;
+        // Kafka: a topic, and so a group and stored offsets, of each run's own (a group's
+        // committed offsets may outlive a topic made again under the same name).
+        let of_run = |endpoint: Endpoint, run: &str| match broker {
+            Broker::Kafka => Endpoint {
+                queue: format!("{}.{}.{run}", endpoint.queue, std::process::id()),
+                ..endpoint
+            },
+            _ => endpoint,
+        };
+        let one = of_run(endpoint(concurrency), "one");
+        let per_message = drain(pool, &one, &envelopes, 1).await?;
         let batched_prefetch = (batch_size * 2).max(concurrency);
-        let batched = drain(pool, &endpoint(batched_prefetch), &envelopes, batch_size).await?;
+        let many = of_run(endpoint(batched_prefetch), "batched");
+        let batched = drain(pool, &many, &envelopes, batch_size).await?;
+        if broker == Broker::Kafka {
+            one.remove().await?;
+            many.remove().await?;
+        }
         endpoint(1).remove().await?;
         let exactly_once = [&per_message, &batched]
             .iter()

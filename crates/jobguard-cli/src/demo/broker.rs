@@ -278,7 +278,15 @@ async fn run_on<DB: LedgerDb>(
         let endpoint = Endpoint {
             broker,
             url: url.to_owned(),
-            queue: format!("jobguard-demo-{}", mode_name(mode)),
+            queue: match broker {
+                // Topics and groups of the run's own: a consumer group's committed offsets may
+                // outlive a topic deleted and made again under the same name (tansu keeps
+                // them), and would start the new topic's consumers past its end.
+                Broker::Kafka => {
+                    format!("jobguard-demo-{}-{}", mode_name(mode), std::process::id())
+                }
+                _ => format!("jobguard-demo-{}", mode_name(mode)),
+            },
             prefetch: shape.concurrency as usize,
             max_deliveries: 5,
             redelivery: redelivery(broker),
@@ -452,12 +460,14 @@ async fn publish_copies(endpoint: &Endpoint, envelopes: &[Envelope]) -> anyhow::
             }
         }
         Broker::Kafka => {
-            // The idempotent producer drops its own retries, never a second send.
+            // The idempotent producer drops its own retries, never a second send. One at a
+            // time, each message its own record batch: the killed consumer's stored offset is
+            // then where a batch starts, which tansu serves at once (from inside a batch it
+            // serves the batches after it, and the consumer reads the partition again).
             let sink = KafkaSink::connect(&endpoint.url)?;
-            let sent = envelopes
-                .iter()
-                .map(|envelope| sink.publish(&endpoint.queue, envelope));
-            futures::future::try_join_all(sent).await?;
+            for envelope in envelopes {
+                sink.publish(&endpoint.queue, envelope).await?;
+            }
         }
     }
     Ok(())

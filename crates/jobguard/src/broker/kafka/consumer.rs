@@ -59,6 +59,12 @@ struct Lane<DB: Backend> {
     paused: bool,
     /// When a short batch stops waiting for more messages.
     ready_at: Option<Instant>,
+    /// The stored offset the partition was assigned at, until a message at it arrives.
+    expected: Option<i64>,
+    /// Whether the partition was read again from its start because the broker skipped past
+    /// `expected`, and whether a message before `expected` has come since.
+    rewound: bool,
+    rewound_below: bool,
     /// The offset after the last message this process settled: anything before it was
     /// applied or dead-lettered, and is skipped when it comes again.
     settled_next: i64,
@@ -75,6 +81,9 @@ impl<DB: Backend> Lane<DB> {
             retry_at: None,
             paused: false,
             ready_at: None,
+            expected: None,
+            rewound: false,
+            rewound_below: false,
             settled_next: 0,
         }
     }
@@ -88,6 +97,9 @@ impl<DB: Backend> Lane<DB> {
         self.retry_at = None;
         self.paused = false;
         self.ready_at = None;
+        self.expected = None;
+        self.rewound = false;
+        self.rewound_below = false;
     }
 }
 
@@ -288,6 +300,28 @@ impl<DB: Backend> Consumer<DB> {
                             let Some(lane) = lanes.get_mut(&partition).filter(|lane| lane.owned) else {
                                 continue;
                             };
+                            if let Some(expected) = lane.expected {
+                                let offset = message.offset();
+                                if offset < expected && lane.rewound {
+                                    lane.rewound_below = true;
+                                }
+                                if offset == expected || (offset > expected && lane.rewound_below) {
+                                    lane.expected = None;
+                                } else if offset > expected {
+                                    // A broker that serves a fetch from the first record batch
+                                    // starting at or after the offset (tansu) skips the rest of
+                                    // the batch the offset is in: read the partition again from
+                                    // its start; what is before the stored offset is dropped.
+                                    if !lane.rewound {
+                                        tracing::warn!(partition, expected, offset, "the broker skipped past the stored offset; reading the partition from its start");
+                                        lane.rewound = true;
+                                        if let Err(error) = client.seek(&topic, partition, rdkafka::Offset::Beginning, Duration::ZERO) {
+                                            tracing::warn!(%error, partition, "cannot read the partition again");
+                                        }
+                                    }
+                                    continue;
+                                }
+                            }
                             if message.offset() < lane.settled_next {
                                 continue;
                             }
@@ -315,6 +349,7 @@ impl<DB: Backend> Consumer<DB> {
                                 lane.reset(true);
                                 if let Some(start) = start {
                                     lane.settled_next = lane.settled_next.max(start);
+                                    lane.expected = Some(start);
                                 }
                             }
                         }

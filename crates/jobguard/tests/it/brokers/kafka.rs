@@ -26,6 +26,9 @@ use crate::common::{TestDb, ledger_rows, reachable};
 
 pub(super) struct Kafka;
 
+/// A message read back: its `jobguard-id` header, its key and its body.
+type ReadBack = (Option<String>, Option<Vec<u8>>, Vec<u8>);
+
 impl Kafka {
     fn topic(name: &str) -> String {
         format!("jg-test-{name}")
@@ -52,7 +55,7 @@ impl Kafka {
     }
 
     /// Every message of `topic`, from its first, on a client outside any group.
-    fn read_all(url: &str, topic: &str) -> Vec<(Option<String>, Option<Vec<u8>>, Vec<u8>)> {
+    fn read_all(url: &str, topic: &str) -> Vec<ReadBack> {
         let consumer: BaseConsumer = Self::client(url)
             .set("group.id", "jobguard-test-reader")
             .set("enable.auto.commit", "false")
@@ -339,7 +342,13 @@ async fn a_consumer_stopped_after_its_commit_resumes_from_the_stored_offsets<DB:
     let Some(fixture) = Fixture::<DB, Kafka>::new("resume").await else {
         return;
     };
-    let credits: Vec<Credit> = (0..10).map(|n| Credit::new(n, 10)).collect();
+    // Orders of the test's own: effect runs are counted across the tests of the process.
+    let credits: Vec<Credit> = (0..10)
+        .map(|n| Credit {
+            order: format!("resume-{n}"),
+            ..Credit::new(n, 10)
+        })
+        .collect();
     fixture
         .publish(credits.iter().map(Credit::body).collect())
         .await;
@@ -449,6 +458,80 @@ async fn a_rebalance_while_a_batch_runs_applies_nothing_twice<DB: TestDb>() {
             "{}: {a:?} {b:?}",
             credit.order
         );
+    }
+    fixture.cleanup().await;
+}
+
+backends!(fn a_partition_resumes_inside_a_record_batch);
+/// Messages produced together travel as one record batch; a consumer stopped after the first
+/// one leaves the stored offset inside the batch, and the next consumer starts there. tansu
+/// answers a fetch from inside a batch with the batches after it: the consumer sees the gap
+/// when the next message arrives, reads the partition again from its start and drops what is
+/// before the stored offset. Every message applies once, none is skipped.
+async fn a_partition_resumes_inside_a_record_batch<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("inside_batch").await else {
+        return;
+    };
+    let one = Settings {
+        partitions: 1,
+        prefetch: 1,
+        ..Settings::default()
+    };
+    fixture.prepare(one).await;
+    let credits: Vec<Credit> = (0..10)
+        .map(|n| Credit {
+            order: format!("inside-batch-{n}"),
+            ..Credit::new(n, 10)
+        })
+        .collect();
+    let sink = KafkaSink::connect(&fixture.url).unwrap();
+    let topic = Kafka::topic(&fixture.name);
+    let envelopes: Vec<Envelope> = credits
+        .iter()
+        .map(|credit| Envelope::for_job::<DB, _>(credit).unwrap())
+        .collect();
+    futures::future::try_join_all(envelopes.iter().map(|e| sink.publish(&topic, e)))
+        .await
+        .unwrap();
+
+    let committed = Arc::new(tokio::sync::Notify::new());
+    let stop = {
+        let committed = Arc::clone(&committed);
+        async move { committed.notified().await }
+    };
+    let consumer = {
+        let committed = Arc::clone(&committed);
+        let config = ConsumerConfig {
+            shutdown_timeout: Duration::ZERO,
+            ..ConsumerConfig::default()
+        };
+        Consumer::with_config(Guard::new(fixture.pool.clone()), config)
+            .register::<Credit>()
+            .before_ack(move |_key: &JobKey, _outcome: &Outcome<()>| {
+                committed.notify_one();
+                std::future::pending().boxed()
+            })
+    };
+    consumer.migrate().await.unwrap();
+    let first = fixture.run(consumer, one, stop).await;
+    assert_eq!(first.applied, 1, "{first:?}");
+
+    // One more message, in a batch of its own: the first one a broker that skips the rest of
+    // the batch (tansu) serves.
+    let last = Credit {
+        order: "inside-batch-10".to_owned(),
+        ..Credit::new(10, 10)
+    };
+    sink.publish(&topic, &Envelope::for_job::<DB, _>(&last).unwrap())
+        .await
+        .unwrap();
+
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(2), 1).await;
+    let second = fixture.run(consumer, one, std::future::pending()).await;
+    assert_eq!((second.applied, second.duplicates), (10, 0), "{second:?}");
+    assert_eq!(ledger_rows(&fixture.pool).await, 11);
+    for credit in credits.iter().chain([&last]) {
+        assert_eq!(effect_runs::<DB>(&credit.order), 1, "{}", credit.order);
     }
     fixture.cleanup().await;
 }
