@@ -195,6 +195,7 @@ impl<DB: Backend> Consumer<DB> {
         let mut last_message = Instant::now();
         let mut receive_failures = 0_u32;
         let mut joined = false;
+        let mut last_started = -1;
         let mut failure = None;
         let pause = |lane: &mut Lane<DB>, partition: i32, paused: bool| {
             if lane.paused == paused {
@@ -223,9 +224,14 @@ impl<DB: Backend> Consumer<DB> {
                 }
                 running
             });
-            // Start what may run: one unit per lane, up to the concurrency.
+            // Start what may run: one unit per lane, up to the concurrency, from the partition
+            // after the one started last, so that with fewer slots than partitions each gets
+            // its turn.
             let now = Instant::now();
-            for (&partition, lane) in lanes.iter_mut() {
+            let (after, upto): (Vec<_>, Vec<_>) = lanes
+                .iter_mut()
+                .partition(|(partition, _)| **partition > last_started);
+            for (&partition, lane) in after.into_iter().chain(upto) {
                 if units.len() >= concurrency {
                     break;
                 }
@@ -246,6 +252,7 @@ impl<DB: Backend> Consumer<DB> {
                 }
                 let (consumer, shared) = (Arc::clone(&this), Arc::clone(&shared));
                 units.spawn(consumer.run_unit(shared, unit));
+                last_started = partition;
             }
             let next_retry = lanes
                 .values()
