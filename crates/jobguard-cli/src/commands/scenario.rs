@@ -12,6 +12,7 @@ use clap::Args;
 
 use super::consume;
 use crate::database::Database;
+use crate::demo::crash_point::{CRASH_POINT, report_line};
 use crate::demo::scenarios::{self, Mode};
 use crate::demo::{broker, charge};
 use crate::on_pool;
@@ -55,20 +56,11 @@ pub async fn consume(args: ConsumeCommand) -> anyhow::Result<ExitCode> {
 }
 
 /// What `jobguard consume --crash-before-commit` runs between a transaction's effects and its
-/// commit: it prints [`broker::CRASH_POINT`] with how many keys the transaction claimed and
-/// which, and waits there to be killed, never committing.
+/// commit: it prints [`CRASH_POINT`] with how many keys the transaction claimed and which, and
+/// waits there to be killed, never committing.
 fn crash_before_commit(keys: Vec<jobguard::JobKey>) -> futures::future::BoxFuture<'static, ()> {
-    use std::io::Write;
     let keys: Vec<String> = keys.iter().map(ToString::to_string).collect();
-    let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(
-        stdout,
-        "{} {} {}",
-        broker::CRASH_POINT,
-        keys.len(),
-        keys.join(" ")
-    );
-    let _ = stdout.flush();
+    report_line(&format!("{CRASH_POINT} {} {}", keys.len(), keys.join(" ")));
     Box::pin(std::future::pending())
 }
 

@@ -31,6 +31,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Semaphore;
 
 use super::DemoReport;
+use super::crash_point::{CRASH_POINT, report_line};
 use super::experiment::{self, RunReport, Shape};
 use super::ledger::{self, Ledger, LedgerDb};
 use super::scenarios::Mode;
@@ -38,10 +39,6 @@ use crate::broker::{Broker, BrokerSource, Endpoint, URL_ENV};
 use crate::builtin_jobs::{Credit, Example};
 use crate::database::{Database, redact};
 use crate::{on_pool, report};
-
-/// What a consumer process prints right after a job committed and before its ack; the process
-/// that started it kills it there.
-pub const CRASH_POINT: &str = "JOBGUARD_CRASH_POINT";
 
 /// The longest the demo waits for its deliveries before it fails.
 const DEADLINE: Duration = Duration::from_secs(180);
@@ -62,15 +59,6 @@ impl<DB: LedgerDb> Job<DB> for DemoCredit {
         DB::append(conn, Ledger::Guarded, self.0.account, self.0.amount).await?;
         Ok(())
     }
-}
-
-/// Prints `line` for the process that started this one, at once: this process may be killed
-/// right after.
-pub(super) fn report_line(line: &str) {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(stdout, "{line}");
-    let _ = stdout.flush();
 }
 
 /// What `jobguard consume --crash-after-commit` runs between a job's commit and its ack: after

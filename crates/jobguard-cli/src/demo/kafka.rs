@@ -12,7 +12,7 @@ use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::message::Message as _;
 use sqlx::Pool;
 
-use super::broker::{CRASH_POINT, report_line};
+use super::crash_point::{CRASH_POINT, report_line};
 use super::ledger::{self, LedgerDb};
 use crate::broker::Endpoint;
 use crate::builtin_jobs::{Credit, Example};

@@ -8,6 +8,7 @@
 
 pub mod broker;
 pub mod charge;
+pub mod crash_point;
 pub mod experiment;
 mod kafka;
 pub mod ledger;
