@@ -104,7 +104,8 @@ pub fn render(report: &BenchReport) -> String {
     )
 }
 
-fn median(values: &[f64]) -> f64 {
+/// The middle value of `values`, or the mean of the two middle ones; 0 for none.
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     match sorted.len() {

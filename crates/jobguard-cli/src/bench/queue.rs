@@ -15,6 +15,7 @@ use sqlx::{Executor, Pool};
 use self::drain::{BATCH_LINGER, POLL_INTERVAL, WorkerShape, drain, enqueue, reset, warm_up};
 use self::jobs::{BenchCredit, BenchNoop};
 use self::pickup::Latency;
+use super::guard::median;
 use crate::demo::ledger::{Ledger, LedgerDb};
 
 /// What to measure.
@@ -26,6 +27,8 @@ pub struct QueueBench {
     pub concurrency: u32,
     /// Jobs per transaction in the batched runs; 1 skips them.
     pub batch_size: usize,
+    /// Rounds of the per-job credit drain followed at once by pgbench.
+    pub rounds: usize,
     /// Jobs per second offered in the pickup runs; by default half the per-job credit rate.
     pub rate: Option<f64>,
 }
@@ -39,17 +42,23 @@ pub struct QueueBenchReport {
     /// Jobs per transaction in the batched runs.
     pub batch_size: usize,
     pub noop_jobs_per_s: f64,
+    /// The median of the rounds' per-job credit drains.
     pub credit_jobs_per_s: f64,
     /// The no-op jobs drained in batches of up to `batch_size`; `None` when it is 1.
     pub batched_noop_jobs_per_s: Option<f64>,
     /// The credit jobs drained in batches of up to `batch_size`; `None` when it is 1.
     pub batched_credit_jobs_per_s: Option<f64>,
     /// Transactions per second of pgbench running the credit job's transaction, when pgbench
-    /// is installed and the database is PostgreSQL.
+    /// is installed and the database is PostgreSQL: the median of the rounds.
     pub pgbench_tps: Option<f64>,
-    /// credit_jobs_per_s / pgbench_tps.
+    /// Rounds of a per-job credit drain followed at once by pgbench.
+    pub rounds: usize,
+    /// Each round's credit jobs/s over its pgbench tps, in the order run.
+    pub round_ratios: Vec<f64>,
+    /// The median of `round_ratios`: the per-job path against pgbench, each pair measured
+    /// seconds apart so that the machine's drift between runs moves both.
     pub ratio: Option<f64>,
-    /// batched_credit_jobs_per_s / pgbench_tps.
+    /// batched_credit_jobs_per_s / pgbench_tps (the median round's).
     pub batched_ratio: Option<f64>,
     /// Whether every credit job was applied exactly once.
     pub exactly_once: bool,
@@ -111,9 +120,30 @@ where
     };
     let batching = bench.batch_size > 1;
 
+    let postgres = DB::BACKEND == "postgres";
     warm_up(pool).await?;
     let noop = drain_noop(pool, jobs, per_job).await?;
-    let credit = drain_credit(pool, jobs, per_job).await?;
+    // The machine's speed drifts between runs (other processes, the disk's flushes), so
+    // each round drains credit jobs and runs pgbench at once after, and the ratio is the
+    // median round's.
+    let mut credits = Vec::with_capacity(bench.rounds);
+    let mut round_tps = Vec::with_capacity(bench.rounds);
+    for _ in 0..bench.rounds.max(1) {
+        credits.push(drain_credit(pool, jobs, per_job).await?);
+        if postgres && let Some(tps) = pgbench::tps::<DB>(pool, url, jobs, concurrency).await? {
+            round_tps.push(tps);
+        }
+    }
+    let round_ratios: Vec<f64> = credits
+        .iter()
+        .zip(&round_tps)
+        .map(|(credit, tps)| credit.jobs_per_s / tps)
+        .collect();
+    let credit = Drained {
+        jobs_per_s: median(&credits.iter().map(|d| d.jobs_per_s).collect::<Vec<_>>()),
+        exactly_once: credits.iter().all(|d| d.exactly_once),
+    };
+    let pgbench_tps = (!round_tps.is_empty()).then(|| median(&round_tps));
     let (batched_noop, batched_credit) = if batching {
         (
             Some(drain_noop(pool, jobs, batched).await?),
@@ -121,12 +151,6 @@ where
         )
     } else {
         (None, None)
-    };
-
-    let pgbench_tps = if DB::BACKEND == "postgres" {
-        pgbench::tps::<DB>(pool, url, jobs, concurrency).await?
-    } else {
-        None
     };
 
     let rate = bench.rate.unwrap_or(credit.jobs_per_s / 2.0).max(1.0);
@@ -150,7 +174,9 @@ where
         batched_noop_jobs_per_s: batched_noop.map(|d| d.jobs_per_s),
         batched_credit_jobs_per_s,
         pgbench_tps,
-        ratio: per_pgbench(Some(credit.jobs_per_s)),
+        rounds: credits.len(),
+        ratio: (!round_ratios.is_empty()).then(|| median(&round_ratios)),
+        round_ratios,
         batched_ratio: per_pgbench(batched_credit_jobs_per_s),
         exactly_once: credit.exactly_once,
         batched_exactly_once: batched_credit.map(|d| d.exactly_once),
@@ -249,7 +275,14 @@ pub fn render(report: &QueueBenchReport) -> String {
         (Some(tps), Some(ratio)) => {
             out += &format!(
                 "pgbench         {tps:>10.0} tps    (the same per-job transaction, same connections)\n\
-                 ratio credit jobs / pgbench: {ratio:.3}\n"
+                 ratio credit jobs / pgbench: {ratio:.3} (median of {} rounds: {})\n",
+                report.rounds,
+                report
+                    .round_ratios
+                    .iter()
+                    .map(|r| format!("{r:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             if let Some(batched_ratio) = report.batched_ratio {
                 out += &format!("ratio batched credit jobs / pgbench: {batched_ratio:.3}\n");

@@ -52,6 +52,10 @@ pub struct BenchQueueArgs {
     /// Jobs per transaction in the batched runs; 1 skips them.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     batch_size: u32,
+    /// How many times the per-job credit drain and pgbench run, back to back; the report
+    /// gives each round's ratio and the median.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
     /// Jobs per second offered while measuring pickup latency; by default half the credit
     /// jobs' rate one per transaction.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -96,6 +100,7 @@ async fn bench_queue(args: BenchQueueArgs) -> anyhow::Result<ExitCode> {
         jobs: args.jobs as usize,
         concurrency: args.concurrency.unwrap_or(default_concurrency),
         batch_size: args.batch_size as usize,
+        rounds: args.rounds as usize,
         rate: args.rate.map(f64::from),
     };
     // A connection per job run at once, plus the worker's notifications, its fetches and

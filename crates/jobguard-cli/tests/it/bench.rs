@@ -7,7 +7,7 @@ use crate::common::Db;
 use crate::each_backend;
 
 /// Every field of `jobguard bench queue --json`.
-const FIELDS: [&str; 21] = [
+const FIELDS: [&str; 23] = [
     "backend",
     "jobs",
     "concurrency",
@@ -17,6 +17,8 @@ const FIELDS: [&str; 21] = [
     "batched_noop_jobs_per_s",
     "batched_credit_jobs_per_s",
     "pgbench_tps",
+    "rounds",
+    "round_ratios",
     "ratio",
     "batched_ratio",
     "exactly_once",
@@ -41,7 +43,16 @@ fn positive(report: &Value, field: &str) -> f64 {
 
 /// 200 jobs of each kind, one per transaction and in batches of 10, and two pickup runs.
 fn bench_queue_reports_batches_and_latency(db: &Db) {
-    let report = db.json(&["bench", "queue", "--jobs", "200", "--batch-size", "10"]);
+    let report = db.json(&[
+        "bench",
+        "queue",
+        "--jobs",
+        "200",
+        "--batch-size",
+        "10",
+        "--rounds",
+        "2",
+    ]);
     let object = report.as_object().unwrap();
     let mut missing: Vec<&str> = FIELDS
         .iter()
@@ -92,6 +103,19 @@ fn bench_queue_reports_batches_and_latency(db: &Db) {
     }
     for ratio in ["ratio", "batched_ratio"] {
         assert_eq!(report[ratio].is_null(), pgbench.is_none(), "{report}");
+    }
+    // Two rounds of a credit drain and pgbench: a ratio each, and their median.
+    assert_eq!(report["rounds"], 2, "{report}");
+    let rounds = report["round_ratios"].as_array().expect("round_ratios");
+    assert_eq!(
+        rounds.len(),
+        if pgbench.is_some() { 2 } else { 0 },
+        "{report}"
+    );
+    if let [first, second] = &rounds[..] {
+        let (first, second) = (first.as_f64().unwrap(), second.as_f64().unwrap());
+        let median = report["ratio"].as_f64().unwrap();
+        assert!((median - (first + second) / 2.0).abs() < 1e-9, "{report}");
     }
 }
 

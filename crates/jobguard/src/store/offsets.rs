@@ -1,6 +1,8 @@
 //! Consumer offsets kept with the effects: for a log broker (Kafka), the next offset of each
 //! partition a consumer group takes, written in the transaction that applied the messages
-//! before it. The statements each backend builds from the table name, and their interface.
+//! before it. The statements each backend builds from the table name, and their interface;
+//! the binding and decoding, the same on every backend, are written once in
+//! [`offset_statements`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -66,3 +68,54 @@ pub trait OffsetStore: sqlx::Database {
         topic: &str,
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 }
+
+/// The offset statements' binding and decoding, the same on every backend: only their SQL
+/// differs, and that comes from the backend's [`OffsetSql`]. Expanded inside each
+/// `impl OffsetStore`, where the backend's types are concrete.
+macro_rules! offset_statements {
+    () => {
+        async fn store_offset(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::offsets::OffsetSql,
+            position: &$crate::store::offsets::Position<'_>,
+        ) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(&*sql.store))
+                .bind(position.group)
+                .bind(position.topic)
+                .bind(position.partition)
+                .bind(position.next_offset)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn read_offsets(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::offsets::OffsetSql,
+            group: &str,
+            topic: &str,
+        ) -> sqlx::Result<Vec<(i32, i64)>> {
+            sqlx::query_as(sqlx::AssertSqlSafe(&*sql.read))
+                .bind(group)
+                .bind(topic)
+                .fetch_all(conn)
+                .await
+        }
+
+        async fn forget_offsets(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::offsets::OffsetSql,
+            group: &str,
+            topic: &str,
+        ) -> sqlx::Result<u64> {
+            let done = sqlx::query(sqlx::AssertSqlSafe(&*sql.forget))
+                .bind(group)
+                .bind(topic)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    };
+}
+
+pub(crate) use offset_statements;

@@ -25,6 +25,65 @@ pub(crate) fn queue_states(table: &TableName) -> String {
     table.derived_qualified("queues")
 }
 
+/// The indexes of a jobs table, the same statements on both backends (their SQL is common to
+/// PostgreSQL and SQLite), created after the table itself.
+pub(crate) fn job_indexes(table: &TableName) -> Vec<String> {
+    let t = table.quoted();
+    let live = "state in ('available', 'running')";
+    vec![
+        // One live job per key: a producer that enqueues the same work twice gets the job
+        // that is already waiting or running, enforced by the index, not a check-then-insert.
+        format!(
+            "create unique index if not exists {} on {t} (job_key) where {live}",
+            table.derived("live_key")
+        ),
+        format!(
+            "create index if not exists {} on {t} (queue, run_at, id) where state = 'available'",
+            table.derived("fetch")
+        ),
+        format!(
+            "create index if not exists {} on {t} (leased_until) where state = 'running'",
+            table.derived("leases")
+        ),
+        // Pruning finished jobs takes the oldest of one state in batches, and counts stop after
+        // a bounded number of them: both walk this index, never the whole table. Not partial:
+        // the prune names its state as a parameter, which a partial index's predicate cannot
+        // match in a generic plan (and SQLite matches only a predicate the query repeats).
+        format!(
+            "create index if not exists {} on {t} (state, finished_at)",
+            table.derived("finished")
+        ),
+        // Replay finds a key's newest dead job, and the dead jobs of a kind, without a scan per
+        // dead row.
+        format!(
+            "create index if not exists {} on {t} (job_key, id) where state = 'dead'",
+            table.derived("dead_key")
+        ),
+        format!(
+            "create index if not exists {} on {t} (kind, id) where state = 'dead'",
+            table.derived("dead_kind")
+        ),
+        // The console lists jobs newest first, by state, kind, queue or key, a page at a time:
+        // each filter walks its own index backwards from where the last page ended.
+        format!(
+            "create index if not exists {} on {t} (state, id)",
+            table.derived("state_id")
+        ),
+        format!(
+            "create index if not exists {} on {t} (kind, id)",
+            table.derived("kind_id")
+        ),
+        format!(
+            "create index if not exists {} on {t} (queue, id)",
+            table.derived("queue_id")
+        ),
+        format!(
+            "create index if not exists {} on {t} (job_key, id)",
+            table.derived("key_id")
+        ),
+    ]
+}
+
 /// A job to enqueue: a kind, a key, a JSON payload and where and when to run it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewJob {

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use sqlx::postgres::{PgConnection, Postgres};
+use sqlx::postgres::Postgres;
 
-use crate::store::offsets::{OffsetSql, OffsetStore, Position};
+use crate::store::offsets::{OffsetSql, OffsetStore};
 use crate::table::TableName;
 
 impl OffsetStore for Postgres {
@@ -44,45 +44,5 @@ impl OffsetStore for Postgres {
         })
     }
 
-    async fn store_offset(
-        conn: &mut PgConnection,
-        sql: &OffsetSql,
-        position: &Position<'_>,
-    ) -> sqlx::Result<()> {
-        sqlx::query(sqlx::AssertSqlSafe(&*sql.store))
-            .bind(position.group)
-            .bind(position.topic)
-            .bind(position.partition)
-            .bind(position.next_offset)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn read_offsets(
-        conn: &mut PgConnection,
-        sql: &OffsetSql,
-        group: &str,
-        topic: &str,
-    ) -> sqlx::Result<Vec<(i32, i64)>> {
-        sqlx::query_as(sqlx::AssertSqlSafe(&*sql.read))
-            .bind(group)
-            .bind(topic)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn forget_offsets(
-        conn: &mut PgConnection,
-        sql: &OffsetSql,
-        group: &str,
-        topic: &str,
-    ) -> sqlx::Result<u64> {
-        let done = sqlx::query(sqlx::AssertSqlSafe(&*sql.forget))
-            .bind(group)
-            .bind(topic)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
+    crate::store::offsets::offset_statements!();
 }

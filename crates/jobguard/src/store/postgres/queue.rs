@@ -5,7 +5,7 @@ use sqlx::AssertSqlSafe;
 use sqlx::types::Json;
 
 use crate::store::LiveJob;
-use crate::store::queue::{NewJob, QueueSql, queue_states};
+use crate::store::queue::{NewJob, QueueSql, job_indexes, queue_states};
 use crate::table::TableName;
 use crate::time::duration_micros;
 
@@ -19,9 +19,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     if let Some(schema) = table.schema() {
         create.push(format!("create schema if not exists \"{schema}\""));
     }
-    create.extend([
-        format!(
-            "create table if not exists {t} (
+    create.push(format!(
+        "create table if not exists {t} (
                 id           bigserial primary key,
                 kind         text not null,
                 job_key      text not null,
@@ -38,67 +37,17 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                 created_at   timestamptz not null default now(),
                 finished_at  timestamptz
             )"
-        ),
-        // One live job per key: a producer that enqueues the same work twice gets the job
-        // that is already waiting or running, enforced by the index, not a check-then-insert.
-        format!(
-            "create unique index if not exists {} on {t} (job_key) where {live}",
-            table.derived("live_key")
-        ),
-        format!(
-            "create index if not exists {} on {t} (queue, run_at, id) where state = 'available'",
-            table.derived("fetch")
-        ),
-        format!(
-            "create index if not exists {} on {t} (leased_until) where state = 'running'",
-            table.derived("leases")
-        ),
-        // Pruning finished jobs takes the oldest of one state in batches, and counts stop after
-        // a bounded number of them: both walk this index, never the whole table. Not partial:
-        // the prune names its state as a parameter, which a partial index's predicate cannot
-        // match in a generic plan (and SQLite matches only a predicate the query repeats).
-        format!(
-            "create index if not exists {} on {t} (state, finished_at)",
-            table.derived("finished")
-        ),
-        // Replay finds a key's newest dead job, and the dead jobs of a kind, without a scan per
-        // dead row.
-        format!(
-            "create index if not exists {} on {t} (job_key, id) where state = 'dead'",
-            table.derived("dead_key")
-        ),
-        format!(
-            "create index if not exists {} on {t} (kind, id) where state = 'dead'",
-            table.derived("dead_kind")
-        ),
-        // The console lists jobs newest first, by state, kind, queue or key, a page at a time:
-        // each filter walks its own index backwards from where the last page ended.
-        format!(
-            "create index if not exists {} on {t} (state, id)",
-            table.derived("state_id")
-        ),
-        format!(
-            "create index if not exists {} on {t} (kind, id)",
-            table.derived("kind_id")
-        ),
-        format!(
-            "create index if not exists {} on {t} (queue, id)",
-            table.derived("queue_id")
-        ),
-        format!(
-            "create index if not exists {} on {t} (job_key, id)",
-            table.derived("key_id")
-        ),
-        // Queues an operator paused: the fetch below takes nothing from them.
-        format!(
-            "create table if not exists {} (
+    ));
+    create.extend(job_indexes(table));
+    // Queues an operator paused: the fetch below takes nothing from them.
+    create.push(format!(
+        "create table if not exists {} (
                 name       text primary key,
                 paused     boolean not null default false,
                 changed_at timestamptz not null default now()
             )",
-            queue_states(table)
-        ),
-    ]);
+        queue_states(table)
+    ));
     QueueSql {
         table: table.clone(),
         create: create.into_iter().map(Into::into).collect(),

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use sqlx::sqlite::{Sqlite, SqliteConnection};
+use sqlx::sqlite::Sqlite;
 
 use super::guard::NOW_MICROS as NOW;
 use crate::error::Error;
-use crate::store::offsets::{OffsetSql, OffsetStore, Position};
+use crate::store::offsets::{OffsetSql, OffsetStore};
 use crate::table::TableName;
 
 impl OffsetStore for Sqlite {
@@ -50,45 +50,5 @@ impl OffsetStore for Sqlite {
         })
     }
 
-    async fn store_offset(
-        conn: &mut SqliteConnection,
-        sql: &OffsetSql,
-        position: &Position<'_>,
-    ) -> sqlx::Result<()> {
-        sqlx::query(sqlx::AssertSqlSafe(&*sql.store))
-            .bind(position.group)
-            .bind(position.topic)
-            .bind(position.partition)
-            .bind(position.next_offset)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn read_offsets(
-        conn: &mut SqliteConnection,
-        sql: &OffsetSql,
-        group: &str,
-        topic: &str,
-    ) -> sqlx::Result<Vec<(i32, i64)>> {
-        sqlx::query_as(sqlx::AssertSqlSafe(&*sql.read))
-            .bind(group)
-            .bind(topic)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn forget_offsets(
-        conn: &mut SqliteConnection,
-        sql: &OffsetSql,
-        group: &str,
-        topic: &str,
-    ) -> sqlx::Result<u64> {
-        let done = sqlx::query(sqlx::AssertSqlSafe(&*sql.forget))
-            .bind(group)
-            .bind(topic)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
+    crate::store::offsets::offset_statements!();
 }

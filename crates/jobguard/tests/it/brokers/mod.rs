@@ -15,7 +15,7 @@ use std::time::Duration;
 use jobguard::broker::nats::{NatsConfig, NatsSink, NatsSource};
 use jobguard::broker::rabbitmq::{RabbitConfig, RabbitSink, RabbitSource};
 use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
-use jobguard::broker::{Consumer, ConsumerStats, Envelope, Source};
+use jobguard::broker::{Consumer, ConsumerStats, Envelope};
 use jobguard::outbox::{Outbox, Relay, Sink};
 use jobguard::{Guard, JobError, JobKey, MessageId};
 use serde_json::{Value, json};
@@ -628,90 +628,32 @@ impl TestBroker for Redis {
     }
 }
 
-/// Every requeue of a failed RabbitMQ delivery counts in the quorum queue's delivery count,
-/// so a message that keeps failing reaches the limit and is dead-lettered. The consumer
-/// requeues with `basic.reject`: RabbitMQ 4.x no longer counts a requeued `basic.nack`, and a
-/// message nacked back would come back as delivery 1 forever. (The server here is 3.10, which
-/// counts both; this test pins the counting the consumer relies on.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_counts_every_requeue_of_a_failing_message() {
-    use jobguard::broker::Delivery;
-
-    let Some(url) = Rabbit::url() else {
-        return;
-    };
-    let name = &format!("counted-requeues-{}", std::process::id());
-    Rabbit::reset(&url, name).await;
-    let body = br#"{"kind": "credit", "key": "credit:order-1", "payload": {}}"#.to_vec();
-    Rabbit::publish(&url, name, vec![body.clone()]).await;
-    let settings = Settings::default();
-    let mut source = Rabbit::source(&url, name, settings).await;
-    let mut attempts = Vec::new();
-    loop {
-        let mut deliveries = tokio::time::timeout(Duration::from_secs(30), source.receive(1))
-            .await
-            .expect("a delivery within 30 s")
-            .expect("receive");
-        let Some(delivery) = deliveries.pop() else {
-            continue;
-        };
-        assert_eq!(delivery.body(), body.as_slice());
-        attempts.push(delivery.attempt());
-        if delivery.attempt() >= settings.max_deliveries || attempts.len() > 10 {
-            delivery
-                .dead_letter("failed on the last delivery".into())
-                .await
-                .expect("dead-letter");
-            break;
-        }
-        delivery.retry(Duration::ZERO).await.expect("requeue");
-    }
-    source.close().await;
-    assert_eq!(attempts, [1, 2, 3], "each requeue counts one delivery");
-    assert_eq!(Rabbit::dead_letters(&url, name).await, vec![body]);
-    assert_eq!(Rabbit::left_behind(&url, name).await, 0);
-    Rabbit::reset(&url, name).await;
-}
-
 /// Stamps out one `#[tokio::test]` per database backend and broker over a generic
 /// `async fn name<DB: TestDb, Broker: TestBroker>()`: `brokers!(fn name);` gives the tests
-/// `name::postgres_rabbitmq`, `name::sqlite_rabbitmq`, and so on for NATS, Redis and SQS.
+/// `name::rabbitmq::postgres`, `name::rabbitmq::sqlite`, and so on for NATS, Redis, SQS and
+/// Kafka; `brokers!(fn name, counting deliveries);` leaves out Kafka, which counts none.
 macro_rules! brokers {
     (fn $name:ident) => {
-        mod $name {
-            use crate::brokers::{Kafka, Nats, Rabbit, Redis, Sqs};
-
-            brokers!(@test $name, postgres_rabbitmq, sqlx::Postgres, Rabbit);
-            brokers!(@test $name, sqlite_rabbitmq, sqlx::Sqlite, Rabbit);
-            brokers!(@test $name, postgres_nats, sqlx::Postgres, Nats);
-            brokers!(@test $name, sqlite_nats, sqlx::Sqlite, Nats);
-            brokers!(@test $name, postgres_redis, sqlx::Postgres, Redis);
-            brokers!(@test $name, sqlite_redis, sqlx::Sqlite, Redis);
-            brokers!(@test $name, postgres_sqs, sqlx::Postgres, Sqs);
-            brokers!(@test $name, sqlite_sqs, sqlx::Sqlite, Sqs);
-            brokers!(@test $name, postgres_kafka, sqlx::Postgres, Kafka);
-            brokers!(@test $name, sqlite_kafka, sqlx::Sqlite, Kafka);
-        }
+        brokers!(@each $name, Rabbit rabbitmq, Nats nats, Redis redis, Sqs sqs, Kafka kafka);
     };
-    // A case that relies on the broker counting deliveries, which Kafka does not.
     (fn $name:ident, counting deliveries) => {
-        mod $name {
-            use crate::brokers::{Nats, Rabbit, Redis, Sqs};
-
-            brokers!(@test $name, postgres_rabbitmq, sqlx::Postgres, Rabbit);
-            brokers!(@test $name, sqlite_rabbitmq, sqlx::Sqlite, Rabbit);
-            brokers!(@test $name, postgres_nats, sqlx::Postgres, Nats);
-            brokers!(@test $name, sqlite_nats, sqlx::Sqlite, Nats);
-            brokers!(@test $name, postgres_redis, sqlx::Postgres, Redis);
-            brokers!(@test $name, sqlite_redis, sqlx::Sqlite, Redis);
-            brokers!(@test $name, postgres_sqs, sqlx::Postgres, Sqs);
-            brokers!(@test $name, sqlite_sqs, sqlx::Sqlite, Sqs);
-        }
+        brokers!(@each $name, Rabbit rabbitmq, Nats nats, Redis redis, Sqs sqs);
     };
-    (@test $name:ident, $test:ident, $db:ty, $broker:ty) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $test() {
-            super::$name::<$db, $broker>().await;
+    (@each $name:ident, $($broker:ident $module:ident),*) => {
+        mod $name {
+            $(
+                mod $module {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn postgres() {
+                        super::super::$name::<sqlx::Postgres, crate::brokers::$broker>().await;
+                    }
+
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn sqlite() {
+                        super::super::$name::<sqlx::Sqlite, crate::brokers::$broker>().await;
+                    }
+                }
+            )*
         }
     };
 }
@@ -719,6 +661,7 @@ macro_rules! brokers {
 mod batch;
 mod consumer;
 mod kafka;
+mod rabbitmq;
 mod sqs;
 
 use self::sqs::Sqs;
