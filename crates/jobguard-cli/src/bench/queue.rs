@@ -15,7 +15,7 @@ use sqlx::{Executor, Pool};
 use self::drain::{BATCH_LINGER, POLL_INTERVAL, WorkerShape, drain, enqueue, reset, warm_up};
 use self::jobs::{BenchCredit, BenchNoop};
 use self::pickup::Latency;
-use super::guard::median;
+use super::median;
 use crate::demo::ledger::{Ledger, LedgerDb};
 
 /// What to measure.
