@@ -9,11 +9,14 @@ use jobguard::{GuardConfig, Queue, TableName};
 use sqlx::{Executor, Pool};
 
 use super::drain::{LEDGER, PGBENCH_GUARD, PGBENCH_JOBS};
+
+/// The sequence that hands each pgbench transaction the id of the job it completes.
+const PGBENCH_NEXT: &str = "jobguard_bench_pgbench_next";
 use crate::demo::ledger::LedgerDb;
 
 /// Runs the credit job's transaction with pgbench, statement for statement as the worker runs
-/// it: begin, complete the job and claim its key, append to the ledger, commit. As many
-/// transactions as jobs, over the same number of connections. `None` without pgbench on PATH.
+/// it: begin, complete the next job and claim its key, append to the ledger, commit. As many
+/// transactions as jobs, each completing a job of its own, over the same number of connections. `None` without pgbench on PATH.
 pub async fn tps<DB: LedgerDb>(
     pool: &Pool<DB>,
     url: &str,
@@ -32,7 +35,10 @@ where
         .guard(GuardConfig::default().table(TableName::new(PGBENCH_GUARD)?))?
         .migrate()
         .await?;
-    // Jobs 1..=jobs, leased at attempt 1, for the transactions to complete.
+    // A job leased at attempt 1 for each transaction to complete: `jobs` rounded to a whole
+    // number of transactions per client.
+    let transactions = (jobs / concurrency as usize).max(1);
+    let jobs = transactions * concurrency as usize;
     let mut conn = pool.acquire().await?;
     conn.execute(sqlx::AssertSqlSafe(format!(
         "insert into {PGBENCH_JOBS} (kind, job_key, queue, payload, state, attempt, lease_token, max_attempts)
@@ -40,22 +46,32 @@ where
          from generate_series(1, {jobs}) n"
     )))
     .await?;
+    // Each transaction completes a job of its own, as each of the worker's does: the ids are
+    // handed out by a sequence over the jobs just inserted. (Drawn at random, a third of the
+    // draws would repeat an id already completed and update nothing.)
+    for statement in ["drop sequence if exists", "create sequence"] {
+        conn.execute(sqlx::AssertSqlSafe(format!("{statement} {PGBENCH_NEXT}")))
+            .await?;
+    }
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "select setval('{PGBENCH_NEXT}', (select min(id) from {PGBENCH_JOBS}), false)"
+    )))
+    .await?;
     drop(conn);
     // A fresh key per transaction (a collision now and then only takes the cheaper duplicate
-    // path), and a leased job to complete. No `:` in literals: pgbench reads `:word` as a
-    // variable even inside quotes.
+    // path), and the next leased job to complete. No `:` in literals: pgbench reads `:word` as
+    // a variable even inside quotes.
     let script = format!(
         "\\set key random(1, 2000000000)\n\
-         \\set id random(1, {jobs})\n\
          BEGIN;\n\
-         WITH completed AS (UPDATE {PGBENCH_JOBS} SET state = 'completed', finished_at = now(), leased_until = NULL WHERE id = :id AND lease_token = 1 AND state = 'running' RETURNING 1) \
+         WITH next AS (SELECT nextval('{PGBENCH_NEXT}') AS id), \
+         completed AS (UPDATE {PGBENCH_JOBS} j SET state = 'completed', finished_at = now(), leased_until = NULL FROM next WHERE j.id = next.id AND j.lease_token = 1 AND j.state = 'running' RETURNING 1) \
          SELECT c.*, EXISTS (SELECT 1 FROM completed) FROM {PGBENCH_GUARD}_claim('bench-credit-order-' || CAST(:key AS text), 'bench-credit', NULL, '\\x00'::bytea) c;\n\
          INSERT INTO {LEDGER} (account, amount) VALUES (7, 500);\n\
          COMMIT;\n"
     );
     let path = std::env::temp_dir().join(format!("jobguard-pgbench-{}.sql", std::process::id()));
     std::fs::write(&path, script)?;
-    let transactions = (jobs / concurrency as usize).max(1);
     let output = tokio::process::Command::new(pgbench)
         .args([
             "-n",
@@ -88,6 +104,12 @@ where
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|tps| tps.parse().ok())
         .with_context(|| format!("pgbench printed no tps: {stdout}"))?;
+    // The reference is only the worker's transaction if each one completed a job: none is
+    // left leased.
+    let left = queue.counts().await?.running;
+    if left != 0 {
+        bail!("pgbench left {left} of its {jobs} leased jobs uncompleted");
+    }
     Ok(Some(tps))
 }
 
