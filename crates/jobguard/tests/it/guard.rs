@@ -7,7 +7,7 @@ use jobguard::testkit::{self, deliver_concurrently};
 use jobguard::{Claim, Error, Guard, GuardConfig, JobError, JobKey, Outcome, TableName};
 use serde_json::json;
 
-use crate::common::{TestDb, guard_rows, ledger_rows, ledger_total};
+use crate::common::{TestDb, guard_rows, ledger_and_guard_rows, ledger_rows, ledger_total};
 
 fn key(n: usize) -> JobKey {
     JobKey::new("credit", [format!("order-{n}")]).expect("valid key")
@@ -238,7 +238,7 @@ async fn claim_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
     DB::insert_ledger(&mut tx, 7, 500).await.unwrap();
     tx.rollback().await.unwrap();
     assert_eq!(
-        (ledger_rows(&pool).await, guard_rows(&pool).await),
+        ledger_and_guard_rows(&pool).await,
         (0, 0),
         "rollback removes both"
     );
@@ -263,7 +263,7 @@ async fn claim_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
     };
     assert_eq!(record.result, Some(json!({"ledger": 1})));
     tx.rollback().await.unwrap();
-    assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (1, 1));
+    assert_eq!(ledger_and_guard_rows(&pool).await, (1, 1));
 }
 
 backends!(fn running_twice_leaves_the_state_of_one_run);
@@ -336,7 +336,7 @@ async fn fatal_and_retryable_effect_errors_are_told_apart<DB: TestDb>() {
         panic!("{broken:?}")
     };
     assert!(source.downcast_ref::<sqlx::Error>().is_some(), "{source:?}");
-    assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (0, 0));
+    assert_eq!(ledger_and_guard_rows(&pool).await, (0, 0));
 }
 
 backends!(fn configured_table_holds_the_guard);

@@ -12,7 +12,7 @@ use jobguard::{Claim, Error, GuardConfig, JobError, JobKey, Outcome, PgGuard};
 use sqlx::postgres::{PgPool, PgPoolOptions, PgSslMode, Postgres};
 use sqlx::{Executor, PgConnection};
 
-use crate::common::{TestDb, guard_rows, ledger_rows};
+use crate::common::{TestDb, guard_rows, ledger_and_guard_rows, ledger_rows};
 
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -133,7 +133,7 @@ async fn contention_gives_up_after_the_configured_attempts() {
             .await
             .unwrap();
         assert!(later.is_applied(), "{later:?}");
-        assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (1, 1));
+        assert_eq!(ledger_and_guard_rows(&pool).await, (1, 1));
     })
     .await;
 }
@@ -268,7 +268,7 @@ async fn serializable_claim_of_a_key_committed_after_the_snapshot_fails() {
         let claim = guard.claim_tx(&mut redelivery, &key(1)).await.unwrap();
         assert!(matches!(claim, Claim::Duplicate(_)), "{claim:?}");
         redelivery.rollback().await.unwrap();
-        assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (1, 1));
+        assert_eq!(ledger_and_guard_rows(&pool).await, (1, 1));
     })
     .await;
 }
@@ -312,7 +312,7 @@ async fn panic_mid_effect_rolls_back() {
             .await
             .unwrap();
         assert!(redelivery.is_applied(), "{redelivery:?}");
-        assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (1, 1));
+        assert_eq!(ledger_and_guard_rows(&pool).await, (1, 1));
     })
     .await;
 }
@@ -362,6 +362,14 @@ async fn proxied(test: &str, connections: u32) -> Option<(PgPool, Proxy, PgPool)
     Some((direct, proxy, pool))
 }
 
+/// [`proxied`] with two connections, and a migrated guard on the pool through the proxy.
+async fn proxied_guard(test: &str) -> Option<(PgPool, Proxy, PgGuard)> {
+    let (direct, proxy, pool) = proxied(test, 2).await?;
+    let guard = PgGuard::new(pool);
+    guard.migrate().await.unwrap();
+    Some((direct, proxy, guard))
+}
+
 async fn credit(guard: &PgGuard, key: &JobKey) -> jobguard::Result<Outcome<i64>> {
     guard
         .run(key, async move |conn| {
@@ -376,11 +384,9 @@ async fn credit(guard: &PgGuard, key: &JobKey) -> jobguard::Result<Outcome<i64>>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_lost_after_commit_is_applied() {
     bounded(async {
-        let Some((direct, proxy, pool)) = proxied("after_commit", 2).await else {
+        let Some((direct, proxy, guard)) = proxied_guard("after_commit").await else {
             return;
         };
-        let guard = PgGuard::new(pool);
-        guard.migrate().await.unwrap();
 
         proxy.arm(Fault::AfterCommit);
         let outcome = credit(&guard, &key(1)).await;
@@ -394,10 +400,7 @@ async fn connection_lost_after_commit_is_applied() {
             panic!("{again:?}")
         };
         assert_eq!(dup.result, Some(500));
-        assert_eq!(
-            (ledger_rows(&direct).await, guard_rows(&direct).await),
-            (1, 1)
-        );
+        assert_eq!(ledger_and_guard_rows(&direct).await, (1, 1));
     })
     .await;
 }
@@ -407,11 +410,9 @@ async fn connection_lost_after_commit_is_applied() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_lost_before_commit_is_retryable() {
     bounded(async {
-        let Some((direct, proxy, pool)) = proxied("before_commit", 2).await else {
+        let Some((direct, proxy, guard)) = proxied_guard("before_commit").await else {
             return;
         };
-        let guard = PgGuard::new(pool);
-        guard.migrate().await.unwrap();
 
         proxy.arm(Fault::BeforeCommit);
         let result = credit(&guard, &key(1)).await;
@@ -422,18 +423,12 @@ async fn connection_lost_before_commit_is_retryable() {
         };
         assert!(error.is_retryable(), "{error:?}");
         assert!(!matches!(error, Error::OutcomeUnknown { .. }), "{error:?}");
-        assert_eq!(
-            (ledger_rows(&direct).await, guard_rows(&direct).await),
-            (0, 0)
-        );
+        assert_eq!(ledger_and_guard_rows(&direct).await, (0, 0));
 
         proxy.disarm();
         let retry = credit(&guard, &key(1)).await.unwrap();
         assert!(matches!(retry, Outcome::Applied(500)), "{retry:?}");
-        assert_eq!(
-            (ledger_rows(&direct).await, guard_rows(&direct).await),
-            (1, 1)
-        );
+        assert_eq!(ledger_and_guard_rows(&direct).await, (1, 1));
     })
     .await;
 }
@@ -443,11 +438,9 @@ async fn connection_lost_before_commit_is_retryable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_lost_with_unreachable_witness_is_unknown() {
     bounded(async {
-        let Some((direct, proxy, pool)) = proxied("unreachable_witness", 2).await else {
+        let Some((direct, proxy, guard)) = proxied_guard("unreachable_witness").await else {
             return;
         };
-        let guard = PgGuard::new(pool);
-        guard.migrate().await.unwrap();
 
         proxy.arm(Fault::AfterCommitThenUnreachable);
         let result = credit(&guard, &key(1)).await;
@@ -466,10 +459,7 @@ async fn connection_lost_with_unreachable_witness_is_unknown() {
             panic!("{redelivery:?}")
         };
         assert_eq!(dup.result, Some(500));
-        assert_eq!(
-            (ledger_rows(&direct).await, guard_rows(&direct).await),
-            (1, 1)
-        );
+        assert_eq!(ledger_and_guard_rows(&direct).await, (1, 1));
     })
     .await;
 }
@@ -516,7 +506,7 @@ async fn serialization_failure_at_commit_is_retried() {
             .await
             .unwrap();
         assert_eq!(faults, 2, "the trigger ran at both commits");
-        assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (1, 1));
+        assert_eq!(ledger_and_guard_rows(&pool).await, (1, 1));
     })
     .await;
 }
@@ -529,11 +519,9 @@ async fn serialization_failure_at_commit_is_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_lost_while_commit_in_flight_is_not_reported_as_rolled_back() {
     bounded(async {
-        let Some((direct, proxy, pool)) = proxied("commit_in_flight", 2).await else {
+        let Some((direct, proxy, guard)) = proxied_guard("commit_in_flight").await else {
             return;
         };
-        let guard = PgGuard::new(pool);
-        guard.migrate().await.unwrap();
         direct
             .execute(
                 "create function slow_commit() returns trigger language plpgsql as $$
@@ -559,10 +547,7 @@ async fn connection_lost_while_commit_in_flight_is_not_reported_as_rolled_back()
 
         let redelivery = credit(&guard, &key(1)).await.unwrap();
         assert!(redelivery.is_duplicate(), "{redelivery:?}");
-        assert_eq!(
-            (ledger_rows(&direct).await, guard_rows(&direct).await),
-            (1, 1)
-        );
+        assert_eq!(ledger_and_guard_rows(&direct).await, (1, 1));
     })
     .await;
 }

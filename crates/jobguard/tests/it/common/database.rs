@@ -67,6 +67,11 @@ pub async fn guard_rows<DB: TestDb>(pool: &Pool<DB>) -> i64 {
     DB::count(pool, "select count(*) from processed_jobs").await
 }
 
+/// The ledger's rows and the guard table's rows, the pair most fault tests check.
+pub async fn ledger_and_guard_rows<DB: TestDb>(pool: &Pool<DB>) -> (i64, i64) {
+    (ledger_rows(pool).await, guard_rows(pool).await)
+}
+
 pub const LEDGER: &str = "create table ledger (account bigint not null, amount bigint not null)";
 
 /// The schema a PostgreSQL test owns.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::Postgres;
 
 use super::{Fault, Proxy, bounded, proxied};
-use crate::common::{TestDb, guard_rows, ledger_rows};
+use crate::common::{TestDb, ledger_and_guard_rows};
 
 /// The proxy whose next `COMMIT` the last job's effect cuts: the batch's, not one of the
 /// worker's own transactions before it.
@@ -89,10 +89,7 @@ async fn connection_lost_after_a_batch_commit_is_applied() {
             (5, 0, 0, 0),
             "{stats:?}"
         );
-        assert_eq!(
-            (ledger_rows(&direct).await, guard_rows(&direct).await),
-            (5, 5)
-        );
+        assert_eq!(ledger_and_guard_rows(&direct).await, (5, 5));
         assert_eq!(direct_queue.counts().await.unwrap().completed, 5);
     })
     .await;
