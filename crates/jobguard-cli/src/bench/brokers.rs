@@ -72,6 +72,10 @@ pub struct BenchBrokersArgs {
     /// Kafka's URL.
     #[arg(long, default_value = "kafka://127.0.0.1:9092")]
     kafka_url: String,
+    /// Only these brokers, comma-separated (all by default); the others are reported as
+    /// skipped.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    brokers: Vec<Broker>,
     /// Print one JSON object instead of the report.
     #[arg(long)]
     json: bool,
@@ -180,6 +184,11 @@ where
         (Broker::Sqs, &args.sqs_url),
         (Broker::Kafka, &args.kafka_url),
     ] {
+        if !args.brokers.is_empty() && !args.brokers.contains(&broker) {
+            let reason = "not selected with --brokers".to_owned();
+            report.skipped.push(Skipped { broker, reason });
+            continue;
+        }
         let endpoint = |prefetch: usize| Endpoint {
             broker,
             url: url.clone(),

@@ -821,3 +821,49 @@ async fn bench_brokers_applies_every_message_once() {
         assert_eq!(figures["exactly_once"], true, "{report}");
     }
 }
+
+/// `--brokers redis` measures Redis alone and reports every other broker as not selected,
+/// without trying to reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_brokers_measures_only_the_selected_brokers() {
+    let Some(url) = Broker::Redis.url() else {
+        return;
+    };
+    let db = Db::postgres_or_sqlite("brokers::bench_selected");
+    let output = db
+        .command(&[
+            "bench",
+            "brokers",
+            "--brokers",
+            "redis",
+            "--messages",
+            "40",
+            "--batch-size",
+            "10",
+            "--concurrency",
+            "4",
+            "--redis-url",
+            &url,
+            // Nothing listens here: a broker not selected is never dialled.
+            "--rabbitmq-url",
+            "amqp://127.0.0.1:1",
+            "--json",
+        ])
+        .output()
+        .expect("run jobguard bench brokers");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let measured = report["brokers"].as_array().expect("brokers");
+    assert_eq!(measured.len(), 1, "{report}");
+    assert_eq!(measured[0]["broker"], "redis", "{report}");
+    assert_eq!(measured[0]["batched"]["ledger_rows"], 40, "{report}");
+    let skipped = report["skipped"].as_array().expect("skipped");
+    for name in ["rabbitmq", "nats", "sqs", "kafka"] {
+        let entry = skipped
+            .iter()
+            .find(|s| s["broker"] == name)
+            .unwrap_or_else(|| panic!("{name} not reported: {report}"));
+        assert_eq!(entry["reason"], "not selected with --brokers", "{report}");
+    }
+}
