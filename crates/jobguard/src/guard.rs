@@ -643,6 +643,11 @@ impl<DB: Backend> Guard<DB> {
         check_claim(key, fingerprint, row)
     }
 
+    /// How many times a transaction rolled back by contention runs before it gives up.
+    pub(crate) fn contention_attempts(&self) -> u32 {
+        self.inner.contention_attempts
+    }
+
     /// The guard table's statements, for the worker's claim that also completes its job.
     pub(crate) fn sql(&self) -> &GuardSql {
         &self.inner.sql

@@ -540,22 +540,37 @@ impl<DB: Backend> Queue<DB> {
         Ok(DB::rescue(&self.inner.pool, &self.inner.sql, limit).await?)
     }
 
-    /// A worker's heartbeat: the lease holds for `by` from now. On SQLite it is written beside
-    /// the database (see [`Queue::rescue`]), taking no lock, so a job waiting for the write lock
-    /// keeps its lease however long another process holds the lock; on PostgreSQL it is
-    /// [`extend`](Self::extend).
-    pub(crate) async fn heartbeat(&self, lease: Lease, by: Duration) -> Result<()> {
-        match DB::beat_aside(&self.inner.pool, &self.inner.sql, lease, by) {
-            None => self.extend(lease, by).await,
-            Some(Ok(())) => Ok(()),
-            Some(Err(error)) => {
-                tracing::warn!(%error, "writing a heartbeat file failed; extending the lease in the table");
-                self.extend(lease, by).await
+    /// A worker's heartbeats: each lease of `leases` holds for `by` from now. On SQLite they are
+    /// written beside the database (see [`Queue::rescue`]), taking no lock, so a job waiting for
+    /// the write lock keeps its lease however long another process holds the lock; on
+    /// PostgreSQL one statement extends them all, skipping rather than waiting for the rows a
+    /// transaction holds (they are held). Returns the leases lost: rescued or taken over.
+    pub(crate) async fn heartbeat_many(
+        &self,
+        leases: &[Lease],
+        by: Duration,
+    ) -> Result<Vec<Lease>> {
+        let (pool, sql) = (&self.inner.pool, &self.inner.sql);
+        let mut in_table = Vec::new();
+        for lease in leases {
+            match DB::beat_aside(pool, sql, *lease, by) {
+                Some(Ok(())) => {}
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "writing a heartbeat file failed; extending the lease in the table");
+                    in_table.push(*lease);
+                }
+                None => in_table.push(*lease),
             }
         }
+        if in_table.is_empty() {
+            return Ok(Vec::new());
+        }
+        let held = DB::extend_leases(pool, sql, &in_table, by).await?;
+        in_table.retain(|lease| !held.contains(&lease.job_id));
+        Ok(in_table)
     }
 
-    /// Removes what [`heartbeat`](Self::heartbeat) kept outside the table for a lease that
+    /// Removes what [`heartbeat_many`](Self::heartbeat_many) kept outside the table for a lease that
     /// ended.
     pub(crate) fn end_heartbeats(&self, lease: Lease) {
         DB::forget_aside(&self.inner.pool, &self.inner.sql, lease);

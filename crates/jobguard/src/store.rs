@@ -205,6 +205,15 @@ pub trait Backend:
         how: Settle<'_>,
     ) -> impl Future<Output = sqlx::Result<bool>> + Send;
 
+    /// Extends every lease of `leases` by `by`; the ids of those still held.
+    #[doc(hidden)]
+    fn extend_leases(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        leases: &[Lease],
+        by: Duration,
+    ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
+
     #[doc(hidden)]
     fn rescue(
         pool: &Pool<Self>,
@@ -625,6 +634,24 @@ macro_rules! shared_statements {
                 Settle::Extend { lease } => query.bind(duration_micros(lease)),
             };
             Ok(query.execute(conn).await?.rows_affected() == 1)
+        }
+
+        async fn extend_leases(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::queue::QueueSql,
+            leases: &[$crate::store::queue::Lease],
+            by: std::time::Duration,
+        ) -> sqlx::Result<Vec<i64>> {
+            let held: Vec<serde_json::Value> = leases
+                .iter()
+                .map(|lease| serde_json::json!({ "id": lease.job_id, "token": lease.token }))
+                .collect();
+            let held = serde_json::Value::Array(held).to_string();
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.heartbeat_many.clone()))
+                .bind(held)
+                .bind($crate::time::duration_micros(by))
+                .fetch_all(pool)
+                .await
         }
 
         async fn rescue(

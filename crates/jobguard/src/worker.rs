@@ -70,7 +70,7 @@
 mod batch;
 mod batch_limit;
 mod fetch;
-mod heartbeat;
+mod leases;
 mod ready;
 mod run;
 mod runnable;
@@ -299,6 +299,8 @@ pub struct Worker<DB: Backend> {
     sql: WorkerSql,
     /// Jobs per batch now: the configured size, lowered while batches contend.
     batch_limit: batch_limit::BatchLimit,
+    /// Every lease the worker holds, kept by one task.
+    leases: leases::Leases,
     config: WorkerConfig,
     /// Connections kept between jobs. The pool tests a connection with a round trip when it is
     /// taken and again when it is given back; at thousands of jobs a second that doubles the
@@ -323,6 +325,7 @@ impl<DB: Backend> Worker<DB> {
             handlers: Registry::default(),
             batched: HashSet::new(),
             batch_limit: batch_limit::BatchLimit::new(config.batch_size),
+            leases: leases::Leases::default(),
             config,
             connections: Mutex::default(),
         })

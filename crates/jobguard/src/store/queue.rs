@@ -370,6 +370,9 @@ pub struct QueueSql {
     pub(crate) dead: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) heartbeat: Arc<str>,
+    /// Extends many leases in one statement: `$1` a JSON array of `{"id", "token"}`, `$2` the
+    /// lease length in microseconds; selects the ids of the leases still held.
+    pub(crate) heartbeat_many: Arc<str>,
     pub(crate) rescue: Arc<str>,
     pub(crate) counts: Arc<str>,
     pub(crate) backlog: Arc<str>,

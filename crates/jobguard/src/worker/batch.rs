@@ -16,7 +16,6 @@
 //! A commit whose answer was lost is settled for the whole batch by the guard row of a key it
 //! claimed, as [`Guard`](crate::Guard) settles one job's.
 
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -62,20 +61,12 @@ impl<DB: Backend> Worker<DB> {
     pub(super) async fn process_batch(&self, jobs: &[LeasedJob], counters: &Counters) {
         // A group formed before batches began to contend (fetched ahead, waiting for a slot)
         // runs in batches of the size contention left, one after another on this slot.
+        // The chunks not started yet keep their leases meanwhile (see `leases.rs`).
         let limit = self.batch_limit.current();
         if jobs.len() > limit {
-            // The chunks not started yet keep their leases meanwhile.
-            let waiting = Mutex::new(jobs.iter().map(|job| job.lease).collect::<Vec<_>>());
-            let chunks = async {
-                for chunk in jobs.chunks(limit) {
-                    waiting
-                        .lock()
-                        .expect("not poisoned")
-                        .retain(|lease| chunk.iter().all(|job| job.lease != *lease));
-                    self.run_group(chunk, counters).await;
-                }
-            };
-            self.with_heartbeats(&waiting, chunks).await;
+            for chunk in jobs.chunks(limit) {
+                self.run_group(chunk, counters).await;
+            }
         } else {
             self.run_group(jobs, counters).await;
         }
@@ -102,6 +93,10 @@ impl<DB: Backend> Worker<DB> {
                 }
             }
             Err(Rollback { reason, contention }) => {
+                // Its jobs' rows are no longer held: each keeps its lease until its own turn.
+                for job in jobs {
+                    self.leases.unlocked(job.lease);
+                }
                 if contention {
                     self.batch_limit.shrink();
                 }
@@ -127,17 +122,14 @@ impl<DB: Backend> Worker<DB> {
             .map(|job| self.decode(job))
             .collect::<Result<Vec<_>, String>>()
             .map_err(Rollback::job)?;
-        // Leases not claimed yet: they need heartbeats while the batch waits for its turn and
-        // for the effects before theirs. A claimed job's row is locked by the batch.
-        let pending = Mutex::new(jobs.iter().map(|job| job.lease).collect::<Vec<_>>());
-        let waiting = async {
-            let turn = self.queue.write_turn().await;
-            (turn, self.checkout().await)
-        };
-        let (_turn, conn) = self.with_heartbeats(&pending, waiting).await;
-        let mut conn =
-            conn.map_err(|error| Rollback::job(format!("no connection for the batch: {error}")))?;
-        let result = self.commit_batch(&mut conn, jobs, &decoded, &pending).await;
+        // The leases are kept while the batch waits for its turn and a connection (see
+        // `leases.rs`) until its claim locks the jobs' rows.
+        let _turn = self.queue.write_turn().await;
+        let mut conn = self
+            .checkout()
+            .await
+            .map_err(|error| Rollback::job(format!("no connection for the batch: {error}")))?;
+        let result = self.commit_batch(&mut conn, jobs, &decoded).await;
         // A connection whose commit failed may be broken; the pool's check decides.
         match &result {
             Ok(_) => self.check_in(Some(conn)),
@@ -152,19 +144,13 @@ impl<DB: Backend> Worker<DB> {
         conn: &mut DB::Connection,
         jobs: &[LeasedJob],
         decoded: &[(Box<dyn Runnable<DB>>, JobKey)],
-        pending: &Mutex<Vec<Lease>>,
     ) -> Result<Vec<Ended>, Rollback> {
         let mut guarded = self
             .guard
             .begin_on(conn)
             .await
             .map_err(|error| Rollback::job(error.to_string()))?;
-        let ran = self
-            .with_heartbeats(
-                pending,
-                self.run_batch(&mut guarded.tx, jobs, decoded, pending),
-            )
-            .await;
+        let ran = self.run_batch(&mut guarded.tx, jobs, decoded).await;
         match ran {
             Ok((ended, claimed)) => match guarded.tx.commit().await {
                 Ok(()) => Ok(ended),
@@ -210,7 +196,6 @@ impl<DB: Backend> Worker<DB> {
         tx: &mut Transaction<'_, DB>,
         jobs: &[LeasedJob],
         decoded: &[(Box<dyn Runnable<DB>>, JobKey)],
-        pending: &Mutex<Vec<Lease>>,
     ) -> Result<(Vec<Ended>, Vec<(JobKey, ClaimToken)>), Rollback> {
         let fingerprints = jobs
             .iter()
@@ -241,7 +226,9 @@ impl<DB: Backend> Worker<DB> {
         .await
         .map_err(|error| Rollback::database::<DB>("claiming the batch's keys", &error))?;
         // Every job's row is now locked by the batch, or taken over: no more heartbeats.
-        pending.lock().expect("not poisoned").clear();
+        for job in jobs {
+            self.leases.locked(job.lease);
+        }
         let mut ended = Vec::with_capacity(jobs.len());
         let mut claimed = Vec::new();
         for (((job, (runnable, key)), row), (fingerprint, token)) in jobs

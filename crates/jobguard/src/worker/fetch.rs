@@ -3,7 +3,7 @@
 //! give back the jobs fetched ahead, drain the running ones, then give back what did not finish.
 //!
 //! Jobs fetched ahead ([`WorkerConfig::prefetch`](super::WorkerConfig::prefetch)) wait for a
-//! slot in fetch order, with their leases extended meanwhile (see `ready.rs`): a slot that
+//! slot in fetch order, with their leases extended meanwhile (see `leases.rs`): a slot that
 //! finishes a job starts the next one at once instead of waiting for the next fetch's round
 //! trip.
 
@@ -47,7 +47,10 @@ impl<DB: Backend> Worker<DB> {
         // Running slots wake the loop when a fetch is due, not at every job's end: the loop
         // runs on the caller's thread, and a wakeup per job costs a thread switch per job.
         let ready = Arc::new(Ready::new(concurrency, concurrency + ahead, refill_at));
-        let beating = tokio::spawn(Arc::clone(&worker).beat_waiting(Arc::clone(&ready)));
+        let beating = {
+            let worker = Arc::clone(&worker);
+            tokio::spawn(async move { worker.keep_leases().await })
+        };
         let mut slots = JoinSet::new();
         let mut wakeup = match DB::listen(worker.queue.pool()).await {
             Ok(wakeup) => wakeup,
@@ -83,10 +86,12 @@ impl<DB: Backend> Worker<DB> {
             }
             let free = ready.free_places();
             let mut fetched = 0;
-            // With batches, enough jobs to fill a batch per free place.
-            let wanted = free * worker.batch_size();
+            // With batches, enough jobs to fill a batch per free place. Read once for the fetch
+            // and its grouping: contention may change it meanwhile.
+            let size = worker.batch_size();
+            let wanted = free * size;
             if free > 0 && (free >= refill_at || slots.is_empty()) {
-                let fetch = worker.fetch_jobs(wanted);
+                let fetch = worker.fetch_jobs(wanted, size);
                 let fetched_jobs = tokio::select! {
                     biased;
                     () = &mut shutdown => break,
@@ -96,7 +101,7 @@ impl<DB: Backend> Worker<DB> {
                     Ok(jobs) => {
                         fetched = jobs.len();
                         queue_drained = fetched < wanted;
-                        let groups = worker.group(jobs);
+                        let groups = worker.group(jobs, size);
                         // A slot for each new group while slots are free; running slots take
                         // the rest as they finish.
                         let mut waiting = groups.len();
@@ -137,7 +142,7 @@ impl<DB: Backend> Worker<DB> {
 
         // Jobs still waiting for a slot are given back now rather than started.
         for job in ready.stop() {
-            worker.queue.end_heartbeats(job.lease);
+            worker.end_lease(job.lease);
             worker
                 .give_back(
                     job.lease,
@@ -160,16 +165,18 @@ impl<DB: Backend> Worker<DB> {
             );
             slots.abort_all();
             while slots.join_next().await.is_some() {}
-            for lease in ready.unfinished() {
-                worker.queue.end_heartbeats(lease);
-                worker
-                    .give_back(
-                        lease,
-                        &counters,
-                        "giving a job back failed; its lease will expire",
-                    )
-                    .await;
-            }
+        }
+        // What is still held was cut short: jobs whose slots were aborted, or a fetch that
+        // shutdown interrupted after it leased its jobs.
+        for lease in worker.leases.take() {
+            worker.queue.end_heartbeats(lease);
+            worker
+                .give_back(
+                    lease,
+                    &counters,
+                    "giving a job back failed; its lease will expire",
+                )
+                .await;
         }
         if let Some(mut pruning) = pruning {
             // A prune stops after its current batch.
@@ -254,10 +261,11 @@ impl<DB: Backend> Worker<DB> {
     /// Up to `limit` jobs. When batching and the fetch left a batch short (a short queue),
     /// waits [`WorkerConfig::batch_linger`](super::WorkerConfig::batch_linger) once for more to
     /// fill it.
-    async fn fetch_jobs(&self, limit: usize) -> Result<Vec<LeasedJob>> {
+    /// Every job fetched is held, its lease kept, from the moment it arrives.
+    async fn fetch_jobs(&self, limit: usize, size: usize) -> Result<Vec<LeasedJob>> {
         let (queue, lease) = (&self.config.queue, self.config.lease);
         let mut jobs = self.queue.fetch(queue, limit as u32, lease).await?;
-        let size = self.batch_size();
+        self.leases.hold(&jobs);
         let batchable = jobs
             .iter()
             .filter(|job| self.batched.contains(&job.kind))
@@ -265,15 +273,16 @@ impl<DB: Backend> Worker<DB> {
         let short = size - batchable % size;
         if size > 1 && batchable > 0 && short < size && !self.config.batch_linger.is_zero() {
             tokio::time::sleep(self.config.batch_linger).await;
-            jobs.extend(self.queue.fetch(queue, short as u32, lease).await?);
+            let more = self.queue.fetch(queue, short as u32, lease).await?;
+            self.leases.hold(&more);
+            jobs.extend(more);
         }
         Ok(jobs)
     }
 
     /// The tasks for fetched jobs: jobs of batched kinds in groups of up to the batch size, in
     /// fetch order; every other job alone.
-    fn group(&self, jobs: Vec<LeasedJob>) -> Vec<Vec<LeasedJob>> {
-        let size = self.batch_size();
+    fn group(&self, jobs: Vec<LeasedJob>, size: usize) -> Vec<Vec<LeasedJob>> {
         let mut groups = Vec::new();
         let mut batch = Vec::new();
         for job in jobs {

@@ -3,40 +3,39 @@
 //! A slot is a long-lived task: it takes the oldest waiting group, runs it, and takes the next
 //! one at once, so a job that commits hands its slot to the next job without a wakeup of
 //! another task. A slot ends when nothing waits; the loop starts one for every group it adds
-//! while slots are free. Waiting groups' leases are extended by one task for all of them.
+//! while slots are free. The leases of every job held, waiting or running, are kept by the
+//! worker's one lease keeper (see `leases.rs`).
+//!
+//! Places bound how many groups the worker leases, running or waiting: the loop fetches for the
+//! free ones. A fetch asks for a batch's worth of jobs per free place, and jobs that do not
+//! batch (another kind, an unknown one) make a group each, so a fetch can fill more places than
+//! were free: the groups wait for a slot all the same, and the loop fetches again only when
+//! places are free.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::{Counters, Worker};
-use crate::error::Error;
-use crate::queue::{Lease, LeasedJob};
+use crate::queue::LeasedJob;
 use crate::store::Backend;
-
-/// A fetched group and the place it holds among the jobs leased (running or waiting).
-struct Group {
-    jobs: Vec<LeasedJob>,
-    place: OwnedSemaphorePermit,
-}
 
 /// What the worker's loop and its slots share.
 pub(super) struct Ready {
-    waiting: Mutex<VecDeque<Group>>,
+    waiting: Mutex<VecDeque<Vec<LeasedJob>>>,
     /// Held by a slot while it runs groups; closed at shutdown.
     slots: Arc<Semaphore>,
-    /// Held by every group leased, running or waiting: what the loop fetches for.
-    places: Arc<Semaphore>,
+    /// Groups leased, running or waiting: what the loop fetches for.
+    places: usize,
+    leased: AtomicUsize,
     /// Fetch when this many places are free.
     refill_at: usize,
     /// Wakes the loop when a fetch is due.
     pub(super) refill: Notify,
     /// Set at shutdown: slots take no new group.
     stopping: AtomicBool,
-    /// Leases of every group fetched and not finished: given back when shutdown cuts them.
-    leases: Mutex<Vec<Lease>>,
 }
 
 impl Ready {
@@ -44,17 +43,18 @@ impl Ready {
         Ready {
             waiting: Mutex::default(),
             slots: Arc::new(Semaphore::new(slots)),
-            places: Arc::new(Semaphore::new(places)),
+            places,
+            leased: AtomicUsize::new(0),
             refill_at,
             refill: Notify::new(),
             stopping: AtomicBool::new(false),
-            leases: Mutex::default(),
         }
     }
 
     /// Places free for more jobs (or batches) to fetch.
     pub(super) fn free_places(&self) -> usize {
-        self.places.available_permits()
+        self.places
+            .saturating_sub(self.leased.load(Ordering::Acquire))
     }
 
     /// Whether no group waits for a slot.
@@ -62,19 +62,10 @@ impl Ready {
         self.waiting.lock().expect("not poisoned").is_empty()
     }
 
-    /// Queues `jobs` behind the groups already waiting, in a place the loop fetched them for.
+    /// Queues `jobs` behind the groups already waiting.
     pub(super) fn push(&self, jobs: Vec<LeasedJob>) {
-        let place = Arc::clone(&self.places)
-            .try_acquire_owned()
-            .expect("the loop fetches for free places only");
-        self.leases
-            .lock()
-            .expect("not poisoned")
-            .extend(jobs.iter().map(|job| job.lease));
-        self.waiting
-            .lock()
-            .expect("not poisoned")
-            .push_back(Group { jobs, place });
+        self.leased.fetch_add(1, Ordering::AcqRel);
+        self.waiting.lock().expect("not poisoned").push_back(jobs);
     }
 
     /// A free slot, unless none is free or the worker is stopping.
@@ -82,47 +73,29 @@ impl Ready {
         Arc::clone(&self.slots).try_acquire_owned().ok()
     }
 
-    fn next(&self) -> Option<Group> {
+    fn next(&self) -> Option<Vec<LeasedJob>> {
         if self.stopping.load(Ordering::Acquire) {
             return None;
         }
         self.waiting.lock().expect("not poisoned").pop_front()
     }
 
+    /// A group a slot took has ended.
+    fn finished(&self) {
+        self.leased.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Shutdown: no slot takes another group, and the groups still waiting are handed back.
     pub(super) fn stop(&self) -> Vec<LeasedJob> {
         self.stopping.store(true, Ordering::Release);
         self.slots.close();
-        let waiting: Vec<Group> = self
+        let waiting: Vec<Vec<LeasedJob>> = self
             .waiting
             .lock()
             .expect("not poisoned")
             .drain(..)
             .collect();
-        let jobs: Vec<LeasedJob> = waiting.into_iter().flat_map(|group| group.jobs).collect();
-        let mut leases = self.leases.lock().expect("not poisoned");
-        leases.retain(|lease| jobs.iter().all(|job| job.lease != *lease));
-        jobs
-    }
-
-    /// The leases of groups not finished (running when shutdown cut them).
-    pub(super) fn unfinished(&self) -> Vec<Lease> {
-        std::mem::take(&mut *self.leases.lock().expect("not poisoned"))
-    }
-
-    fn waiting_leases(&self) -> Vec<Lease> {
-        let waiting = self.waiting.lock().expect("not poisoned");
-        waiting
-            .iter()
-            .flat_map(|group| group.jobs.iter().map(|job| job.lease))
-            .collect()
-    }
-
-    fn finished(&self, jobs: &[LeasedJob]) {
-        self.leases
-            .lock()
-            .expect("not poisoned")
-            .retain(|lease| jobs.iter().all(|job| job.lease != *lease));
+        waiting.into_iter().flatten().collect()
     }
 }
 
@@ -136,14 +109,12 @@ impl<DB: Backend> Worker<DB> {
         mut slot: OwnedSemaphorePermit,
     ) {
         loop {
-            while let Some(group) = ready.next() {
-                let Group { jobs, place } = group;
+            while let Some(jobs) = ready.next() {
                 self.process_batch(&jobs, &counters).await;
                 for job in &jobs {
-                    self.queue.end_heartbeats(job.lease);
+                    self.end_lease(job.lease);
                 }
-                ready.finished(&jobs);
-                drop(place);
+                ready.finished();
                 if ready.free_places() >= ready.refill_at {
                     ready.refill.notify_one();
                 }
@@ -156,28 +127,6 @@ impl<DB: Backend> Worker<DB> {
                 Some(again) => slot = again,
                 // Another slot holds it, and looks at the waiting groups before it ends.
                 None => return,
-            }
-        }
-    }
-
-    /// Extends the leases of the groups waiting for a slot, every third of the lease, forever.
-    pub(super) async fn beat_waiting(self: Arc<Self>, ready: Arc<Ready>) {
-        let length = self.config.lease;
-        loop {
-            tokio::time::sleep(length / 3).await;
-            for lease in ready.waiting_leases() {
-                match self.queue.heartbeat(lease, length).await {
-                    Ok(()) => {}
-                    // A group a slot took meanwhile completes its jobs: not a lost lease.
-                    Err(Error::Fenced { .. }) if ready.waiting_leases().contains(&lease) => {
-                        tracing::warn!(
-                            job.id = lease.job_id,
-                            "lost the lease of a job waiting for a slot; it will be fenced off"
-                        )
-                    }
-                    Err(Error::Fenced { .. }) => {}
-                    Err(error) => tracing::warn!(%error, "extending a lease failed"),
-                }
             }
         }
     }

@@ -55,17 +55,14 @@ impl<DB: Backend> Worker<DB> {
     async fn execute(&self, job: &LeasedJob) -> Ended {
         let decoded = self.decode(job);
         let called = match &decoded {
-            Ok((runnable, key)) => self.call_external(job, key, &**runnable).await,
+            Ok((runnable, key)) => self.call_external(key, &**runnable).await,
             Err(_) => Ok(()),
         };
         // On SQLite, this process's turn to write comes before a connection (see
         // `Queue::write_turn`), and is held until the job's outcome is written. Jobs wait for
-        // it behind each other, so their leases are extended meanwhile.
-        let waiting = async {
-            let turn = self.queue.write_turn().await;
-            (turn, self.checkout().await)
-        };
-        let (_turn, conn) = self.with_heartbeat(job.lease, waiting).await;
+        // it behind each other, their leases kept meanwhile (see `leases.rs`).
+        let _turn = self.queue.write_turn().await;
+        let conn = self.checkout().await;
         let conn = match conn {
             Ok(conn) => conn,
             Err(error) => {
@@ -85,11 +82,10 @@ impl<DB: Backend> Worker<DB> {
     }
 
     /// The first stage of an [`ExternalJob`]: its API call, outside any transaction and holding
-    /// no connection, under heartbeats. Skipped when the key is already recorded; the attempt
+    /// no connection, its lease kept meanwhile. Skipped when the key is already recorded; the attempt
     /// then completes the job as a duplicate.
     async fn call_external(
         &self,
-        job: &LeasedJob,
         key: &JobKey,
         runnable: &dyn Runnable<DB>,
     ) -> std::result::Result<(), (String, bool)> {
@@ -101,7 +97,7 @@ impl<DB: Backend> Worker<DB> {
             Ok(None) => {}
             Err(error) => return Err((error.to_string(), false)),
         }
-        match self.with_heartbeat(job.lease, catch_panic(call)).await {
+        match catch_panic(call).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => {
                 let fatal = !error.is_retryable();
@@ -125,7 +121,12 @@ impl<DB: Backend> Worker<DB> {
         };
         let mut retries = 0;
         loop {
-            let error = match self.attempt(&mut conn, job, &key, &*runnable).await {
+            let attempt = self.attempt(&mut conn, job, &key, &*runnable).await;
+            if attempt.is_err() {
+                // Rolled back: the job's row is no longer held by this transaction.
+                self.leases.unlocked(job.lease);
+            }
+            let error = match attempt {
                 Ok(ended) => return (ended, Some(conn)),
                 Err(Failure::Fenced) => return (Ended::Fenced, Some(conn)),
                 Err(Failure::Failed { message, fatal }) => {
@@ -141,7 +142,8 @@ impl<DB: Backend> Worker<DB> {
                     error
                 }
             };
-            if retries == 5 {
+            // The guard's limit on runs rolled back by contention, this one included.
+            if retries + 1 >= self.guard.contention_attempts() {
                 return (
                     self.fail(&mut conn, job, &error.to_string(), false).await,
                     Some(conn),
@@ -198,8 +200,8 @@ impl<DB: Backend> Worker<DB> {
         key: &JobKey,
         runnable: &dyn Runnable<DB>,
     ) -> Result<Ended, Failure> {
-        // Until the claim locks the job, heartbeats keep the lease: the wait for SQLite's write
-        // lock, or for a concurrent delivery of the key to commit, can be long.
+        // Until the claim locks the job, the lease keeper extends its lease: the wait for
+        // SQLite's write lock, or for a concurrent delivery of the key to commit, can be long.
         let claiming = async {
             let mut guarded = self.guard.begin_on(conn).await?;
             let claim = self
@@ -207,8 +209,7 @@ impl<DB: Backend> Worker<DB> {
                 .await?;
             Ok::<_, Error>((guarded, claim))
         };
-        let (mut guarded, claim) = self
-            .with_heartbeat(job.lease, claiming)
+        let (mut guarded, claim) = claiming
             .await
             .map_err(|e| transient_or::<DB>(e, Failure::from))?;
         let tx = &mut guarded.tx;
@@ -221,6 +222,7 @@ impl<DB: Backend> Worker<DB> {
             let _ = guarded.tx.rollback().await;
             return Err(Failure::Fenced);
         };
+        self.leases.locked(job.lease);
         let ended = match claim {
             Claim::Duplicate(_) => Ended::Duplicate,
             Claim::Claimed => match catch_panic(runnable.run(tx)).await {

@@ -33,3 +33,4 @@ mod postgres_faults;
 mod queue;
 mod retention;
 mod worker;
+mod worker_mixes;

@@ -121,6 +121,22 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         heartbeat: format!("update {t} set leased_until = now() + $3 {micros} {fenced}").into(),
+        // Rows a transaction of the worker's own holds (a job whose claim locked it) are
+        // skipped rather than waited for: one such job must not stall the heartbeats of all the
+        // others. They count as held, as does every lease still running under its token in the
+        // statement's snapshot; only a lease rescued or taken over is not.
+        heartbeat_many: format!(
+            "with held as (select * from jsonb_to_recordset($1::jsonb) as h(id int8, token int8)),
+                  free as (select j.id from {t} j join held h
+                           on j.id = h.id and j.lease_token = h.token
+                           where j.state = 'running'
+                           for update of j skip locked),
+                  extended as (update {t} set leased_until = now() + $2 {micros}
+                               where id in (select id from free) returning id)
+             select h.id from held h join {t} j
+             on j.id = h.id and j.lease_token = h.token and j.state = 'running'"
+        )
+        .into(),
         // The last attempt is the lesser of the job's own limit and the worker's retry
         // policy ($1), as when an attempt fails: a job is never given more attempts by
         // losing its lease than by failing.

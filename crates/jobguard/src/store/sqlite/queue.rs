@@ -117,6 +117,16 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         // Outside this process's writer turn, through the busy timeout. The worker's own
         // heartbeats are files instead (see `heartbeat.rs`), which need no write lock.
         heartbeat: format!("update {t} set leased_until = {NOW} + $3 {fenced}").into(),
+        // For an in-memory database, or when a heartbeat file cannot be written.
+        heartbeat_many: format!(
+            "update {t} set leased_until = {NOW} + $2
+             where state = 'running'
+               and exists (select 1 from json_each($1) h
+                           where json_extract(h.value, '$.id') = {t}.id
+                             and json_extract(h.value, '$.token') = {t}.lease_token)
+             returning id"
+        )
+        .into(),
         // The last attempt is the lesser of the job's own limit and the worker's retry
         // policy ($1), as when an attempt fails: a job is never given more attempts by
         // losing its lease than by failing.
