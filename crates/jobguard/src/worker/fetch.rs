@@ -47,9 +47,11 @@ impl<DB: Backend> Worker<DB> {
         // Running slots wake the loop when a fetch is due, not at every job's end: the loop
         // runs on the caller's thread, and a wakeup per job costs a thread switch per job.
         let ready = Arc::new(Ready::new(concurrency, concurrency + ahead, refill_at));
+        // Aborted when this future ends or is dropped: a worker that is cancelled must let its
+        // leases expire, so that another worker rescues its jobs.
         let beating = {
             let worker = Arc::clone(&worker);
-            tokio::spawn(async move { worker.keep_leases().await })
+            AbortOnDrop(tokio::spawn(async move { worker.keep_leases().await }))
         };
         let mut slots = JoinSet::new();
         let mut wakeup = match DB::listen(worker.queue.pool()).await {
@@ -157,7 +159,7 @@ impl<DB: Backend> Worker<DB> {
             }
         })
         .await;
-        beating.abort();
+        drop(beating);
         if drained.is_err() {
             tracing::warn!(
                 slots = slots.len(),
@@ -299,6 +301,15 @@ impl<DB: Backend> Worker<DB> {
             groups.push(batch);
         }
         groups
+    }
+}
+
+/// A task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
