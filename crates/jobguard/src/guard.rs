@@ -55,10 +55,13 @@ use crate::error::{Error, JobError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
 use crate::metrics::record_duplicate_age;
-use crate::retry::contention_backoff;
 use crate::spikes::record_outcome;
 use crate::store::WriterLock;
 use crate::store::{Backend, ClaimRow, ClaimToken, GuardRecord, GuardSql, NewClaim};
+
+mod unit;
+
+pub(crate) use self::unit::{Completing, Failure, Runs, Unit};
 use crate::table::TableName;
 
 /// What a delivery of a guarded job did.
@@ -201,18 +204,6 @@ impl Drop for PanicCounter<'_> {
             record_outcome(self.kind, "failed");
         }
     }
-}
-
-/// How long the check after a lost commit waits for a commit still in flight.
-const WITNESS_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How one attempt of a guarded run ended, before retries and metrics.
-enum Attempt<T> {
-    Done(Outcome<T>),
-    /// Rolled back by contention; running the attempt again may succeed.
-    Transient(sqlx::Error),
-    /// The row that conflicted with the claim was gone when read (pruned in between).
-    Vanished,
 }
 
 impl<DB: Backend> Guard<DB> {
@@ -432,32 +423,39 @@ impl<DB: Backend> Guard<DB> {
             armed: true,
         };
         let result = async {
-            let mut attempt = 1;
+            let mut runs = Runs::new(self);
             loop {
-                match self.attempt(key, fingerprint.as_ref(), &mut effect).await {
-                    Ok(Attempt::Done(outcome)) => return Ok(outcome),
-                    Ok(Attempt::Vanished) if attempt < self.inner.contention_attempts => {}
-                    Ok(Attempt::Transient(error)) if attempt < self.inner.contention_attempts => {
-                        tracing::debug!(attempt, %error, "transaction rolled back by contention");
-                        tokio::time::sleep(contention_backoff(attempt)).await;
+                let failure = match self.attempt(key, fingerprint.as_ref(), &mut effect).await {
+                    Ok(outcome) => return Ok(outcome),
+                    // The commit's answer was lost and another delivery holds the key.
+                    Err(Failure::HeldElsewhere(record)) => {
+                        return Ok(Outcome::Duplicate(duplicate_of(key, record)?));
                     }
-                    Ok(Attempt::Transient(source)) => {
-                        return Err(Error::Contention {
-                            key: key.to_string(),
-                            attempts: attempt,
-                            source,
-                        });
-                    }
-                    Ok(Attempt::Vanished) => {
+                    Err(failure) => failure,
+                };
+                // Contention only: a broken connection is the caller's to retry, as an error.
+                if failure.is_contention() && runs.again(&failure).await {
+                    continue;
+                }
+                return Err(match failure {
+                    Failure::Contention(sqlx::Error::RowNotFound) => {
                         let message = format!(
                             "the guard row of `{key}` kept disappearing between the conflict \
                              and its read: guard rows are being deleted while jobs run"
                         );
-                        return Err(Error::Database(sqlx::Error::Protocol(message)));
+                        Error::Database(sqlx::Error::Protocol(message))
                     }
-                    Err(error) => return Err(error),
-                }
-                attempt += 1;
+                    Failure::Contention(source) => Error::Contention {
+                        key: key.to_string(),
+                        attempts: runs.done(),
+                        source,
+                    },
+                    Failure::Connection(error) => Error::Database(error),
+                    Failure::Failed(error) => error,
+                    Failure::HeldElsewhere(_) | Failure::Fenced => {
+                        unreachable!("handled above, or only for jobs under a lease")
+                    }
+                });
             }
         }
         .instrument(span)
@@ -472,158 +470,68 @@ impl<DB: Backend> Guard<DB> {
         result
     }
 
+    /// One run: a unit of work that claims `key`, runs `effect` when the claim is fresh,
+    /// stores its value and commits.
     async fn attempt<T, F>(
         &self,
         key: &JobKey,
         fingerprint: Option<&Fingerprint>,
         effect: &mut F,
-    ) -> Result<Attempt<T>>
+    ) -> Result<Outcome<T>, Failure>
     where
         T: Serialize + DeserializeOwned + Send,
         F: AsyncFnMut(&mut DB::Connection) -> Result<T, JobError> + Send,
     {
-        let token = ClaimToken::new();
         let _writer = self.inner.writer.acquire().await;
         // On a single-writer database, a delivery that queued behind the one that applied its
         // key finds the committed row with a plain read, without taking the write lock. A
         // committed guard row is final, so the read alone proves a duplicate.
         if DB::SINGLE_WRITER
-            && let Some(record) = self.lookup(key).await?
+            && let Some(record) = self.lookup(key).await.map_err(Failure::of)?
         {
-            let claim = check_claim(key, fingerprint, ClaimRow::Held(record))?;
+            let claim =
+                check_claim(key, fingerprint, ClaimRow::Held(record)).map_err(Failure::of)?;
             if let Claim::Duplicate(record) = claim {
-                return Ok(Attempt::Done(Outcome::Duplicate(duplicate_of(
-                    key, record,
-                )?)));
+                return Ok(Outcome::Duplicate(
+                    duplicate_of(key, record).map_err(Failure::Failed)?,
+                ));
             }
         }
-        let mut tx = match DB::begin(&self.inner.pool).await {
-            Ok(tx) => tx,
-            Err(error) if DB::is_transient(&error) => return Ok(Attempt::Transient(error)),
-            Err(error) => return Err(error.into()),
-        };
-        let claim = match self.claim_in(&mut tx, key, fingerprint, &token).await {
-            Ok(claim) => claim,
-            Err(Error::Database(error)) if DB::is_transient(&error) => {
-                return Ok(Attempt::Transient(error));
-            }
-            Err(Error::Database(sqlx::Error::RowNotFound)) => return Ok(Attempt::Vanished),
-            Err(error) => return Err(error),
-        };
-        if let Claim::Duplicate(record) = claim {
+        let mut unit = Unit::begin(self).await?;
+        if let Claim::Duplicate(record) = unit.claim(key, fingerprint).await? {
             // The duplicate wrote nothing. Dropping the transaction queues its rollback on the
             // connection, which the pool flushes on release, instead of waiting for it here.
-            drop(tx);
-            return Ok(Attempt::Done(Outcome::Duplicate(duplicate_of(
-                key, record,
-            )?)));
+            drop(unit);
+            return Ok(Outcome::Duplicate(
+                duplicate_of(key, record).map_err(Failure::Failed)?,
+            ));
         }
-
-        let value = match effect(&mut tx).await {
+        let value = match effect(unit.conn()).await {
             Ok(value) => value,
             Err(error) => {
-                end(tx).await;
-                let (source, fatal) = error.into_parts();
-                return match source.downcast::<sqlx::Error>() {
-                    Ok(db) if DB::is_transient(&db) => Ok(Attempt::Transient(*db)),
-                    Ok(db) => Err(Error::Effect {
+                unit.rollback().await;
+                return Err(match Failure::effect::<DB>(key, error) {
+                    // The effect's own error, though its connection broke.
+                    Failure::Connection(db) => Failure::Failed(Error::Effect {
                         key: key.to_string(),
-                        fatal,
-                        source: db,
+                        fatal: false,
+                        source: Box::new(db),
                     }),
-                    Err(source) => Err(Error::Effect {
-                        key: key.to_string(),
-                        fatal,
-                        source,
-                    }),
-                };
-            }
-        };
-        let stored = serde_json::to_value(&value).map_err(|source| Error::StoredResult {
-            key: key.to_string(),
-            source,
-        })?;
-        if !stored.is_null() {
-            DB::store_result(&mut tx, &self.inner.sql, key.as_str(), &stored).await?;
-        }
-
-        match tx.commit().await {
-            Ok(()) => Ok(Attempt::Done(Outcome::Applied(value))),
-            Err(error) if DB::is_transient(&error) => Ok(Attempt::Transient(error)),
-            // The server answered the commit with an error: it did not commit.
-            Err(error @ sqlx::Error::Database(_)) => Err(error.into()),
-            Err(error) => self.witness(key, &token, value, error).await,
-        }
-    }
-
-    /// After a commit whose answer was lost, the guard row says whether it happened.
-    async fn witness<T>(
-        &self,
-        key: &JobKey,
-        token: &ClaimToken,
-        value: T,
-        commit_error: sqlx::Error,
-    ) -> Result<Attempt<T>>
-    where
-        T: DeserializeOwned,
-    {
-        tracing::warn!(job.key = %key, error = %commit_error, "commit failed; checking the guard row");
-        let probe = self.holder(key).await;
-        let record = match probe.map_err(Error::Database) {
-            Ok(record) => record,
-            Err(Error::Database(source)) => {
-                return Err(Error::OutcomeUnknown {
-                    key: key.to_string(),
-                    source,
+                    failure => failure,
                 });
             }
-            Err(error) => return Err(error),
         };
-        match record {
-            Some(record) if record.token.as_ref() == Some(token) => {
-                Ok(Attempt::Done(Outcome::Applied(value)))
-            }
-            Some(record) => {
-                record_duplicate_age(key.kind(), record.applied_at);
-                Ok(Attempt::Done(Outcome::Duplicate(duplicate_of(
-                    key, record,
-                )?)))
-            }
-            None => Err(Error::Database(commit_error)),
-        }
-    }
-
-    /// The committed row holding `key`, if any: the witness of whether a transaction whose
-    /// commit failed with a lost connection did commit (the row holds its claim token) or not.
-    ///
-    /// Claiming the key in a new transaction waits for the old one if the server is still
-    /// committing it: inserted means it rolled back, a conflict means it committed. A plain read
-    /// could miss a commit that is still in flight.
-    pub(crate) async fn holder(&self, key: &JobKey) -> sqlx::Result<Option<GuardRecord>> {
-        let probe = async {
-            let mut tx = DB::begin(&self.inner.pool).await?;
-            let probe_token = ClaimToken::new();
-            let new = NewClaim {
-                key: key.as_str(),
-                kind: key.kind(),
-                fingerprint: None,
-                token: &probe_token,
-            };
-            let record = match DB::claim(&mut tx, &self.inner.sql, &new).await? {
-                ClaimRow::Held(record) => Some(record),
-                ClaimRow::Claimed | ClaimRow::Vanished => None,
-            };
-            tx.rollback().await?;
-            Ok::<_, sqlx::Error>(record)
-        };
-        tokio::time::timeout(WITNESS_TIMEOUT, probe)
-            .await
-            .unwrap_or_else(|_| {
-                Err(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the guard row stayed locked while checking whether the commit happened",
-                )))
+        let stored = serde_json::to_value(&value).map_err(|source| {
+            Failure::Failed(Error::StoredResult {
+                key: key.to_string(),
+                source,
             })
+        })?;
+        if !stored.is_null() {
+            unit.store_result(key, &stored).await?;
+        }
+        unit.commit().await?;
+        Ok(Outcome::Applied(value))
     }
 
     async fn claim_in(
@@ -705,12 +613,4 @@ pub(crate) fn duplicate_of<T: DeserializeOwned>(
         first_applied_at: record.applied_at,
         result,
     })
-}
-
-/// Rolls back and returns the connection to the pool. A failed rollback needs no handling: the
-/// connection is closed and the server discards the transaction.
-async fn end<DB: Backend>(tx: Transaction<'static, DB>) {
-    if let Err(error) = tx.rollback().await {
-        tracing::debug!(%error, "rollback failed; the connection is dropped instead");
-    }
 }

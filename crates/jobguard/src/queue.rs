@@ -535,9 +535,20 @@ impl<DB: Backend> Queue<DB> {
     /// [`RetryPolicy`](crate::RetryPolicy) puts on failed attempts, so that losing a lease
     /// gives a job no more attempts than failing does.
     pub async fn rescue_within(&self, max_attempts: u32) -> Result<u64> {
+        self.rescue_holding(max_attempts, &[]).await
+    }
+
+    /// [`rescue_within`](Self::rescue_within) by a worker that holds `held`: it never takes
+    /// its own jobs, whose leases it keeps, even in the moment a lease it kept lapsed while a
+    /// transaction of its own held the row and then rolled back.
+    pub(crate) async fn rescue_holding(&self, max_attempts: u32, held: &[Lease]) -> Result<u64> {
         let limit = i32::try_from(max_attempts.max(1)).unwrap_or(i32::MAX);
+        let held: Vec<String> = held
+            .iter()
+            .map(|lease| format!("{}:{}", lease.job_id, lease.token))
+            .collect();
         let _writer = self.inner.writer.acquire().await;
-        Ok(DB::rescue(&self.inner.pool, &self.inner.sql, limit).await?)
+        Ok(DB::rescue(&self.inner.pool, &self.inner.sql, limit, held).await?)
     }
 
     /// A worker's heartbeats: each lease of `leases` holds for `by` from now. On SQLite they are

@@ -214,11 +214,14 @@ pub trait Backend:
         by: Duration,
     ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
 
+    /// Rescues expired leases, except those `held` (as `job_id:token`) and those heartbeats
+    /// kept outside the table say hold.
     #[doc(hidden)]
     fn rescue(
         pool: &Pool<Self>,
         sql: &QueueSql,
         max_attempts: i32,
+        held: Vec<String>,
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 
     /// Records that the holder of `lease` is alive for `by` more without the database's write
@@ -658,12 +661,13 @@ macro_rules! shared_statements {
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::queue::QueueSql,
             max_attempts: i32,
+            mut held: Vec<String>,
         ) -> sqlx::Result<u64> {
             // The heartbeats kept outside the table are read once the transaction holds the
             // write lock (SQLite's `begin immediate`): read before, they would miss the
             // heartbeats written while the rescue waited for the lock, however long that was.
             let mut tx = Self::begin(pool).await?;
-            let held = Self::held_aside(pool, sql);
+            held.extend(Self::held_aside(pool, sql));
             let held = serde_json::to_string(&held).expect("strings serialize");
             let done = sqlx::query(sqlx::AssertSqlSafe(sql.rescue.clone()))
                 .bind(max_attempts)

@@ -1,5 +1,6 @@
-//! The fault run: several `jobguard worker` processes on one database while the test enqueues
-//! jobs without pause and, at random, kills a worker with SIGKILL (and starts another), freezes
+//! The fault run: several `jobguard worker` processes on one database (half of them running
+//! credits in batches) while the test enqueues jobs without pause and, at random, kills a
+//! worker with SIGKILL (and starts another), freezes
 //! one with SIGSTOP for a random time (often past its lease) before SIGCONT, and on PostgreSQL
 //! restarts the server in immediate mode (a crash: no checkpoint, every connection cut). The
 //! server is a throwaway cluster the test creates with `initdb` and deletes at the end.
@@ -130,7 +131,9 @@ fn migrate(db: &Db) {
     });
 }
 
-/// A worker of the fault run: a few jobs at once, a short lease, quick retries.
+/// A worker of the fault run: a few jobs at once, a short lease, quick retries. Every other
+/// worker (`w1`, `w3`, ...) runs credits in batches of up to ten, on a queue whose `fail` jobs
+/// do not batch: the batched path on a mixed queue, under the same faults.
 fn worker(db: &Db, name: &str, until_idle: bool) -> Proc {
     let lease = format!("{}ms", LEASE.as_millis());
     let mut args = vec![
@@ -149,6 +152,13 @@ fn worker(db: &Db, name: &str, until_idle: bool) -> Proc {
     ];
     if until_idle {
         args.push("--until-idle");
+    }
+    if name
+        .bytes()
+        .last()
+        .is_some_and(|last| last.is_ascii_digit() && (last - b'0') % 2 == 1)
+    {
+        args.extend(["--batch-size", "10"]);
     }
     db.spawn(name, &args)
 }

@@ -19,17 +19,15 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use sqlx::Transaction;
-
 use super::run::{job_span, report};
 use super::runnable::Runnable;
 use super::{Counters, Ended, Worker};
 use crate::dispatch::catch_panic;
-use crate::guard::{Claim, check_claim, fingerprint_of};
+use crate::guard::{Claim, Completing, Failure, Unit, fingerprint_of};
 use crate::key::JobKey;
 use crate::metrics::count_batch;
-use crate::queue::{Lease, LeasedJob};
-use crate::store::{Backend, ClaimToken, NewClaim};
+use crate::queue::LeasedJob;
+use crate::store::Backend;
 
 /// Why a batch rolled back, and whether contention did it: a deadlock, a serialization
 /// failure or a busy database, which smaller batches make rarer.
@@ -47,11 +45,11 @@ impl Rollback {
         }
     }
 
-    /// A database error, which is contention when retrying the transaction may succeed.
-    fn database<DB: Backend>(what: &str, error: &sqlx::Error) -> Self {
+    /// A unit of work's failure, which is contention when running it again may succeed.
+    fn of(what: &str, failure: &Failure) -> Self {
         Rollback {
-            reason: format!("{what}: {error}"),
-            contention: DB::is_transient(error),
+            reason: format!("{what}: {failure}"),
+            contention: failure.is_contention(),
         }
     }
 }
@@ -93,9 +91,15 @@ impl<DB: Backend> Worker<DB> {
                 }
             }
             Err(Rollback { reason, contention }) => {
-                // Its jobs' rows are no longer held: each keeps its lease until its own turn.
-                for job in jobs {
-                    self.leases.unlocked(job.lease);
+                // Its jobs' rows are no longer held: each keeps its lease until its own turn,
+                // extended at once, since no heartbeat could extend it while the batch held the
+                // row (this worker's own rescue leaves the jobs it holds alone meanwhile).
+                let leases: Vec<_> = jobs.iter().map(|job| job.lease).collect();
+                for lease in &leases {
+                    self.leases.unlocked(*lease);
+                }
+                if let Err(error) = self.queue.heartbeat_many(&leases, self.config.lease).await {
+                    tracing::warn!(%error, "extending the leases of a rolled-back batch failed");
                 }
                 if contention {
                     self.batch_limit.shrink();
@@ -138,132 +142,68 @@ impl<DB: Backend> Worker<DB> {
         result
     }
 
-    /// Opens the batch's transaction on `conn`, runs the batch and commits it, or rolls it back.
+    /// One unit of work for the batch on `conn`: complete all the jobs and claim their keys
+    /// (one statement on PostgreSQL), run the effect of each job that claimed its key, in fetch
+    /// order, and commit; or roll it all back. A commit whose answer was lost is settled for the
+    /// whole batch by the guard row of a key it claimed, since its rows commit together.
     async fn commit_batch(
         &self,
         conn: &mut DB::Connection,
         jobs: &[LeasedJob],
         decoded: &[(Box<dyn Runnable<DB>>, JobKey)],
     ) -> Result<Vec<Ended>, Rollback> {
-        let mut guarded = self
-            .guard
-            .begin_on(conn)
-            .await
-            .map_err(|error| Rollback::job(error.to_string()))?;
-        let ran = self.run_batch(&mut guarded.tx, jobs, decoded).await;
-        match ran {
-            Ok((ended, claimed)) => match guarded.tx.commit().await {
-                Ok(()) => Ok(ended),
-                Err(error) => self.settle_lost_commit(ended, &claimed, error).await,
-            },
-            Err(reason) => {
-                // Now, not when the kept connection is next used: the per-job runs that follow
-                // need the rows the batch locked.
-                let _ = guarded.tx.rollback().await;
-                Err(reason)
-            }
-        }
-    }
-
-    /// After the batch's commit failed: the guard row of a key the batch claimed is the witness
-    /// of whether the commit happened, for the whole batch, since its rows commit together. When
-    /// it did, the batch ended as it ran; when it did not, or the witness cannot tell (the batch
-    /// claimed no key, the database is unreachable), its jobs run again one per transaction,
-    /// where a job whose completion did commit is found no longer leased and is left alone.
-    async fn settle_lost_commit(
-        &self,
-        ended: Vec<Ended>,
-        claimed: &[(JobKey, ClaimToken)],
-        error: sqlx::Error,
-    ) -> Result<Vec<Ended>, Rollback> {
-        let failed = Rollback::database::<DB>("the batch's commit failed", &error);
-        // An embedded SQLite database answers its commit in process: a failed commit did not
-        // happen, and its transaction may still hold the write lock the witness would wait for.
-        let Some((key, token)) = claimed.first().filter(|_| !DB::SINGLE_WRITER) else {
-            return Err(failed);
-        };
-        tracing::warn!(%error, "the batch's commit failed; checking the guard row of its first key");
-        match self.guard.holder(key).await {
-            Ok(Some(record)) if record.token.as_ref() == Some(token) => Ok(ended),
-            _ => Err(failed),
-        }
-    }
-
-    /// Completes all the jobs and claims their keys (one statement on PostgreSQL), then runs
-    /// the effect of each job that claimed its key, in fetch order.
-    async fn run_batch(
-        &self,
-        tx: &mut Transaction<'_, DB>,
-        jobs: &[LeasedJob],
-        decoded: &[(Box<dyn Runnable<DB>>, JobKey)],
-    ) -> Result<(Vec<Ended>, Vec<(JobKey, ClaimToken)>), Rollback> {
         let fingerprints = jobs
             .iter()
             .zip(decoded)
             .map(|(job, (_, key))| fingerprint_of(key, &job.payload))
             .collect::<crate::Result<Vec<_>>>()
             .map_err(|error| Rollback::job(error.to_string()))?;
-        let tokens: Vec<ClaimToken> = jobs.iter().map(|_| ClaimToken::new()).collect();
-        let claims: Vec<(NewClaim<'_>, Lease)> = jobs
+        let completing: Vec<Completing<'_>> = jobs
             .iter()
             .zip(decoded)
-            .zip(fingerprints.iter().zip(&tokens))
-            .map(|((job, (_, key)), (fingerprint, token))| {
-                let claim = NewClaim {
-                    key: key.as_str(),
-                    kind: key.kind(),
-                    fingerprint: Some(fingerprint),
-                    token,
-                };
-                (claim, job.lease)
+            .zip(&fingerprints)
+            .map(|((job, (_, key)), fingerprint)| Completing {
+                key,
+                fingerprint: Some(fingerprint),
+                lease: job.lease,
             })
             .collect();
-        let rows = DB::claim_completing_many(
-            &mut **tx,
-            (self.guard.sql(), self.queue.sql(), &self.sql),
-            &claims,
-        )
-        .await
-        .map_err(|error| Rollback::database::<DB>("claiming the batch's keys", &error))?;
+        let mut unit = Unit::begin_on(&self.guard, conn)
+            .await
+            .map_err(|failure| Rollback::of("opening the batch's transaction", &failure))?;
+        let claims = match unit
+            .claim_completing_many((self.queue.sql(), &self.sql), &completing)
+            .await
+        {
+            Ok(claims) => claims,
+            Err(failure) => {
+                unit.rollback().await;
+                return Err(Rollback::of("claiming the batch's keys", &failure));
+            }
+        };
         // Every job's row is now locked by the batch, or taken over: no more heartbeats.
         for job in jobs {
             self.leases.locked(job.lease);
         }
         let mut ended = Vec::with_capacity(jobs.len());
-        let mut claimed = Vec::new();
-        for (((job, (runnable, key)), row), (fingerprint, token)) in jobs
-            .iter()
-            .zip(decoded)
-            .zip(rows)
-            .zip(fingerprints.iter().zip(&tokens))
-        {
-            // Its lease was taken over: the statement completed nothing and claimed nothing for
-            // it, and the new holder runs the job.
-            let Some(row) = row else {
-                ended.push(Ended::Fenced);
-                continue;
-            };
-            let claim = check_claim(key, Some(fingerprint), row)
-                .map_err(|error| Rollback::job(format!("job {}: {error}", job.lease.job_id)))?;
+        for ((job, (runnable, key)), claim) in jobs.iter().zip(decoded).zip(claims) {
             ended.push(match claim {
-                Claim::Duplicate(_) => Ended::Duplicate,
-                Claim::Claimed => match catch_panic(runnable.run(tx)).await {
-                    Ok(Ok(())) => {
-                        claimed.push((key.clone(), *token));
-                        Ended::Applied
-                    }
+                // Its lease was taken over: the statement completed nothing and claimed nothing
+                // for it, and the new holder runs the job.
+                None => Ended::Fenced,
+                Some(Claim::Duplicate(_)) => Ended::Duplicate,
+                Some(Claim::Claimed) => match catch_panic(runnable.run(unit.conn())).await {
+                    Ok(Ok(())) => Ended::Applied,
                     Ok(Err(error)) => {
-                        // A deadlock or serialization failure the effect ran into.
-                        let contention = error
-                            .inner()
-                            .downcast_ref::<sqlx::Error>()
-                            .is_some_and(DB::is_transient);
-                        return Err(Rollback {
-                            reason: format!("job {}: {error}", job.lease.job_id),
-                            contention,
-                        });
+                        // Now, not when the kept connection is next used: the per-job runs
+                        // that follow need the rows the batch locked.
+                        unit.rollback().await;
+                        let failure = Failure::effect::<DB>(key, error);
+                        let what = format!("job {}", job.lease.job_id);
+                        return Err(Rollback::of(&what, &failure));
                     }
                     Err(panicked) => {
+                        unit.rollback().await;
                         return Err(Rollback::job(format!(
                             "job {}: {panicked}",
                             job.lease.job_id
@@ -272,6 +212,9 @@ impl<DB: Backend> Worker<DB> {
                 },
             });
         }
-        Ok((ended, claimed))
+        match unit.commit().await {
+            Ok(()) => Ok(ended),
+            Err(failure) => Err(Rollback::of("the batch's commit failed", &failure)),
+        }
     }
 }

@@ -74,10 +74,15 @@ impl<DB: Backend> Worker<DB> {
             // On SQLite a running job holds the only write lock, so the queue's own writes wait
             // for it: shutdown must not.
             if last_rescue.is_none_or(|at| at.elapsed() >= rescue_every) {
+                // Never this worker's own jobs, whose leases it keeps.
+                let held = worker.leases.all();
+                let rescue = worker
+                    .queue
+                    .rescue_holding(worker.config.retry.max_attempts, &held);
                 let rescued = tokio::select! {
                     biased;
                     () = &mut shutdown => break,
-                    rescued = worker.queue.rescue_within(worker.config.retry.max_attempts) => rescued,
+                    rescued = rescue => rescued,
                 };
                 match rescued {
                     Ok(0) => {}

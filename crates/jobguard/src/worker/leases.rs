@@ -64,6 +64,12 @@ impl Leases {
         }
     }
 
+    /// Every lease held: the worker's own rescue leaves them alone.
+    pub(super) fn all(&self) -> Vec<Lease> {
+        let held = self.held.lock().expect("not poisoned");
+        held.values().map(|(lease, _)| *lease).collect()
+    }
+
     /// Every lease still held, forgotten: what shutdown gives back when it cut the jobs short.
     pub(super) fn take(&self) -> Vec<Lease> {
         let mut held = self.held.lock().expect("not poisoned");

@@ -11,37 +11,13 @@ use super::runnable::Runnable;
 use super::{Counters, Ended, SPARE_CONNECTIONS, Worker};
 use crate::dispatch::catch_panic;
 use crate::error::{Error, Result};
-use crate::guard::{Claim, check_claim, fingerprint_of};
+use crate::fingerprint::Fingerprint;
+use crate::guard::{Claim, Completing, Failure, Runs, Unit, fingerprint_of};
 use crate::key::JobKey;
 use crate::metrics::{DuplicateSource, record_duplicate_source, record_job_duration};
-use crate::queue::{Lease, LeasedJob};
-use crate::retry::contention_backoff;
+use crate::queue::LeasedJob;
 use crate::spikes::record_outcome;
-use crate::store::{Backend, ClaimToken, NewClaim, is_connection_error};
-
-/// Why an attempt did not commit.
-pub(super) enum Failure {
-    /// Rolled back by contention; run the attempt again now.
-    Transient(sqlx::Error),
-    /// The connection broke; run the attempt again now on another one.
-    Reconnect(sqlx::Error),
-    /// The lease was taken over.
-    Fenced,
-    /// The job failed; retry later or dead-letter.
-    Failed { message: String, fatal: bool },
-}
-
-impl From<Error> for Failure {
-    fn from(error: Error) -> Self {
-        match error {
-            Error::Fenced { .. } => Failure::Fenced,
-            error => Failure::Failed {
-                fatal: !error.is_retryable(),
-                message: error.to_string(),
-            },
-        }
-    }
-}
+use crate::store::Backend;
 
 impl<DB: Backend> Worker<DB> {
     /// Runs one job on the per-job path and records how it ended.
@@ -119,39 +95,46 @@ impl<DB: Backend> Worker<DB> {
             Ok(decoded) => decoded,
             Err(message) => return (self.bury(&mut conn, job, &message).await, Some(conn)),
         };
-        let mut retries = 0;
-        loop {
-            let attempt = self.attempt(&mut conn, job, &key, &*runnable).await;
-            if attempt.is_err() {
-                // Rolled back: the job's row is no longer held by this transaction.
-                self.leases.unlocked(job.lease);
+        let fingerprint = match fingerprint_of(&key, &job.payload) {
+            Ok(fingerprint) => fingerprint,
+            Err(error) => {
+                return (
+                    self.bury(&mut conn, job, &error.to_string()).await,
+                    Some(conn),
+                );
             }
-            let error = match attempt {
+        };
+        let mut runs = Runs::new(&self.guard);
+        loop {
+            let failure = match self
+                .attempt(&mut conn, job, &key, &fingerprint, &*runnable)
+                .await
+            {
                 Ok(ended) => return (ended, Some(conn)),
-                Err(Failure::Fenced) => return (Ended::Fenced, Some(conn)),
-                Err(Failure::Failed { message, fatal }) => {
+                Err(failure) => failure,
+            };
+            // Rolled back: the job's row is no longer held by this transaction.
+            self.leases.unlocked(job.lease);
+            match failure {
+                Failure::Fenced => return (Ended::Fenced, Some(conn)),
+                Failure::Failed(_) => {
+                    let (message, fatal) = failure.message();
                     return (self.fail(&mut conn, job, &message, fatal).await, Some(conn));
                 }
-                Err(Failure::Transient(error)) => error,
-                Err(Failure::Reconnect(error)) => {
+                Failure::Connection(_) => {
                     drop(conn);
                     conn = match self.queue.pool().acquire().await {
                         Ok(fresh) => fresh,
                         Err(_) => return (Ended::Failed, None),
                     };
-                    error
                 }
-            };
-            // The guard's limit on runs rolled back by contention, this one included.
-            if retries + 1 >= self.guard.contention_attempts() {
-                return (
-                    self.fail(&mut conn, job, &error.to_string(), false).await,
-                    Some(conn),
-                );
+                Failure::Contention(_) | Failure::HeldElsewhere(_) => {}
             }
-            retries += 1;
-            tracing::debug!(%error, retries, "rolled back by contention or a lost connection; running again");
-            tokio::time::sleep(contention_backoff(retries + 1)).await;
+            // The guard's limit on runs rolled back by contention, this one included.
+            if !runs.again(&failure).await {
+                let (message, _) = failure.message();
+                return (self.fail(&mut conn, job, &message, false).await, Some(conn));
+            }
         }
     }
 
@@ -192,69 +175,56 @@ impl<DB: Backend> Worker<DB> {
         }
     }
 
-    /// One transaction: claim the key, run the effect, complete the job, commit.
+    /// One unit of work: claim the key and complete the job, run the effect, commit.
     async fn attempt(
         &self,
         conn: &mut PoolConnection<DB>,
         job: &LeasedJob,
         key: &JobKey,
+        fingerprint: &Fingerprint,
         runnable: &dyn Runnable<DB>,
     ) -> Result<Ended, Failure> {
         // Until the claim locks the job, the lease keeper extends its lease: the wait for
         // SQLite's write lock, or for a concurrent delivery of the key to commit, can be long.
-        let claiming = async {
-            let mut guarded = self.guard.begin_on(conn).await?;
-            let claim = self
-                .claim_completing(&mut guarded.tx, key, &job.payload, job.lease)
-                .await?;
-            Ok::<_, Error>((guarded, claim))
+        let mut unit = Unit::begin_on(&self.guard, conn).await?;
+        let completing = Completing {
+            key,
+            fingerprint: Some(fingerprint),
+            lease: job.lease,
         };
-        let (mut guarded, claim) = claiming
-            .await
-            .map_err(|e| transient_or::<DB>(e, Failure::from))?;
-        let tx = &mut guarded.tx;
         // The job's completion is written before its effect runs, in the same transaction: both
         // commit together, and a worker whose lease was taken over stops here. From here no
         // other worker can fetch or rescue the job, so its lease needs no more heartbeats.
-        let Some(claim) = claim else {
-            // Roll back now rather than when the kept connection is next used: until then the
-            // transaction would hold what it locked.
-            let _ = guarded.tx.rollback().await;
-            return Err(Failure::Fenced);
+        let claim = match unit
+            .claim_completing((self.queue.sql(), &self.sql), completing)
+            .await
+        {
+            Ok(claim) => claim,
+            Err(failure) => {
+                unit.rollback().await;
+                return Err(failure);
+            }
         };
         self.leases.locked(job.lease);
         let ended = match claim {
             Claim::Duplicate(_) => Ended::Duplicate,
-            Claim::Claimed => match catch_panic(runnable.run(tx)).await {
+            Claim::Claimed => match catch_panic(runnable.run(unit.conn())).await {
                 Ok(Ok(())) => Ended::Applied,
                 Ok(Err(error)) => {
-                    let (source, fatal) = error.into_parts();
-                    return Err(match source.downcast::<sqlx::Error>() {
-                        Ok(db) if DB::is_transient(&db) => Failure::Transient(*db),
-                        Ok(db) if is_connection_error(&db) => Failure::Reconnect(*db),
-                        Ok(db) => Failure::Failed {
-                            message: db.to_string(),
-                            fatal,
-                        },
-                        Err(source) => Failure::Failed {
-                            message: source.to_string(),
-                            fatal,
-                        },
-                    });
+                    unit.rollback().await;
+                    return Err(Failure::effect::<DB>(key, error));
                 }
                 Err(panicked) => {
-                    return Err(Failure::Failed {
-                        message: panicked,
+                    unit.rollback().await;
+                    return Err(Failure::Failed(Error::Effect {
+                        key: key.to_string(),
                         fatal: false,
-                    });
+                        source: panicked.into(),
+                    }));
                 }
             },
         };
-        guarded
-            .tx
-            .commit()
-            .await
-            .map_err(|e| transient_or::<DB>(Error::Database(e), Failure::from))?;
+        unit.commit().await?;
         Ok(ended)
     }
 
@@ -297,39 +267,6 @@ impl<DB: Backend> Worker<DB> {
                 Ended::Failed
             }
         }
-    }
-
-    /// Claims `key` and completes the job of `lease` in one step inside the worker's
-    /// transaction; `None` when the lease is no longer held (nothing was claimed then).
-    ///
-    /// Completing before the effect runs is safe because both commit or roll back together,
-    /// and it means a worker whose lease was taken over never runs the effect at all.
-    pub(super) async fn claim_completing(
-        &self,
-        conn: &mut DB::Connection,
-        key: &JobKey,
-        payload: &serde_json::Value,
-        lease: Lease,
-    ) -> Result<Option<Claim>> {
-        let fingerprint = fingerprint_of(key, payload)?;
-        let token = ClaimToken::new();
-        let new = NewClaim {
-            key: key.as_str(),
-            kind: key.kind(),
-            fingerprint: Some(&fingerprint),
-            token: &token,
-        };
-        let (row, completed) = DB::claim_completing(
-            conn,
-            (self.guard.sql(), self.queue.sql(), &self.sql),
-            &new,
-            lease,
-        )
-        .await?;
-        if !completed {
-            return Ok(None);
-        }
-        check_claim(key, Some(&fingerprint), row).map(Some)
     }
 }
 
@@ -374,15 +311,4 @@ pub(super) fn report(
     record_outcome(&job.kind, ended.label());
     record_job_duration(&job.kind, ended.label(), took);
     counters.count(ended);
-}
-
-pub(super) fn transient_or<DB: Backend>(
-    error: Error,
-    otherwise: impl FnOnce(Error) -> Failure,
-) -> Failure {
-    match error {
-        Error::Database(db) if DB::is_transient(&db) => Failure::Transient(db),
-        Error::Database(db) if is_connection_error(&db) => Failure::Reconnect(db),
-        error => otherwise(error),
-    }
 }

@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use super::{Consumer, Counters, Delivery, Limits, Message, Runnable, kind_of, with_progress};
 use crate::dispatch::catch_panic;
-use crate::guard::{Claim, Outcome, duplicate_of};
+use crate::guard::{Claim, Failure, Outcome, Unit, duplicate_of, fingerprint_of};
 use crate::key::JobKey;
 use crate::spikes::record_outcome;
 use crate::store::Backend;
@@ -162,9 +162,15 @@ impl<DB: Backend> Consumer<DB> {
         .await;
     }
 
-    /// One transaction for all of `members`: how each ended when it committed, or why not.
+    /// One unit of work for all of `members`: each key claimed and its effect run when fresh,
+    /// in order, then one commit; how each ended when it committed, or why not.
     async fn execute_batch(&self, members: &[Member<'_, DB>]) -> Result<Vec<Outcome<()>>, String> {
         let guard = &self.guard;
+        let fingerprints = members
+            .iter()
+            .map(|member| fingerprint_of(member.key, member.payload))
+            .collect::<crate::Result<Vec<_>>>()
+            .map_err(|error| error.to_string())?;
         // On SQLite, this process's turn to write before the connection, as every writer.
         let _turn = guard.write_turn().await;
         let mut conn = guard
@@ -172,62 +178,54 @@ impl<DB: Backend> Consumer<DB> {
             .acquire()
             .await
             .map_err(|error| format!("no connection for the batch: {error}"))?;
-        let mut guarded = guard
-            .begin_on(&mut conn)
+        let mut unit = Unit::begin_on(guard, &mut conn)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|failure| failure.to_string())?;
         let mut outcomes = Vec::with_capacity(members.len());
-        let mut claimed = Vec::new();
         let mut ran = Ok(());
-        for member in members {
-            let claim = guard
-                .claim_with_payload_tx(&mut guarded.tx, member.key, member.payload)
-                .await;
+        for (member, fingerprint) in members.iter().zip(&fingerprints) {
+            let claim = match unit.claim(member.key, Some(fingerprint)).await {
+                Ok(claim) => claim,
+                Err(failure) => {
+                    ran = Err(format!("`{}`: {failure}", member.key));
+                    break;
+                }
+            };
             match claim {
-                Ok(Claim::Claimed) => match member.runnable.run_in(&mut guarded.tx).await {
-                    Ok(()) => {
-                        outcomes.push(Outcome::Applied(()));
-                        claimed.push(member.key.clone());
-                    }
+                Claim::Claimed => match member.runnable.run_in(unit.conn()).await {
+                    Ok(()) => outcomes.push(Outcome::Applied(())),
                     Err(error) => {
-                        ran = Err(format!("`{}`: {error}", member.key));
+                        let failure = Failure::effect::<DB>(member.key, error);
+                        ran = Err(format!("`{}`: {failure}", member.key));
                         break;
                     }
                 },
                 // Held by a committed transaction, or by an earlier message of this batch.
-                Ok(Claim::Duplicate(record)) => match duplicate_of(member.key, record) {
+                Claim::Duplicate(record) => match duplicate_of(member.key, record) {
                     Ok(duplicate) => outcomes.push(Outcome::Duplicate(duplicate)),
                     Err(error) => {
                         ran = Err(error.to_string());
                         break;
                     }
                 },
-                Err(error) => {
-                    ran = Err(format!("`{}`: {error}", member.key));
-                    break;
-                }
             }
         }
-        if ran.is_ok()
-            && !claimed.is_empty()
+        if let Err(reason) = ran {
+            // Now, not when the pool next hands the connection out: the per-message runs
+            // that follow need the rows the batch locked.
+            unit.rollback().await;
+            return Err(reason);
+        }
+        let claimed: Vec<JobKey> = unit.claimed().cloned().collect();
+        if !claimed.is_empty()
             && let Some(hook) = &self.before_commit
         {
             hook(claimed).await;
         }
-        match ran {
-            Ok(()) => guarded
-                .tx
-                .commit()
-                .await
-                .map(|()| outcomes)
-                .map_err(|error| format!("the batch's commit failed: {error}")),
-            Err(reason) => {
-                // Now, not when the pool next hands the connection out: the per-message runs
-                // that follow need the rows the batch locked.
-                let _ = guarded.tx.rollback().await;
-                Err(reason)
-            }
-        }
+        unit.commit()
+            .await
+            .map(|()| outcomes)
+            .map_err(|failure| format!("the batch's commit failed: {failure}"))
     }
 
     /// Counts a committed batch's messages, then acknowledges them all.

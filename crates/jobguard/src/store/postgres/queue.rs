@@ -149,8 +149,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  leased_until = null
              where id in (select id from {t}
                           where state = 'running' and leased_until < now()
-                            -- leases known to hold outside the table ($2, `id:token`):
-                            -- always none on PostgreSQL, whose heartbeats are in the table
+                            -- leases known to hold ($2, `id:token`): on PostgreSQL those of
+                            -- the worker that rescues, whose heartbeats are in the table
                             and (id::text || ':' || lease_token::text)
                                 not in (select jsonb_array_elements_text($2::jsonb))
                           -- a running job's own transaction holds its row: not expired
