@@ -7,8 +7,8 @@
 # Entry points:
 #   sqs_setup   - export JOBGUARD_TEST_SQS_URL: the URL already set, when it
 #                 answers; else a server on 127.0.0.1:9324; else moto's server
-#                 started there (scripts/lib/moto_sqs.py: moto_server with a race
-#                 in its DeleteMessage closed; moto[server] installed into a
+#                 started there (scripts/lib/moto_sqs.py: moto_server with races
+#                 in its DeleteMessage and ReceiveMessage closed; moto[server] installed into a
 #                 cached virtualenv first when missing). Returns non-zero, with
 #                 a warning, when it cannot.
 #   sqs_stop    - stop the server sqs_setup started, if any.
@@ -94,8 +94,8 @@ sqs_install_moto() {
     "$venv/bin/pip" install --quiet --disable-pip-version-check 'moto[server]' </dev/null >&2
 }
 
-# Start moto's server (scripts/lib/moto_sqs.py: moto_server with its delete
-# race closed) on 127.0.0.1:9324, recording its pid.
+# Start moto's server (scripts/lib/moto_sqs.py: moto_server with its delete and
+# receive races closed) on 127.0.0.1:9324, recording its pid.
 sqs_start() {
     local python state here
     python=$(sqs_moto_python) || { sqs_install_moto && python=$(sqs_moto_python); } || {

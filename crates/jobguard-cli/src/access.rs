@@ -11,17 +11,22 @@
 //!   `same-origin` or `none`, or an `Origin` that is not this server.
 //!
 //! The token is compared in constant time and never printed or logged.
+//!
+//! - No page, of another site or of this one, may show `jobguard serve`'s responses in a frame
+//!   ([`unframed`]), so a page cannot lay its own buttons over the console's replay, retry or
+//!   delete and have an operator click them (clickjacking).
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
 use serde_json::json;
 use subtle::ConstantTimeEq as _;
+use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::args::Token;
 
@@ -32,6 +37,22 @@ pub struct Access {
     pub open: bool,
     /// Paths anyone who can reach the server may read: the pages themselves and `/health`.
     pub public: &'static [&'static str],
+}
+
+/// `router` with every response, refusals and not-found included, forbidding browsers to show
+/// it in a frame: `X-Frame-Options: DENY` for older browsers, the CSP's
+/// `frame-ancestors 'none'` for the rest. Added outermost, so that it covers what
+/// [`check_access`] turns away too.
+pub fn unframed(router: Router) -> Router {
+    router
+        .layer(SetResponseHeaderLayer::overriding(
+            header::X_FRAME_OPTIONS,
+            HeaderValue::from_static("DENY"),
+        ))
+        .layer(SetResponseHeaderLayer::overriding(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static("frame-ancestors 'none'"),
+        ))
 }
 
 /// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.

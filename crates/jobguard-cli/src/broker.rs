@@ -375,6 +375,10 @@ impl Delivery for BrokerDelivery {
         each!(self, BrokerDelivery, delivery => delivery.progress().await)
     }
 
+    fn order_group(&self) -> Option<&str> {
+        each!(self, BrokerDelivery, delivery => delivery.order_group())
+    }
+
     async fn ack_all(deliveries: Vec<Self>) -> jobguard::Result<()> {
         // A batch comes from one source, so from one broker: handed to that broker whole.
         let mut rabbitmq = Vec::new();

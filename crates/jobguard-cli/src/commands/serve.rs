@@ -14,7 +14,8 @@
 //!
 //! Access is [`crate::access`]'s: reads open on a loopback address, the token for everything
 //! but the pages and `/health` elsewhere, and for every write (replay, retry, cancel, delete,
-//! pause, resume) always, refused from other sites. The token is never printed or logged.
+//! pause, resume) always, refused from other sites. The token is never printed or logged. No
+//! response may be shown in another site's frame.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -172,6 +173,7 @@ async fn run<DB: ExampleDb>(
             Arc::clone(&access),
             access::check_access,
         ));
+    let router = access::unframed(router);
 
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await

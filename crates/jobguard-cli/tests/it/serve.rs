@@ -434,6 +434,55 @@ fn a_non_loopback_bind_needs_the_token_and_the_token_is_never_logged() {
     assert!(off.body.contains("--token"), "{}", off.body);
 }
 
+/// No response of `jobguard serve` may be framed: the pages, the API, /metrics and /health,
+/// and the refusals and not-found answers too, each carry `X-Frame-Options: DENY` and
+/// `Content-Security-Policy: frame-ancestors 'none'`.
+#[test]
+fn no_response_of_serve_may_be_framed() {
+    let db = &Db::sqlite("serve::unframed");
+    // Creates the tables, so that the API answers with what it holds.
+    enqueue(db, "noop", json!({"id": "1"}));
+    let server = Server::start(db, &["--token", TOKEN], &[]);
+    let answers = [
+        ("GET /", get(&server.url("/"), None), 200),
+        ("GET /console", get(&server.url("/console"), None), 200),
+        ("GET /health", get(&server.url("/health"), None), 200),
+        ("GET /metrics", get(&server.url("/metrics"), None), 200),
+        ("GET /api/stats", get(&server.url("/api/stats"), None), 200),
+        ("GET /api/jobs", get(&server.url("/api/jobs"), None), 200),
+        (
+            "GET /api/queues",
+            get(&server.url("/api/queues"), None),
+            200,
+        ),
+        (
+            "POST /api/queues/default/pause without the token",
+            request("POST", &server.url("/api/queues/default/pause"), None),
+            401,
+        ),
+        (
+            "POST /api/dead/999999/replay",
+            request("POST", &server.url("/api/dead/999999/replay"), Some(TOKEN)),
+            409,
+        ),
+        ("GET /nowhere", get(&server.url("/nowhere"), None), 404),
+    ];
+    for (what, answer, status) in answers {
+        assert_eq!(answer.status, status, "{what}: {}", answer.body);
+        let header = |name: &str| {
+            let values: Vec<_> = answer.headers.get_all(name).iter().collect();
+            assert_eq!(values.len(), 1, "{what}: one {name}, got {values:?}");
+            values[0].to_str().unwrap().to_owned()
+        };
+        assert_eq!(header("x-frame-options"), "DENY", "{what}");
+        assert_eq!(
+            header("content-security-policy"),
+            "frame-ancestors 'none'",
+            "{what}"
+        );
+    }
+}
+
 /// The dashboard in headless Chromium: the chart shows the duplicates, and the replay button
 /// replays a dead letter with the token and is refused without it.
 #[test]

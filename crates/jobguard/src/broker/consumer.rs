@@ -23,6 +23,12 @@
 //! transaction, each key claimed in it and each effect run in turn, one commit, then one
 //! acknowledgement of them all ([`Delivery::ack_all`]). A batch that fails in any way rolls
 //! back, and its messages run again one per transaction as above.
+//!
+//! Messages that name an order group ([`Delivery::order_group`]: an SQS FIFO queue's message
+//! group) never run at once with another of their group, nor batch: they run one at a time in
+//! the order received, each after the one before was acknowledged or dead-lettered; one given
+//! back for a later delivery gives back the rest of its group behind it, which the broker then
+//! delivers again after it.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -39,6 +45,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 mod batch;
+mod ordered;
 pub(super) mod runnable;
 
 use self::runnable::Runnable;
@@ -78,6 +85,13 @@ pub trait Delivery: Send + Sync + 'static {
     /// Tells the broker the message's job is still running, so it is not delivered to another
     /// consumer meanwhile. Called every [`Source::progress_interval`] while the job runs.
     fn progress(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// The group whose messages must run one at a time, in the order the broker handed them
+    /// over (an SQS FIFO queue's `MessageGroupId`); `None`, the default, for a message that
+    /// may run alongside any other. See the [module documentation](self).
+    fn order_group(&self) -> Option<&str> {
+        None
+    }
 
     /// Acknowledges all of `deliveries`, a batch whose transaction committed, as few round
     /// trips as the broker allows (RabbitMQ one `basic.ack` with `multiple`, Redis one `XACK`).
@@ -405,6 +419,7 @@ impl<DB: Backend> Consumer<DB> {
         let mut last_message = Instant::now();
         let mut receive_failures = 0_u32;
         let mut failure = None;
+        let mut tails = ordered::Tails::default();
 
         loop {
             while let Some(joined) = tasks.try_join_next() {
@@ -480,17 +495,23 @@ impl<DB: Backend> Consumer<DB> {
                 }
             }
             let mut first = Some(first);
+            let (lanes, messages) = ordered::lanes(messages);
+            for (group, lane) in lanes {
+                let lane_permits = take_permits(&mut first, &permits, lane.len()).await;
+                let (after, done) = tails.follow(group);
+                let (consumer, limits, counters) =
+                    (Arc::clone(&consumer), limits.clone(), Arc::clone(&counters));
+                tasks.spawn(consumer.process_in_order(
+                    lane,
+                    after,
+                    done,
+                    limits,
+                    counters,
+                    lane_permits,
+                ));
+            }
             for group in consumer.group(messages, &limits) {
-                let mut group_permits = Vec::with_capacity(group.len());
-                for _ in 0..group.len() {
-                    group_permits.push(match first.take() {
-                        Some(permit) => permit,
-                        None => Arc::clone(&permits)
-                            .acquire_owned()
-                            .await
-                            .expect("never closed"),
-                    });
-                }
+                let mut group_permits = take_permits(&mut first, &permits, group.len()).await;
                 let (consumer, limits, counters) =
                     (Arc::clone(&consumer), limits.clone(), Arc::clone(&counters));
                 match <[_; 1]>::try_from(group) {
@@ -545,13 +566,15 @@ impl<DB: Backend> Consumer<DB> {
         self.process_one(message, &limits, &counters).await;
     }
 
-    /// Runs one message in its own transaction and settles it.
+    /// Runs one message in its own transaction and settles it. True when it is settled for
+    /// good, acknowledged or dead-lettered; false when it was given back to the broker (or the
+    /// broker did not take its dead letter), to be delivered again.
     async fn process_one<D: Delivery>(
         &self,
         message: Message<D, DB>,
         limits: &Limits,
         counters: &Counters,
-    ) {
+    ) -> bool {
         let Message { delivery, decoded } = message;
         let attempt = delivery.attempt();
         let kind = kind_of(&decoded);
@@ -594,7 +617,8 @@ impl<DB: Backend> Consumer<DB> {
                         tracing::warn!(%error, "the ack failed; the message comes again as a duplicate");
                         Counters::add(&counters.unacked);
                     }
-                    return;
+                    // Committed: what comes after it may run, even if the ack was lost.
+                    return true;
                 }
                 Ok(Err(error)) => error,
                 Err(panicked) => Error::Effect {
@@ -618,13 +642,20 @@ impl<DB: Backend> Consumer<DB> {
                 tracing::warn!(%error, "giving the message back failed; the broker delivers it again later");
                 Counters::add(&counters.unacked);
             }
+            false
         }
         .instrument(span)
-        .await;
+        .await
     }
 
-    /// Dead-letters a delivery and counts it.
-    async fn bury<D: Delivery>(&self, delivery: D, kind: &str, reason: &str, counters: &Counters) {
+    /// Dead-letters a delivery and counts it; false when the broker did not take it.
+    async fn bury<D: Delivery>(
+        &self,
+        delivery: D,
+        kind: &str,
+        reason: &str,
+        counters: &Counters,
+    ) -> bool {
         tracing::warn!(error = reason, "message dead-lettered");
         // Kinds nobody registered are whatever a message said: one label for them all keeps
         // the series bounded.
@@ -638,7 +669,9 @@ impl<DB: Backend> Consumer<DB> {
         if let Err(error) = delivery.dead_letter(reason.to_owned()).await {
             tracing::warn!(%error, "dead-lettering failed; the broker delivers the message again");
             Counters::add(&counters.unacked);
+            return false;
         }
+        true
     }
 
     /// A received delivery with what its body decodes to.
@@ -726,6 +759,26 @@ fn message_span<DB: Backend>(
         job.key = key.as_deref().unwrap_or("-"),
         attempt,
     )
+}
+
+/// `n` permits for messages about to run: `first`, the one taken before the receive, then as
+/// many more as needed (free: the receive asked for no more messages than there were).
+async fn take_permits(
+    first: &mut Option<OwnedSemaphorePermit>,
+    permits: &Arc<Semaphore>,
+    n: usize,
+) -> Vec<OwnedSemaphorePermit> {
+    let mut taken = Vec::with_capacity(n);
+    for _ in 0..n {
+        taken.push(match first.take() {
+            Some(permit) => permit,
+            None => Arc::clone(permits)
+                .acquire_owned()
+                .await
+                .expect("never closed"),
+        });
+    }
+    taken
 }
 
 /// Consecutive failed receives after which [`Consumer::run`] gives up.

@@ -79,10 +79,19 @@
 //! [`SqsSink::publish`] sends a job to a FIFO queue with its job key as
 //! `MessageDeduplicationId`, so a job published again within SQS's five-minute deduplication
 //! window is stored once, and as `MessageGroupId` unless a group is given
-//! ([`SqsSink::publish_in_group`]): SQS hands out the messages of one group in order, one
-//! in flight at a time, so jobs that must not run at once or out of order (the credits of one
-//! account) share a group. Outside the window the guard deduplicates. A failed job's message,
-//! given back with the retry delay, holds its group back until it is received again.
+//! ([`SqsSink::publish_in_group`]): jobs that must not run at once or out of order (the credits
+//! of one account) share a group. Outside the window the guard deduplicates.
+//!
+//! One `ReceiveMessage` can hand over several messages of a group at once. The consumer runs
+//! them one at a time, in the order received, each in its own transaction once the one before
+//! it was deleted or dead-lettered, extending the visibility of those waiting behind it; the
+//! messages of other groups run alongside. A failed job's message, given back with the retry
+//! delay, holds its group: the messages behind it are given back at once without running, and
+//! since SQS hands out nothing of a group while one of its messages is in flight, they come
+//! again after it, until it succeeds or is dead-lettered. Each such give-back is a receive that
+//! counts toward `maxReceiveCount` (and [`max_deliveries`](SqsConfig::max_deliveries)), so a
+//! FIFO queue whose jobs fail now and then wants deliveries to spare. Messages of a FIFO queue
+//! never run in batches ([`ConsumerConfig::batch_size`](super::ConsumerConfig::batch_size)).
 //!
 //! # A delete after the visibility timeout
 //!
@@ -460,6 +469,11 @@ impl Delivery for SqsDelivery {
 
     async fn progress(&self) -> Result<()> {
         self.change_visibility(self.visibility).await
+    }
+
+    fn order_group(&self) -> Option<&str> {
+        // A standard queue keeps a group id it was sent with, but promises no order by it.
+        self.group.as_deref().filter(|_| self.queue.fifo)
     }
 }
 

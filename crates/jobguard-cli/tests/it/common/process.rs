@@ -9,9 +9,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The binary under test, with no database or log settings inherited from the environment.
+/// The binary under test, with no database or log settings inherited from the environment:
+/// the one cargo built, or `JOBGUARD_TEST_BIN` when set (checkouts that share one target
+/// directory overwrite each other's `debug/jobguard`; a copy of one's own is stable).
 pub fn jobguard() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_jobguard"));
+    let binary = std::env::var_os("JOBGUARD_TEST_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_jobguard").into());
+    let mut command = Command::new(binary);
     command
         .env_remove("DATABASE_URL")
         .env_remove("JOBGUARD_LOG")

@@ -97,6 +97,7 @@ impl Drop for Server {
 /// An HTTP answer.
 pub struct Answer {
     pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
     pub body: String,
 }
 
@@ -133,6 +134,7 @@ pub fn request_with(
         let response = request.send().await.expect("reach jobguard serve");
         Answer {
             status: response.status().as_u16(),
+            headers: response.headers().clone(),
             body: response.text().await.unwrap(),
         }
     })

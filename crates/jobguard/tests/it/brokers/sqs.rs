@@ -281,3 +281,196 @@ async fn sqs_fifo_queues_store_a_job_published_again_once() {
     sqs::remove(&url, &config).await.expect("delete the queues");
     pool.close().await;
 }
+
+/// One step of an account's history, for the FIFO order tests: runs in the message group
+/// `group`, records when its effect starts and ends, holds its transaction `hold_ms`, and with
+/// `fail_first` fails its first delivery, retryably.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct Step {
+    /// Which test run the step belongs to: the tests of both backends share this process.
+    run: String,
+    group: String,
+    seq: u32,
+    hold_ms: u64,
+    fail_first: bool,
+}
+
+/// What the steps' effects did, in the order they did it: (run, group, seq, started).
+static STEP_EVENTS: std::sync::Mutex<Vec<(String, String, u32, bool)>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn step_events() -> std::sync::MutexGuard<'static, Vec<(String, String, u32, bool)>> {
+    STEP_EVENTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<DB: crate::common::TestDb> jobguard::Job<DB> for Step {
+    const KIND: &'static str = "step";
+
+    fn key(&self) -> Result<JobKey, jobguard::KeyError> {
+        JobKey::new("step", [&self.run, &self.group, &self.seq.to_string()])
+    }
+
+    async fn run(
+        &self,
+        conn: &mut <DB as sqlx::Database>::Connection,
+    ) -> Result<(), jobguard::JobError> {
+        let event = |started| (self.run.clone(), self.group.clone(), self.seq, started);
+        let first = {
+            let mut events = step_events();
+            let first = !events.contains(&event(true));
+            events.push(event(true));
+            first
+        };
+        DB::insert_ledger(conn, 1, 1).await?;
+        tokio::time::sleep(Duration::from_millis(self.hold_ms)).await;
+        step_events().push(event(false));
+        if self.fail_first && first {
+            return Err(jobguard::JobError::msg("the account is locked"));
+        }
+        Ok(())
+    }
+}
+
+/// A FIFO queue's message groups run one message at a time, in the order sent, even when one
+/// receive hands over several messages of a group: the effects of a group never overlap and
+/// commit in send order. The first message of group `a` fails its first delivery: it holds
+/// its group (the rest of `a` commits after it) and not the other group.
+async fn sqs_fifo_groups_run_one_at_a_time_in_order<DB: crate::common::TestDb>() {
+    use std::sync::{Arc, Mutex};
+
+    use futures::FutureExt as _;
+    use jobguard::Outcome;
+    use jobguard::broker::ConsumerConfig;
+
+    use crate::common::ledger_rows;
+
+    let Some(url) = Sqs::url() else {
+        return;
+    };
+    let Some(pool) = DB::open("sqs_fifo_order", 8).await else {
+        return;
+    };
+    let run = format!("{}-{}", DB::BACKEND, std::process::id());
+    let name = format!("order-{run}.fifo");
+    let config = SqsConfig {
+        prefetch: 10,
+        max_deliveries: 5,
+        visibility_timeout: Duration::from_secs(6),
+        ..Sqs::config(&name)
+    };
+    sqs::remove(&url, &config).await.expect("delete the queues");
+    let source = SqsSource::connect(&url, config.clone())
+        .await
+        .expect("declare the FIFO queues");
+
+    const STEPS: u32 = 4;
+    let sink = SqsSink::connect(&url).expect("an SQS sink");
+    // Sent interleaved: a0 b0 a1 b1 ...
+    for seq in 0..STEPS {
+        for group in ["a", "b"] {
+            let step = Step {
+                run: run.clone(),
+                group: group.to_owned(),
+                seq,
+                hold_ms: 200,
+                fail_first: group == "a" && seq == 0,
+            };
+            let envelope = Envelope::for_job::<DB, _>(&step).unwrap();
+            sink.publish_in_group(&config.queue, &envelope, group)
+                .await
+                .expect("send");
+        }
+    }
+
+    let committed: Arc<Mutex<Vec<String>>> = Arc::default();
+    let consumer = {
+        let committed = Arc::clone(&committed);
+        Consumer::with_config(
+            Guard::new(pool.clone()),
+            ConsumerConfig {
+                retry_delay: Duration::from_millis(500),
+                stop_when_idle_for: Some(Duration::from_secs(6)),
+                ..ConsumerConfig::default()
+            },
+        )
+        .register::<Step>()
+        .before_ack(move |key, outcome| {
+            if matches!(outcome, Outcome::Applied(())) {
+                committed.lock().unwrap().push(key.to_string());
+            }
+            async {}.boxed()
+        })
+    };
+    consumer.migrate().await.unwrap();
+    let stats = tokio::time::timeout(
+        Duration::from_secs(120),
+        consumer.run(source, std::future::pending()),
+    )
+    .await
+    .expect("the consumer stopped before the deadline")
+    .expect("the consumer ran");
+
+    // Each group's effects, in the order they started and ended: never two at once.
+    for group in ["a", "b"] {
+        let events: Vec<(u32, bool)> = step_events()
+            .iter()
+            .filter(|(r, g, _, _)| *r == run && g == group)
+            .map(|(_, _, seq, started)| (*seq, *started))
+            .collect();
+        for pair in events.chunks(2) {
+            assert!(
+                matches!(pair, [(s, true), (e, false)] if s == e),
+                "group {group}: one step started before the one before it ended: {events:?}"
+            );
+        }
+        let runs: Vec<u32> = events
+            .iter()
+            .filter(|(_, started)| *started)
+            .map(|(seq, _)| *seq)
+            .collect();
+        let expected: Vec<u32> = match group {
+            // a0 failed once and ran again before a1.
+            "a" => [0].into_iter().chain(0..STEPS).collect(),
+            _ => (0..STEPS).collect(),
+        };
+        assert_eq!(runs, expected, "group {group} ran out of order");
+        let commits: Vec<String> = committed
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|key| key.starts_with(&format!("step:{run}:{group}:")))
+            .cloned()
+            .collect();
+        let in_order: Vec<String> = (0..STEPS)
+            .map(|seq| format!("step:{run}:{group}:{seq}"))
+            .collect();
+        assert_eq!(commits, in_order, "group {group} committed out of order");
+    }
+    let total = u64::from(2 * STEPS);
+    assert_eq!(
+        (stats.applied, stats.duplicates, stats.failed, stats.dead),
+        (total, 0, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(ledger_rows(&pool).await, total as i64);
+    assert!(Sqs::take_all(&url, &config.queue).await.is_empty());
+    assert!(
+        Sqs::take_all(&url, &config.dead_letter_queue)
+            .await
+            .is_empty()
+    );
+    sqs::remove(&url, &config).await.expect("delete the queues");
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_fifo_groups_run_one_at_a_time_in_order_postgres() {
+    sqs_fifo_groups_run_one_at_a_time_in_order::<sqlx::Postgres>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_fifo_groups_run_one_at_a_time_in_order_sqlite() {
+    sqs_fifo_groups_run_one_at_a_time_in_order::<Sqlite>().await;
+}
