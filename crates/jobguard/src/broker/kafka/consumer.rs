@@ -95,6 +95,8 @@ impl<DB: Backend> Lane<DB> {
         self.queue.clear();
         self.failures = 0;
         self.retry_at = None;
+        // As the client holds it once the partition is assigned again: the rebalance callback
+        // resumes every partition it assigns (`source.rs`).
         self.paused = false;
         self.ready_at = None;
         self.expected = None;

@@ -108,6 +108,11 @@ impl ConsumerContext for Rebalancer {
                     consumer.assign(tpl)
                 };
                 log_failure(done, "take the assigned partitions");
+                // librdkafka keeps an application's pause of a partition across its revocation
+                // and a later assignment: a partition this consumer paused (its lane full, or
+                // waiting out a retry) and is handed back would never be fetched again. Every
+                // lane starts unpaused, and so does its partition.
+                log_failure(consumer.resume(tpl), "resume the assigned partitions");
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
