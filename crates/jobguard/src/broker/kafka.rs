@@ -61,10 +61,12 @@ use crate::outbox::{OutboxMessage, Sink, SinkError};
 use crate::table::TableName;
 
 mod consumer;
+mod out_of_range;
 mod source;
 
 #[allow(unused_imports)] // Linked from the module documentation.
 use super::{Consumer, Offsets};
+pub use out_of_range::{BelowLogStart, PastLogEnd};
 pub use source::KafkaSource;
 
 const BROKER: &str = "kafka";
@@ -109,6 +111,12 @@ pub struct KafkaConfig {
     pub declare: bool,
     /// The table the offsets are stored in (default `jobguard_consumer_offsets`).
     pub offsets_table: TableName,
+    /// What a partition whose stored offset is below its log start does (default
+    /// [`BelowLogStart::Resume`]).
+    pub below_log_start: BelowLogStart,
+    /// What a partition whose stored offset is past its log end does (default
+    /// [`PastLogEnd::Refuse`]).
+    pub past_log_end: PastLogEnd,
     /// Further librdkafka settings for the consumer and the dead-letter producer, as
     /// `(name, value)`, applied last.
     pub client_settings: Vec<(String, String)>,
@@ -130,6 +138,8 @@ impl KafkaConfig {
             declare: true,
             offsets_table: TableName::new(crate::store::offsets::DEFAULT_OFFSETS_TABLE)
                 .expect("the default name is valid"),
+            below_log_start: BelowLogStart::default(),
+            past_log_end: PastLogEnd::default(),
             client_settings: Vec::new(),
         }
     }

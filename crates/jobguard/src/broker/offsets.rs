@@ -94,6 +94,13 @@ impl<DB: Backend> Offsets<DB> {
         Ok(u32::try_from(runs).unwrap_or(u32::MAX))
     }
 
+    /// Sets the stored offset of `position`'s partition to `position.next_offset`, lower than
+    /// the stored one or not: for a topic deleted and made again, whose offsets start over.
+    pub(crate) async fn reset(&self, position: &Position<'_>) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(DB::reset_offset(&mut conn, &self.sql, position).await?)
+    }
+
     /// The stored next offset of each partition of `topic` for `group`.
     pub async fn read(&self, group: &str, topic: &str) -> Result<BTreeMap<i32, i64>> {
         let mut conn = self.pool.acquire().await?;

@@ -46,6 +46,9 @@ pub struct OffsetSql {
     pub(crate) attempt: Arc<str>,
     /// `$1` group, `$2` topic: deletes their attempt counts.
     pub(crate) forget_attempts: Arc<str>,
+    /// `$1` group, `$2` topic, `$3` partition, `$4` next offset: sets the row to it, lower or
+    /// not (a recreated topic starts again below what was stored for the old one).
+    pub(crate) reset: Arc<str>,
 }
 
 /// The offset statements each backend implements, in its `offsets.rs`.
@@ -78,6 +81,14 @@ pub trait OffsetStore: sqlx::Database {
         sql: &OffsetSql,
         position: &Position<'_>,
     ) -> impl Future<Output = sqlx::Result<i64>> + Send;
+
+    /// Sets the stored offset of `position`'s partition to `position.next_offset`, even below
+    /// the stored one.
+    fn reset_offset(
+        conn: &mut Self::Connection,
+        sql: &OffsetSql,
+        position: &Position<'_>,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
     /// Deletes the stored offsets of `group` in `topic`, and their attempt counts; how many
     /// partitions had an offset.
@@ -127,6 +138,21 @@ macro_rules! offset_statements {
                 .fetch_one(conn)
                 .await?;
             Ok(runs)
+        }
+
+        async fn reset_offset(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::offsets::OffsetSql,
+            position: &$crate::store::offsets::Position<'_>,
+        ) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(&*sql.reset))
+                .bind(position.group)
+                .bind(position.topic)
+                .bind(position.partition)
+                .bind(position.next_offset)
+                .execute(conn)
+                .await?;
+            Ok(())
         }
 
         async fn read_offsets(

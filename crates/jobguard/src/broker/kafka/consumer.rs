@@ -20,6 +20,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::Instrument;
 
+use super::out_of_range::{self, OutOfRange};
 use super::source::{Event, KafkaSource};
 use super::{KafkaConfig, ORIGIN_HEADER, PRODUCE_TIMEOUT, REASON_HEADER, kafka_error};
 use crate::broker::consumer::{
@@ -66,6 +67,8 @@ struct Lane<DB: Backend> {
     /// `expected`, and whether a message before `expected` has come since.
     rewound: bool,
     rewound_below: bool,
+    /// Whether the partition's log was asked whether it still holds `expected`.
+    range_checked: bool,
     /// The offset after the last message this process settled: anything before it was
     /// applied or dead-lettered, and is skipped when it comes again.
     settled_next: i64,
@@ -85,6 +88,7 @@ impl<DB: Backend> Lane<DB> {
             expected: None,
             rewound: false,
             rewound_below: false,
+            range_checked: false,
             settled_next: 0,
         }
     }
@@ -103,6 +107,7 @@ impl<DB: Backend> Lane<DB> {
         self.expected = None;
         self.rewound = false;
         self.rewound_below = false;
+        self.range_checked = false;
     }
 }
 
@@ -126,10 +131,10 @@ struct Ran<DB: Backend> {
 }
 
 /// What every unit of a run shares.
-struct Shared<DB: Backend> {
-    offsets: Offsets<DB>,
+pub(super) struct Shared<DB: Backend> {
+    pub(super) offsets: Offsets<DB>,
     dead_letters: FutureProducer,
-    config: KafkaConfig,
+    pub(super) config: KafkaConfig,
     counters: Counters,
     retry_delay: Duration,
 }
@@ -310,6 +315,32 @@ impl<DB: Backend> Consumer<DB> {
                             };
                             if let Some(expected) = lane.expected {
                                 let offset = message.offset();
+                                if offset != expected && !lane.rewound && !lane.range_checked {
+                                    // Before reading the partition again: does its log still
+                                    // hold the stored offset at all?
+                                    lane.range_checked = true;
+                                    let range = out_of_range::log_range(&client, &topic, partition).await;
+                                    let gone = match range.map(|(low, high)| (low, high, out_of_range::stored_offset_gone(expected, low, high))) {
+                                        Some((low, high, Some(gone))) => Some((low, high, gone)),
+                                        _ => None,
+                                    };
+                                    if let Some((low, high, gone)) = gone {
+                                        match out_of_range::out_of_range(&shared, partition, expected, low, high, gone).await {
+                                            Ok(()) => {
+                                                lane.expected = None;
+                                                // After a reset, the offsets start over.
+                                                lane.settled_next = low;
+                                            }
+                                            Err(error) => {
+                                                failure = Some(error);
+                                                break;
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            if let Some(expected) = lane.expected {
+                                let offset = message.offset();
                                 if offset < expected && lane.rewound {
                                     lane.rewound_below = true;
                                 }
@@ -352,13 +383,26 @@ impl<DB: Backend> Consumer<DB> {
                         Event::Assigned(partitions) => {
                             joined = true;
                             last_message = Instant::now();
-                            for (partition, start) in partitions {
+                            for (partition, start, gone) in partitions {
                                 let lane = lanes.entry(partition).or_insert_with(Lane::new);
                                 lane.reset(true);
+                                if let Some(gone) = gone {
+                                    // Counted and logged; a reset stored (before any message of
+                                    // the partition runs), or the consumer stops.
+                                    let OutOfRange { gone: why, stored, low, high } = gone;
+                                    if let Err(error) = out_of_range::out_of_range(&shared, partition, stored, low, high, why).await {
+                                        failure = Some(error);
+                                        break;
+                                    }
+                                    lane.settled_next = low;
+                                }
                                 if let Some(start) = start {
                                     lane.settled_next = lane.settled_next.max(start);
                                     lane.expected = Some(start);
                                 }
+                            }
+                            if failure.is_some() {
+                                break;
                             }
                         }
                         Event::Revoked { partitions, done } => {

@@ -73,6 +73,13 @@ impl OffsetStore for Postgres {
             .into(),
             forget_attempts: format!("delete from {a} where consumer_group = $1 and topic = $2")
                 .into(),
+            reset: format!(
+                "insert into {t} (consumer_group, topic, partition, next_offset)
+                 values ($1, $2, $3, $4)
+                 on conflict (consumer_group, topic, partition) do update
+                 set next_offset = excluded.next_offset, updated_at = now()"
+            )
+            .into(),
         })
     }
 
