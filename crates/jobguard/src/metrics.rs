@@ -21,6 +21,7 @@
 //! | [`OUTBOX_DELIVERED_TOTAL`] `jobguard_outbox_delivered_total` | counter | `topic` |
 //! | [`OUTBOX_RETRIED_TOTAL`] `jobguard_outbox_retried_total` | counter | `topic` |
 //! | [`OUTBOX_DEAD_TOTAL`] `jobguard_outbox_dead_total` | counter | `topic` |
+//! | [`KAFKA_OFFSET_OUT_OF_RANGE_TOTAL`] `jobguard_kafka_offset_out_of_range_total` | counter | `topic`, `reason`, `action` |
 //!
 //! Counters, histograms and the spike gauge are recorded by the process that runs the jobs (a
 //! [`Worker`](crate::Worker), a [`Guard`](crate::Guard)); the gauges marked *sampled* describe
@@ -116,6 +117,29 @@ pub const OUTBOX_DELIVERED_TOTAL: &str = "jobguard_outbox_delivered_total";
 pub const OUTBOX_RETRIED_TOTAL: &str = "jobguard_outbox_retried_total";
 /// Messages dead-lettered: `jobguard_outbox_dead_total{topic}`. Any increase needs a look.
 pub const OUTBOX_DEAD_TOTAL: &str = "jobguard_outbox_dead_total";
+
+/// Kafka partitions assigned at a stored offset their log no longer holds:
+/// `jobguard_kafka_offset_out_of_range_total{topic, reason, action}`, `reason` one of
+/// `below_log_start` (retention removed messages the group had not applied: they are lost) and
+/// `past_log_end` (the topic was made again, or its log truncated), `action` one of `resumed`,
+/// `reset` and `refused` (see `broker::kafka::BelowLogStart` and `PastLogEnd`). Any increase
+/// needs a look.
+pub const KAFKA_OFFSET_OUT_OF_RANGE_TOTAL: &str = "jobguard_kafka_offset_out_of_range_total";
+
+#[cfg(feature = "kafka")]
+pub(crate) fn count_kafka_offset_out_of_range(
+    topic: &str,
+    reason: &'static str,
+    action: &'static str,
+) {
+    metrics::counter!(
+        KAFKA_OFFSET_OUT_OF_RANGE_TOTAL,
+        "topic" => topic.to_owned(),
+        "reason" => reason,
+        "action" => action
+    )
+    .increment(1);
+}
 
 /// Jobs ready to run now and waiting for a worker, per queue: `jobguard_queue_depth{queue}`.
 pub const QUEUE_DEPTH: &str = "jobguard_queue_depth";

@@ -684,6 +684,196 @@ async fn kafka_resumes_from_the_stored_offsets_after_sigkill() {
     queue.remove().await;
 }
 
+/// Kafka: consumer processes join and leave a group while every partition holds more messages
+/// than a lane buffers, so that each consumer pauses its partitions in the client (a lane holding
+/// `buffer`, 100, messages). A starts alone; B joins, then C, each join a rebalance that hands A
+/// (and then B) back partitions it had paused; then A leaves on SIGTERM, then B, each leave a
+/// rebalance that hands the others back partitions they had paused, until C holds every
+/// partition. Each step waits for the group's assignments, read in the consumers' logs. A
+/// partition handed back paused must resume (else the ledger stops short, for good): every key
+/// applied exactly once, its copy a duplicate, every partition's stored offset at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_partitions_handed_back_after_a_rebalance_resume() {
+    let test = "handed_back";
+    let Some(url) = Broker::Kafka.url() else {
+        return;
+    };
+    // A topic, and so a group, of this run's own: tansu keeps a group's members killed by an
+    // earlier run waiting to rejoin.
+    let queue = Queue {
+        broker: Broker::Kafka,
+        url,
+        name: format!("jgcli.{test}.{}.kafka", std::process::id()),
+    };
+    let config = KafkaConfig {
+        partitions: 3,
+        ..queue.kafka()
+    };
+    jobguard::broker::kafka::declare(&queue.url, &config)
+        .await
+        .expect("create the topic");
+    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_kafka"));
+    const KEYS: usize = 3_000;
+    // Each key twice: 6,000 messages, about 2,000 a partition, twenty lane buffers each. Each
+    // consumer runs one partition at a time (`--prefetch 1`): the lanes of the others wait full,
+    // their partitions paused, when the group hands them back.
+    let envelopes: Vec<Envelope> = (0..KEYS)
+        .flat_map(|n| std::iter::repeat_n(credit(n), 2))
+        .collect();
+    queue.publish(&envelopes).await;
+
+    let mut a = kafka_member(&queue, &db, "a");
+    wait_for_assignments(&mut a, 1).await;
+    wait_for_ledger(&db, 1, &mut [&mut a]).await;
+    let mut b = kafka_member(&queue, &db, "b");
+    // A is handed back partitions it paused, B gets its own.
+    wait_for_assignments(&mut b, 1).await;
+    wait_for_assignments(&mut a, 2).await;
+    let mut c = kafka_member(&queue, &db, "c");
+    wait_for_assignments(&mut c, 1).await;
+    wait_for_assignments(&mut b, 2).await;
+    a.0.signal("TERM");
+    let a = a.report().await;
+    // B and C share A's partitions.
+    wait_for_assignments(&mut b, 3).await;
+    wait_for_assignments(&mut c, 2).await;
+    b.0.signal("TERM");
+    let b = b.report().await;
+    wait_for_assignments(&mut c, 3).await;
+    let keys = KEYS as i64;
+    wait_for_ledger(&db, keys, &mut [&mut c]).await;
+    c.0.signal("TERM");
+    let c = c.report().await;
+    let reports = [&a, &b, &c];
+    let total = |field: &str| -> u64 { reports.iter().map(|r| r[field].as_u64().unwrap()).sum() };
+    assert_eq!(
+        (total("applied"), total("duplicates"), total("dead")),
+        (KEYS as u64, KEYS as u64, 0),
+        "a {a}, b {b}, c {c}"
+    );
+    assert_eq!(
+        ledger(&db).await,
+        (keys, keys),
+        "every key applied exactly once"
+    );
+    let ends = tokio::task::spawn_blocking({
+        let (url, topic) = (queue.url.clone(), queue.name.clone());
+        move || kafka_ends(&url, &topic)
+    })
+    .await
+    .unwrap();
+    assert_eq!(ends.iter().map(|(_, end)| end).sum::<i64>(), 2 * keys);
+    assert_eq!(stored_offsets(&db, &queue.name).await, ends);
+    queue.remove().await;
+}
+
+/// A `jobguard consume --broker kafka --json` process that logs its assignments, until SIGTERM.
+fn kafka_member(queue: &Queue, db: &Db, name: &str) -> Consumer {
+    let mut command = jobguard();
+    command
+        .env("JOBGUARD_LOG", "warn,jobguard::broker::kafka=debug")
+        .args(["consume", "--broker", "kafka", "--url", &queue.url])
+        .args(["--queue", &queue.name, "--database-url", &db.url])
+        .args(["--prefetch", "1", "--retry-delay", "100ms"])
+        .arg("--json");
+    Consumer(spawn(&db.dir, name, command))
+}
+
+/// Waits until `consumer` logged `count` assignments of the group (its first, or others after
+/// rebalances), failing the test if it ends first or after [`DEADLINE`].
+async fn wait_for_assignments(consumer: &mut Consumer, count: usize) {
+    let started = Instant::now();
+    loop {
+        let assigned = consumer.stderr().matches("partitions assigned").count();
+        if assigned >= count {
+            return;
+        }
+        if let Some(exit) = consumer.0.exited() {
+            panic!(
+                "the consumer ended after {assigned} of {count} assignments: {}",
+                exit.stderr
+            );
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{assigned} of {count} assignments within {DEADLINE:?}: {}",
+            consumer.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `jobguard_ledger` holds at least `rows` rows while `consumers` run; the rows it
+/// holds then. Fails the test when a consumer ends first (idle: its partitions stopped) or after
+/// [`DEADLINE`].
+async fn wait_for_ledger(db: &Db, rows: i64, consumers: &mut [&mut Consumer]) -> i64 {
+    let started = Instant::now();
+    loop {
+        let held = ledger_rows_so_far(db).await;
+        if held >= rows {
+            return held;
+        }
+        for consumer in consumers.iter_mut() {
+            if let Some(exit) = consumer.0.exited() {
+                panic!(
+                    "a consumer stopped with {held} of {rows} rows applied: {}",
+                    exit.stdout
+                );
+            }
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{held} of {rows} rows applied within {DEADLINE:?}: a partition stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The rows of `jobguard_ledger`, 0 before a consumer made it.
+async fn ledger_rows_so_far(db: &Db) -> i64 {
+    let sql = "select count(*) from jobguard_ledger";
+    let rows: Option<(i64,)> = if db.is_postgres() {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        let rows = sqlx::query_as(sql).fetch_one(&pool).await.ok();
+        pool.close().await;
+        rows
+    } else {
+        let pool = jobguard::sqlite::connect(&db.url, 1).await.unwrap();
+        let rows = sqlx::query_as(sql).fetch_one(&pool).await.ok();
+        pool.close().await;
+        rows
+    };
+    rows.map_or(0, |(rows,)| rows)
+}
+
+/// Where each partition of `topic` ends, by partition.
+fn kafka_ends(url: &str, topic: &str) -> Vec<(i32, i64)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set(
+            "bootstrap.servers",
+            jobguard::broker::kafka::bootstrap_servers(url).unwrap(),
+        )
+        .create()
+        .expect("a client");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("the topic's metadata");
+    let mut ends: Vec<(i32, i64)> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions())
+        .map(|partition| {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, partition.id(), Duration::from_secs(10))
+                .expect("watermarks");
+            (partition.id(), high)
+        })
+        .collect();
+    ends.sort();
+    ends
+}
+
 /// `jobguard consume --metrics-bind` serves `/health` and the outcomes it counted at
 /// `/metrics`: a message published twice is applied once and found a duplicate once.
 async fn consumer_serves_its_metrics(broker: Broker) {

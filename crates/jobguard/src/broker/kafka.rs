@@ -28,8 +28,12 @@
 //! [`Job::BATCH`](crate::Job::BATCH), run in one transaction with one offset write; a batch
 //! that fails rolls back and its messages run one per transaction.
 //!
-//! Attempts are counted by the consumer, in memory: Kafka keeps no delivery count. A consumer
-//! that dies while a message fails starts its count again.
+//! Kafka keeps no delivery count: the consumer counts each run of a partition's head message in
+//! the database (the table of [`Offsets`] with `_attempts` after its name), in a transaction
+//! committed before the message runs. A message whose consumer is killed running it, on every
+//! delivery, is dead-lettered once its runs reach [`KafkaConfig::max_deliveries`], as on the
+//! brokers that count deliveries; a message that fails is retried up to that count whichever
+//! consumer of the group runs it.
 //!
 //! # Rebalances
 //!
@@ -57,10 +61,12 @@ use crate::outbox::{OutboxMessage, Sink, SinkError};
 use crate::table::TableName;
 
 mod consumer;
+mod out_of_range;
 mod source;
 
 #[allow(unused_imports)] // Linked from the module documentation.
 use super::{Consumer, Offsets};
+pub use out_of_range::{BelowLogStart, PastLogEnd};
 pub use source::KafkaSource;
 
 const BROKER: &str = "kafka";
@@ -92,7 +98,8 @@ pub struct KafkaConfig {
     pub concurrency: usize,
     /// Messages received and held per partition before the partition is paused (default 100).
     pub buffer: usize,
-    /// Attempts a message gets before it is dead-lettered (default 5).
+    /// Runs a message gets before it is dead-lettered (default 5), counted in the database:
+    /// failed runs, and runs whose consumer died or stopped before their end.
     pub max_deliveries: u32,
     /// How long the group waits for a consumer's heartbeat before it hands its partitions to
     /// the others (Kafka's `session.timeout.ms`, default 10 s). Heartbeats come from the
@@ -104,6 +111,12 @@ pub struct KafkaConfig {
     pub declare: bool,
     /// The table the offsets are stored in (default `jobguard_consumer_offsets`).
     pub offsets_table: TableName,
+    /// What a partition whose stored offset is below its log start does (default
+    /// [`BelowLogStart::Resume`]).
+    pub below_log_start: BelowLogStart,
+    /// What a partition whose stored offset is past its log end does (default
+    /// [`PastLogEnd::Refuse`]).
+    pub past_log_end: PastLogEnd,
     /// Further librdkafka settings for the consumer and the dead-letter producer, as
     /// `(name, value)`, applied last.
     pub client_settings: Vec<(String, String)>,
@@ -125,6 +138,8 @@ impl KafkaConfig {
             declare: true,
             offsets_table: TableName::new(crate::store::offsets::DEFAULT_OFFSETS_TABLE)
                 .expect("the default name is valid"),
+            below_log_start: BelowLogStart::default(),
+            past_log_end: PastLogEnd::default(),
             client_settings: Vec::new(),
         }
     }

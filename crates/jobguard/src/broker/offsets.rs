@@ -79,6 +79,28 @@ impl<DB: Backend> Offsets<DB> {
         Ok(DB::store_offset(conn, &self.sql, position).await?)
     }
 
+    /// Counts one run started of the message at `position.next_offset` inside the caller's
+    /// transaction, which the caller commits **before** the message runs: a run that kills its
+    /// consumer is counted all the same, and the message is dead-lettered once its runs reach
+    /// the limit, as on brokers that count deliveries. Returns the runs started of it, this one
+    /// included. On PostgreSQL the transaction's commit does not wait for the disk (a server
+    /// crash may lose the last count; a consumer's death never does).
+    pub(crate) async fn count_attempt_tx(
+        &self,
+        conn: &mut DB::Connection,
+        position: &Position<'_>,
+    ) -> Result<u32> {
+        let runs = DB::count_attempt(conn, &self.sql, position).await?;
+        Ok(u32::try_from(runs).unwrap_or(u32::MAX))
+    }
+
+    /// Sets the stored offset of `position`'s partition to `position.next_offset`, lower than
+    /// the stored one or not: for a topic deleted and made again, whose offsets start over.
+    pub(crate) async fn reset(&self, position: &Position<'_>) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(DB::reset_offset(&mut conn, &self.sql, position).await?)
+    }
+
     /// The stored next offset of each partition of `topic` for `group`.
     pub async fn read(&self, group: &str, topic: &str) -> Result<BTreeMap<i32, i64>> {
         let mut conn = self.pool.acquire().await?;
@@ -86,8 +108,9 @@ impl<DB: Backend> Offsets<DB> {
         Ok(rows.into_iter().collect())
     }
 
-    /// Deletes the stored offsets of `group` in `topic`, so that the group starts where the
-    /// broker says (for a topic deleted and made again). Returns how many partitions had one.
+    /// Deletes the stored offsets of `group` in `topic`, and the attempts counted there, so
+    /// that the group starts where the broker says (for a topic deleted and made again).
+    /// Returns how many partitions had one.
     pub async fn forget(&self, group: &str, topic: &str) -> Result<u64> {
         let mut conn = self.pool.acquire().await?;
         Ok(DB::forget_offsets(&mut conn, &self.sql, group, topic).await?)

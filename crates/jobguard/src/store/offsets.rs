@@ -1,6 +1,7 @@
 //! Consumer offsets kept with the effects: for a log broker (Kafka), the next offset of each
 //! partition a consumer group takes, written in the transaction that applied the messages
-//! before it. The statements each backend builds from the table name, and their interface;
+//! before it, and the runs started of the message at it (`<table>_attempts`), written before
+//! each run. The statements each backend builds from the table name, and their interface;
 //! the binding and decoding, the same on every backend, are written once in
 //! [`offset_statements`].
 
@@ -36,6 +37,18 @@ pub struct OffsetSql {
     pub(crate) read: Arc<str>,
     /// `$1` group, `$2` topic: deletes their rows.
     pub(crate) forget: Arc<str>,
+    /// Run first in the transaction that counts an attempt, when the backend needs one
+    /// (PostgreSQL: that transaction's commit does not wait for the disk).
+    pub(crate) attempt_setup: Option<Arc<str>>,
+    /// `$1` group, `$2` topic, `$3` partition, `$4` the offset of the message about to run:
+    /// counts one run of it started, and returns the runs started of it (a row for another
+    /// offset starts again at 1).
+    pub(crate) attempt: Arc<str>,
+    /// `$1` group, `$2` topic: deletes their attempt counts.
+    pub(crate) forget_attempts: Arc<str>,
+    /// `$1` group, `$2` topic, `$3` partition, `$4` next offset: sets the row to it, lower or
+    /// not (a recreated topic starts again below what was stored for the old one).
+    pub(crate) reset: Arc<str>,
 }
 
 /// The offset statements each backend implements, in its `offsets.rs`.
@@ -60,7 +73,25 @@ pub trait OffsetStore: sqlx::Database {
         topic: &str,
     ) -> impl Future<Output = sqlx::Result<Vec<(i32, i64)>>> + Send;
 
-    /// Deletes the stored offsets of `group` in `topic`; how many partitions had one.
+    /// Counts one run started of the message at `position.next_offset`, on the caller's
+    /// connection (in a transaction of its own, committed before the message runs): the runs
+    /// started of it, this one included.
+    fn count_attempt(
+        conn: &mut Self::Connection,
+        sql: &OffsetSql,
+        position: &Position<'_>,
+    ) -> impl Future<Output = sqlx::Result<i64>> + Send;
+
+    /// Sets the stored offset of `position`'s partition to `position.next_offset`, even below
+    /// the stored one.
+    fn reset_offset(
+        conn: &mut Self::Connection,
+        sql: &OffsetSql,
+        position: &Position<'_>,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// Deletes the stored offsets of `group` in `topic`, and their attempt counts; how many
+    /// partitions had an offset.
     fn forget_offsets(
         conn: &mut Self::Connection,
         sql: &OffsetSql,
@@ -89,6 +120,41 @@ macro_rules! offset_statements {
             Ok(())
         }
 
+        async fn count_attempt(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::offsets::OffsetSql,
+            position: &$crate::store::offsets::Position<'_>,
+        ) -> sqlx::Result<i64> {
+            if let Some(setup) = &sql.attempt_setup {
+                sqlx::query(sqlx::AssertSqlSafe(&**setup))
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            let (runs,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(&*sql.attempt))
+                .bind(position.group)
+                .bind(position.topic)
+                .bind(position.partition)
+                .bind(position.next_offset)
+                .fetch_one(conn)
+                .await?;
+            Ok(runs)
+        }
+
+        async fn reset_offset(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::offsets::OffsetSql,
+            position: &$crate::store::offsets::Position<'_>,
+        ) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(&*sql.reset))
+                .bind(position.group)
+                .bind(position.topic)
+                .bind(position.partition)
+                .bind(position.next_offset)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
         async fn read_offsets(
             conn: &mut Self::Connection,
             sql: &$crate::store::offsets::OffsetSql,
@@ -108,6 +174,11 @@ macro_rules! offset_statements {
             group: &str,
             topic: &str,
         ) -> sqlx::Result<u64> {
+            sqlx::query(sqlx::AssertSqlSafe(&*sql.forget_attempts))
+                .bind(group)
+                .bind(topic)
+                .execute(&mut *conn)
+                .await?;
             let done = sqlx::query(sqlx::AssertSqlSafe(&*sql.forget))
                 .bind(group)
                 .bind(topic)

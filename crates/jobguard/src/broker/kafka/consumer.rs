@@ -20,6 +20,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::Instrument;
 
+use super::out_of_range::{self, OutOfRange};
 use super::source::{Event, KafkaSource};
 use super::{KafkaConfig, ORIGIN_HEADER, PRODUCE_TIMEOUT, REASON_HEADER, kafka_error};
 use crate::broker::consumer::{
@@ -51,7 +52,8 @@ struct Lane<DB: Backend> {
     generation: u64,
     /// Whether a unit of the lane runs.
     running: bool,
-    /// Failed attempts of the message at the head.
+    /// Failed attempts of the message at the head, as this process saw them: a head that
+    /// failed runs alone. Its runs are counted in the database (`Offsets::count_attempt_tx`).
     failures: u32,
     /// When the head may be tried again, after a failure.
     retry_at: Option<Instant>,
@@ -65,6 +67,8 @@ struct Lane<DB: Backend> {
     /// `expected`, and whether a message before `expected` has come since.
     rewound: bool,
     rewound_below: bool,
+    /// Whether the partition's log was asked whether it still holds `expected`.
+    range_checked: bool,
     /// The offset after the last message this process settled: anything before it was
     /// applied or dead-lettered, and is skipped when it comes again.
     settled_next: i64,
@@ -84,6 +88,7 @@ impl<DB: Backend> Lane<DB> {
             expected: None,
             rewound: false,
             rewound_below: false,
+            range_checked: false,
             settled_next: 0,
         }
     }
@@ -95,11 +100,14 @@ impl<DB: Backend> Lane<DB> {
         self.queue.clear();
         self.failures = 0;
         self.retry_at = None;
+        // As the client holds it once the partition is assigned again: the rebalance callback
+        // resumes every partition it assigns (`source.rs`).
         self.paused = false;
         self.ready_at = None;
         self.expected = None;
         self.rewound = false;
         self.rewound_below = false;
+        self.range_checked = false;
     }
 }
 
@@ -108,8 +116,6 @@ struct Unit<DB: Backend> {
     partition: i32,
     generation: u64,
     messages: Vec<Received<DB>>,
-    /// Which attempt this is for the first message; the others' first.
-    attempt: u32,
 }
 
 /// How a unit ended.
@@ -125,10 +131,10 @@ struct Ran<DB: Backend> {
 }
 
 /// What every unit of a run shares.
-struct Shared<DB: Backend> {
-    offsets: Offsets<DB>,
+pub(super) struct Shared<DB: Backend> {
+    pub(super) offsets: Offsets<DB>,
     dead_letters: FutureProducer,
-    config: KafkaConfig,
+    pub(super) config: KafkaConfig,
     counters: Counters,
     retry_delay: Duration,
 }
@@ -309,6 +315,32 @@ impl<DB: Backend> Consumer<DB> {
                             };
                             if let Some(expected) = lane.expected {
                                 let offset = message.offset();
+                                if offset != expected && !lane.rewound && !lane.range_checked {
+                                    // Before reading the partition again: does its log still
+                                    // hold the stored offset at all?
+                                    lane.range_checked = true;
+                                    let range = out_of_range::log_range(&client, &topic, partition).await;
+                                    let gone = match range.map(|(low, high)| (low, high, out_of_range::stored_offset_gone(expected, low, high))) {
+                                        Some((low, high, Some(gone))) => Some((low, high, gone)),
+                                        _ => None,
+                                    };
+                                    if let Some((low, high, gone)) = gone {
+                                        match out_of_range::out_of_range(&shared, partition, expected, low, high, gone).await {
+                                            Ok(()) => {
+                                                lane.expected = None;
+                                                // After a reset, the offsets start over.
+                                                lane.settled_next = low;
+                                            }
+                                            Err(error) => {
+                                                failure = Some(error);
+                                                break;
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            if let Some(expected) = lane.expected {
+                                let offset = message.offset();
                                 if offset < expected && lane.rewound {
                                     lane.rewound_below = true;
                                 }
@@ -351,13 +383,26 @@ impl<DB: Backend> Consumer<DB> {
                         Event::Assigned(partitions) => {
                             joined = true;
                             last_message = Instant::now();
-                            for (partition, start) in partitions {
+                            for (partition, start, gone) in partitions {
                                 let lane = lanes.entry(partition).or_insert_with(Lane::new);
                                 lane.reset(true);
+                                if let Some(gone) = gone {
+                                    // Counted and logged; a reset stored (before any message of
+                                    // the partition runs), or the consumer stops.
+                                    let OutOfRange { gone: why, stored, low, high } = gone;
+                                    if let Err(error) = out_of_range::out_of_range(&shared, partition, stored, low, high, why).await {
+                                        failure = Some(error);
+                                        break;
+                                    }
+                                    lane.settled_next = low;
+                                }
                                 if let Some(start) = start {
                                     lane.settled_next = lane.settled_next.max(start);
                                     lane.expected = Some(start);
                                 }
+                            }
+                            if failure.is_some() {
+                                break;
                             }
                         }
                         Event::Revoked { partitions, done } => {
@@ -435,11 +480,10 @@ impl<DB: Backend> Consumer<DB> {
     /// messages after it, up to the batch size. A head that failed before runs alone.
     fn take_unit(&self, partition: i32, lane: &mut Lane<DB>) -> Unit<DB> {
         lane.running = true;
-        let attempt = lane.failures + 1;
         let first = lane.queue.pop_front().expect("the lane holds a message");
         let mut messages = vec![first];
         let size = self.batch_size();
-        if size > 1 && attempt == 1 && self.kafka_batchable(&messages[0]) {
+        if size > 1 && lane.failures == 0 && self.kafka_batchable(&messages[0]) {
             while messages.len() < size
                 && lane
                     .queue
@@ -453,7 +497,6 @@ impl<DB: Backend> Consumer<DB> {
             partition,
             generation: lane.generation,
             messages,
-            attempt,
         }
     }
 
@@ -466,13 +509,15 @@ impl<DB: Backend> Consumer<DB> {
     }
 
     /// Runs a unit: as one transaction when it holds several messages, and one per
-    /// transaction when that rolled back, in order, up to the first failure.
+    /// transaction when that rolled back, in order, up to the first failure. Before each run,
+    /// the run is counted in the database ([`count_attempt`](Self::count_attempt)); a message
+    /// whose runs are past [`KafkaConfig::max_deliveries`] is dead-lettered without running
+    /// again: its earlier runs ended with no result, their consumer killed or stopped.
     async fn run_unit(self: Arc<Self>, shared: Arc<Shared<DB>>, unit: Unit<DB>) -> Ran<DB> {
         let Unit {
             partition,
             generation,
             messages,
-            attempt,
         } = unit;
         let span = tracing::info_span!(
             "partition",
@@ -481,64 +526,104 @@ impl<DB: Backend> Consumer<DB> {
             partition,
             messages = messages.len(),
         );
+        let max = shared.config.max_deliveries.max(1);
         async move {
             let mut messages = VecDeque::from(messages);
             let mut next_offset = None;
+            let unsettled = |messages: VecDeque<Received<DB>>, next_offset, attempt| Ran {
+                partition,
+                generation,
+                unsettled: messages.into(),
+                next_offset,
+                failed_attempt: Some(attempt),
+            };
+            // The first message's run, counted already: by a batch that rolled back (its
+            // messages then run alone at once, the same attempt), or one that did not run.
+            let mut counted = None;
             if messages.len() > 1 {
-                let batch: Vec<&Received<DB>> = messages.iter().collect();
-                match self.transaction(&shared, partition, &batch, 1).await {
-                    Ok(()) => {
-                        let last = messages.back().expect("a batch").offset;
-                        return Ran {
-                            partition,
-                            generation,
-                            unsettled: Vec::new(),
-                            next_offset: Some(last + 1),
-                            failed_attempt: None,
-                        };
+                let first = messages[0].offset;
+                let runs = match self.count_attempt(&shared, partition, first).await {
+                    Ok(runs) => runs,
+                    Err(error) => {
+                        tracing::warn!(%error, "counting the attempt failed; the partition waits, then tries again");
+                        return unsettled(messages, None, 1);
                     }
-                    Err(error) => tracing::info!(
-                        %error,
-                        "the batch rolled back; running its messages one per transaction"
-                    ),
-                }
-            }
-            let mut attempt = attempt;
-            while let Some(message) = messages.pop_front() {
-                let settled = match &message.decoded {
-                    Err((_, reason)) => self.bury_kafka(&shared, partition, &message, reason).await,
-                    Ok(_) => match self.transaction(&shared, partition, &[&message], attempt).await {
-                        Ok(()) => Ok(()),
-                        Err(error)
-                            if error.is_retryable()
-                                && attempt < shared.config.max_deliveries.max(1) =>
-                        {
-                            tracing::warn!(%error, attempt, "the job failed; the partition waits, then tries it again");
-                            Counters::add(&shared.counters.failed);
-                            Err(())
+                };
+                if runs > 1 {
+                    // A batch from here ran before and ended with no result: each message alone.
+                    tracing::info!(runs, "a batch from this offset ran before with no result; running its messages one per transaction");
+                    counted = Some(runs);
+                } else {
+                    let batch: Vec<&Received<DB>> = messages.iter().collect();
+                    match self.transaction(&shared, partition, &batch, 1).await {
+                        Ok(()) => {
+                            let last = messages.back().expect("a batch").offset;
+                            return Ran {
+                                partition,
+                                generation,
+                                unsettled: Vec::new(),
+                                next_offset: Some(last + 1),
+                                failed_attempt: None,
+                            };
                         }
                         Err(error) => {
-                            let reason = if error.is_retryable() {
-                                format!("failed on attempt {attempt}, the last allowed: {error}")
-                            } else {
-                                error.to_string()
-                            };
-                            self.bury_kafka(&shared, partition, &message, &reason).await
+                            tracing::info!(
+                                %error,
+                                "the batch rolled back; running its messages one per transaction"
+                            );
+                            counted = Some(1);
                         }
-                    },
+                    }
+                }
+            }
+            while let Some(message) = messages.pop_front() {
+                let mut attempt = 1;
+                let settled = match &message.decoded {
+                    Err((_, reason)) => self.bury_kafka(&shared, partition, &message, reason).await,
+                    Ok(_) => {
+                        attempt = match counted.take() {
+                            Some(runs) => runs,
+                            None => match self.count_attempt(&shared, partition, message.offset).await {
+                                Ok(runs) => runs,
+                                Err(error) => {
+                                    tracing::warn!(%error, "counting the attempt failed; the partition waits, then tries again");
+                                    messages.push_front(message);
+                                    return unsettled(messages, next_offset, 1);
+                                }
+                            },
+                        };
+                        if attempt > max {
+                            let reason = format!(
+                                "its {} runs allowed ended with no result: its consumer was killed \
+                                 or stopped while running it each time",
+                                attempt - 1
+                            );
+                            self.bury_kafka(&shared, partition, &message, &reason).await
+                        } else {
+                            match self.transaction(&shared, partition, &[&message], attempt).await {
+                                Ok(()) => Ok(()),
+                                Err(error) if error.is_retryable() && attempt < max => {
+                                    tracing::warn!(%error, attempt, "the job failed; the partition waits, then tries it again");
+                                    Counters::add(&shared.counters.failed);
+                                    Err(())
+                                }
+                                Err(error) => {
+                                    let reason = if error.is_retryable() {
+                                        format!("failed on attempt {attempt}, the last allowed: {error}")
+                                    } else {
+                                        error.to_string()
+                                    };
+                                    self.bury_kafka(&shared, partition, &message, &reason).await
+                                }
+                            }
+                        }
+                    }
                 };
                 if settled.is_err() {
                     messages.push_front(message);
-                    return Ran {
-                        partition,
-                        generation,
-                        unsettled: messages.into(),
-                        next_offset,
-                        failed_attempt: Some(attempt),
-                    };
+                    return unsettled(messages, next_offset, attempt);
                 }
                 next_offset = Some(message.offset + 1);
-                attempt = 1;
             }
             Ran {
                 partition,
@@ -550,6 +635,27 @@ impl<DB: Backend> Consumer<DB> {
         }
         .instrument(span)
         .await
+    }
+
+    /// Counts a run of the message at `offset` of `partition` in a transaction of its own,
+    /// committed before it runs: the runs started of it, this one included.
+    async fn count_attempt(&self, shared: &Shared<DB>, partition: i32, offset: i64) -> Result<u32> {
+        let position = Position {
+            group: &shared.config.group,
+            topic: &shared.config.topic,
+            partition,
+            next_offset: offset,
+        };
+        let guard = &self.guard;
+        let _turn = guard.write_turn().await;
+        let mut conn = guard.pool().acquire().await?;
+        let mut guarded = guard.begin_on(&mut conn).await?;
+        let runs = shared
+            .offsets
+            .count_attempt_tx(&mut guarded.tx, &position)
+            .await?;
+        guarded.tx.commit().await?;
+        Ok(runs)
     }
 
     /// One transaction for `messages`, consecutive in `partition`: each key claimed and its

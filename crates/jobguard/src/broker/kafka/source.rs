@@ -17,7 +17,10 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
 use tokio::sync::mpsc;
 
-use super::{KafkaConfig, client_config, declare, kafka_error, millis, producer};
+use super::out_of_range::OutOfRange;
+use super::{
+    BelowLogStart, KafkaConfig, PastLogEnd, client_config, declare, kafka_error, millis, producer,
+};
 use crate::broker::Offsets;
 use crate::error::Result;
 use crate::store::Backend;
@@ -27,13 +30,17 @@ use crate::store::Backend;
 /// owner).
 const REVOKE_WAIT: Duration = Duration::from_secs(30);
 
+/// How long the rebalance callback waits for a partition's log range.
+const WATERMARK_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the client thread hands the consumer loop, in the order it happened.
 pub(super) enum Event {
     /// A message.
     Message(OwnedMessage),
     /// These partitions are this consumer's now (the whole assignment, or what was added to it
-    /// under the cooperative protocol), each started at the offset shown when one was stored.
-    Assigned(Vec<(i32, Option<i64>)>),
+    /// under the cooperative protocol), each started at the offset shown when one was stored,
+    /// with what was found when the log no longer holds the stored offset.
+    Assigned(Vec<(i32, Option<i64>, Option<OutOfRange>)>),
     /// These partitions are being taken away: the group waits until `done` is sent (or
     /// [`REVOKE_WAIT`]), so that the transactions running on them commit first.
     Revoked {
@@ -56,6 +63,8 @@ pub(super) struct Rebalancer {
     events: mpsc::UnboundedSender<Event>,
     /// Set when the consumer stops: revocations no longer wait for the loop.
     stopping: Arc<AtomicBool>,
+    below_log_start: BelowLogStart,
+    past_log_end: PastLogEnd,
 }
 
 impl ClientContext for Rebalancer {}
@@ -92,7 +101,32 @@ impl ConsumerContext for Rebalancer {
                     };
                     assigned.push((partition, start));
                 }
-                for (partition, start) in &assigned {
+                // A stored offset the log no longer holds (retention, a topic made again): the
+                // partition starts at its log start when the policy says so, else it is
+                // assigned paused and the loop stops the consumer.
+                let mut refused = TopicPartitionList::new();
+                let assigned: Vec<_> = assigned
+                    .into_iter()
+                    .map(|(partition, start)| {
+                        let Some(stored) = start else {
+                            return (partition, None, None);
+                        };
+                        let range = consumer
+                            .fetch_watermarks(&self.topic, partition, WATERMARK_TIMEOUT)
+                            .inspect_err(|error| tracing::warn!(%error, partition, "cannot read where the partition's log starts and ends"));
+                        match range.ok().and_then(|(low, high)| OutOfRange::check(stored, low, high)) {
+                            Some(gone) if gone.resumes(self.below_log_start, self.past_log_end) => {
+                                (partition, Some(gone.low), Some(gone))
+                            }
+                            Some(gone) => {
+                                refused.add_partition(&self.topic, partition);
+                                (partition, Some(stored), Some(gone))
+                            }
+                            None => (partition, Some(stored), None),
+                        }
+                    })
+                    .collect();
+                for (partition, start, _) in &assigned {
                     if let Some(next) = start
                         && let Err(error) =
                             tpl.set_partition_offset(&self.topic, *partition, Offset::Offset(*next))
@@ -108,6 +142,14 @@ impl ConsumerContext for Rebalancer {
                     consumer.assign(tpl)
                 };
                 log_failure(done, "take the assigned partitions");
+                // librdkafka keeps an application's pause of a partition across its revocation
+                // and a later assignment: a partition this consumer paused (its lane full, or
+                // waiting out a retry) and is handed back would never be fetched again. Every
+                // lane starts unpaused, and so does its partition.
+                log_failure(consumer.resume(tpl), "resume the assigned partitions");
+                if refused.count() > 0 {
+                    log_failure(consumer.pause(&refused), "pause the refused partitions");
+                }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
@@ -186,6 +228,8 @@ impl<DB: Backend> KafkaSource<DB> {
             read_stored: Box::new(move || reader.read_blocking(&group, &topic)),
             events: sender.clone(),
             stopping: Arc::clone(&stopping),
+            below_log_start: config.below_log_start,
+            past_log_end: config.past_log_end,
         };
         let mut client = client_config(url)?;
         client

@@ -501,7 +501,7 @@ async fn a_long_job_keeps_its_message<DB: TestDb, Broker: TestBroker>() {
     fixture.cleanup().await;
 }
 
-brokers!(fn a_message_whose_consumers_keep_dying_is_dead_lettered, counting deliveries);
+brokers!(fn a_message_whose_consumers_keep_dying_is_dead_lettered);
 /// A message whose consumer dies while running it, on every delivery, ends in the dead
 /// letters once its deliveries run out, though no consumer ever settled it.
 async fn a_message_whose_consumers_keep_dying_is_dead_lettered<DB: TestDb, Broker: TestBroker>() {

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt as _;
-use jobguard::broker::kafka::{self, ID_HEADER, KafkaConfig, KafkaSink, bootstrap_servers};
+use jobguard::broker::kafka::{
+    self, ID_HEADER, KafkaConfig, KafkaSink, PastLogEnd, bootstrap_servers,
+};
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Envelope, Offsets};
 use jobguard::{Guard, JobKey, Outcome};
 use rdkafka::ClientConfig;
@@ -533,5 +535,110 @@ async fn a_partition_resumes_inside_a_record_batch<DB: TestDb>() {
     for credit in credits.iter().chain([&last]) {
         assert_eq!(effect_runs::<DB>(&credit.order), 1, "{}", credit.order);
     }
+    fixture.cleanup().await;
+}
+
+/// Applies ten credits of `fixture`'s one-partition topic, then deletes the topic and makes it
+/// again under its name with three new credits and a copy of an old one: the stored offset (10)
+/// is past the new log's end (4). The credits, old then new.
+async fn recreate_the_topic<DB: TestDb>(
+    fixture: &Fixture<DB, Kafka>,
+) -> (Vec<Credit>, Vec<Credit>) {
+    let credit = |n: usize| Credit {
+        order: format!("{}-{n}", fixture.name),
+        ..Credit::new(n, 10)
+    };
+    let old: Vec<Credit> = (0..10).map(credit).collect();
+    fixture
+        .publish(old.iter().map(Credit::body).collect())
+        .await;
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(2), 1).await;
+    let stats = fixture
+        .run(consumer, Settings::default(), std::future::pending())
+        .await;
+    assert_eq!(stats.applied, 10, "{stats:?}");
+    let topic = Kafka::topic(&fixture.name);
+    let offsets = Offsets::new(fixture.pool.clone());
+    assert_eq!(
+        offsets.read(&topic, &topic).await.unwrap(),
+        [(0, 10)].into()
+    );
+
+    Kafka::reset(&fixture.url, &fixture.name).await;
+    let new: Vec<Credit> = (10..13).map(credit).collect();
+    let bodies = new.iter().chain([&old[0]]).map(Credit::body).collect();
+    fixture.publish(bodies).await;
+    (old, new)
+}
+
+backends!(fn a_recreated_topic_is_refused);
+/// A topic deleted and made again under its name starts its offsets over, below the offset the
+/// group stored for the old one. By default the consumer refuses it, loudly, rather than skip
+/// every message below the stored offset: it stops with an error that says what to do, and
+/// stores nothing.
+async fn a_recreated_topic_is_refused<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("recreated").await else {
+        return;
+    };
+    let (_, new) = recreate_the_topic(&fixture).await;
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(3), 1).await;
+    let ran = Kafka::run(
+        consumer,
+        &fixture.url,
+        &fixture.name,
+        Settings::default(),
+        std::future::pending(),
+    );
+    let refused = tokio::time::timeout(super::consumer::DEADLINE, ran)
+        .await
+        .expect("the consumer stopped before the deadline");
+    let error = refused.expect_err("the consumer refuses the recreated topic");
+    assert!(
+        error.to_string().contains("deleted and made again"),
+        "{error}"
+    );
+    for credit in &new {
+        assert_eq!(effect_runs::<DB>(&credit.order), 0, "{}", credit.order);
+    }
+    let topic = Kafka::topic(&fixture.name);
+    let stored = Offsets::new(fixture.pool.clone())
+        .read(&topic, &topic)
+        .await
+        .unwrap();
+    assert_eq!(stored, [(0, 10)].into(), "the stored offset stands");
+    fixture.cleanup().await;
+}
+
+backends!(fn a_recreated_topic_is_consumed_from_its_start_when_told);
+/// With [`PastLogEnd::Reset`], the consumer of a topic made again sets the stored offset to the
+/// new log's start and consumes it from there: the new credits apply, the copy of an old one is
+/// a duplicate (the guard still holds its key), and the stored offset is the new log's end.
+async fn a_recreated_topic_is_consumed_from_its_start_when_told<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("reset").await else {
+        return;
+    };
+    let (old, new) = recreate_the_topic(&fixture).await;
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(3), 1).await;
+    let config = KafkaConfig {
+        past_log_end: PastLogEnd::Reset,
+        ..Kafka::config(&fixture.name, Settings::default())
+    };
+    let source = consumer.kafka_source(&fixture.url, config).await.unwrap();
+    let ran = consumer.run_kafka(source, std::future::pending());
+    let stats = tokio::time::timeout(super::consumer::DEADLINE, ran)
+        .await
+        .expect("the consumer stopped before the deadline")
+        .expect("the consumer ran");
+    assert_eq!((stats.applied, stats.duplicates), (3, 1), "{stats:?}");
+    for credit in new.iter().chain([&old[0]]) {
+        assert_eq!(effect_runs::<DB>(&credit.order), 1, "{}", credit.order);
+    }
+    assert_eq!(ledger_rows(&fixture.pool).await, 13);
+    let topic = Kafka::topic(&fixture.name);
+    let stored = Offsets::new(fixture.pool.clone())
+        .read(&topic, &topic)
+        .await
+        .unwrap();
+    assert_eq!(stored, [(0, 4)].into(), "the new log's end");
     fixture.cleanup().await;
 }

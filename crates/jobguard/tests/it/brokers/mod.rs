@@ -631,13 +631,10 @@ impl TestBroker for Redis {
 /// Stamps out one `#[tokio::test]` per database backend and broker over a generic
 /// `async fn name<DB: TestDb, Broker: TestBroker>()`: `brokers!(fn name);` gives the tests
 /// `name::rabbitmq::postgres`, `name::rabbitmq::sqlite`, and so on for NATS, Redis, SQS and
-/// Kafka; `brokers!(fn name, counting deliveries);` leaves out Kafka, which counts none.
+/// Kafka.
 macro_rules! brokers {
     (fn $name:ident) => {
         brokers!(@each $name, Rabbit rabbitmq, Nats nats, Redis redis, Sqs sqs, Kafka kafka);
-    };
-    (fn $name:ident, counting deliveries) => {
-        brokers!(@each $name, Rabbit rabbitmq, Nats nats, Redis redis, Sqs sqs);
     };
     (@each $name:ident, $($broker:ident $module:ident),*) => {
         mod $name {
