@@ -48,7 +48,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sqlx::{Pool, Transaction};
+use sqlx::Pool;
 use tracing::Instrument;
 
 use crate::error::{Error, JobError, Result};
@@ -61,7 +61,7 @@ use crate::store::{Backend, ClaimRow, ClaimToken, GuardRecord, GuardSql, NewClai
 
 mod unit;
 
-pub(crate) use self::unit::{Completing, Failure, Runs, Unit};
+pub(crate) use self::unit::{Completing, Failure, Runs, UnitOfWork};
 use crate::table::TableName;
 
 /// What a delivery of a guarded job did.
@@ -187,11 +187,6 @@ impl<DB: Backend> std::fmt::Debug for Guard<DB> {
     }
 }
 
-/// A transaction opened by [`Guard::begin_on`].
-pub(crate) struct GuardedTx<'c, DB: Backend> {
-    pub(crate) tx: Transaction<'c, DB>,
-}
-
 /// Records a `failed` outcome when dropped armed, that is while a panic unwinds.
 struct PanicCounter<'a> {
     kind: &'a str,
@@ -265,17 +260,6 @@ impl<DB: Backend> Guard<DB> {
     /// PostgreSQL. Held by each batch of a prune.
     pub(crate) async fn write_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
         self.inner.writer.acquire().await
-    }
-
-    /// Opens the transaction a guarded job runs in on `conn`. On SQLite the caller holds this
-    /// process's turn to write ([`write_turn`](Self::write_turn)) until it ends, taken before
-    /// `conn`.
-    pub(crate) async fn begin_on<'c>(
-        &self,
-        conn: &'c mut DB::Connection,
-    ) -> Result<GuardedTx<'c, DB>> {
-        let tx = DB::begin_on(conn).await?;
-        Ok(GuardedTx { tx })
     }
 
     /// Runs `effect` once for `key`, however many times the job is delivered.
@@ -497,7 +481,7 @@ impl<DB: Backend> Guard<DB> {
                 ));
             }
         }
-        let mut unit = Unit::begin(self).await?;
+        let mut unit = UnitOfWork::begin(self).await?;
         if let Claim::Duplicate(record) = unit.claim(key, fingerprint).await? {
             // The duplicate wrote nothing. Dropping the transaction queues its rollback on the
             // connection, which the pool flushes on release, instead of waiting for it here.

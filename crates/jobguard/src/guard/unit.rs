@@ -90,6 +90,22 @@ impl Failure {
         }
     }
 
+    /// The error a runner that settles by [`Error`] reports: contention and lost connections as
+    /// the database errors they are (retryable), a key held elsewhere as a commit that did not
+    /// happen.
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            Failure::Contention(error) | Failure::Connection(error) => Error::Database(error),
+            Failure::HeldElsewhere(_) => Error::Database(sqlx::Error::Protocol(
+                "the commit did not happen: another delivery applied the key".into(),
+            )),
+            Failure::Fenced => {
+                Error::Database(sqlx::Error::Protocol("the lease was taken over".into()))
+            }
+            Failure::Failed(error) => error,
+        }
+    }
+
     /// Whether running the unit again may succeed at once.
     pub(crate) fn runs_again(&self) -> bool {
         matches!(
@@ -161,7 +177,7 @@ pub(crate) struct Completing<'a> {
 }
 
 /// One guarded transaction; see the [module documentation](self).
-pub(crate) struct Unit<'g, 'c, DB: Backend> {
+pub(crate) struct UnitOfWork<'g, 'c, DB: Backend> {
     guard: &'g Guard<DB>,
     tx: Transaction<'c, DB>,
     /// The keys this unit claimed, with their tokens: the first is the witness of a lost commit.
@@ -171,17 +187,17 @@ pub(crate) struct Unit<'g, 'c, DB: Backend> {
 /// How long the check after a lost commit waits for a commit still in flight.
 const WITNESS_TIMEOUT: Duration = Duration::from_secs(30);
 
-impl<'g, DB: Backend> Unit<'g, 'static, DB> {
+impl<'g, DB: Backend> UnitOfWork<'g, 'static, DB> {
     /// A unit on a connection of the guard's pool.
     pub(crate) async fn begin(guard: &'g Guard<DB>) -> Result<Self, Failure> {
         let tx = DB::begin(guard.pool())
             .await
             .map_err(Failure::database::<DB>)?;
-        Ok(Unit::on(guard, tx))
+        Ok(UnitOfWork::on(guard, tx))
     }
 }
 
-impl<'g, 'c, DB: Backend> Unit<'g, 'c, DB> {
+impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
     /// A unit on `conn`, which the caller checked out (on SQLite holding its process's turn to
     /// write, taken before the connection).
     pub(crate) async fn begin_on(
@@ -189,11 +205,11 @@ impl<'g, 'c, DB: Backend> Unit<'g, 'c, DB> {
         conn: &'c mut DB::Connection,
     ) -> Result<Self, Failure> {
         let tx = DB::begin_on(conn).await.map_err(Failure::database::<DB>)?;
-        Ok(Unit::on(guard, tx))
+        Ok(UnitOfWork::on(guard, tx))
     }
 
     fn on(guard: &'g Guard<DB>, tx: Transaction<'c, DB>) -> Self {
-        Unit {
+        UnitOfWork {
             guard,
             tx,
             claimed: Vec::new(),
@@ -321,7 +337,7 @@ impl<'g, 'c, DB: Backend> Unit<'g, 'c, DB> {
     /// by the guard row of the first key the unit claimed; with none claimed, or on SQLite,
     /// whose commit answers in process, it did not happen.
     pub(crate) async fn commit(self) -> Result<(), Failure> {
-        let Unit { guard, tx, claimed } = self;
+        let UnitOfWork { guard, tx, claimed } = self;
         let error = match tx.commit().await {
             Ok(()) => return Ok(()),
             Err(error) if DB::is_transient(&error) => return Err(Failure::Contention(error)),

@@ -23,7 +23,7 @@ use super::run::{job_span, report};
 use super::runnable::Runnable;
 use super::{Counters, Ended, Worker};
 use crate::dispatch::catch_panic;
-use crate::guard::{Claim, Completing, Failure, Unit, fingerprint_of};
+use crate::guard::{Claim, Completing, Failure, UnitOfWork, fingerprint_of};
 use crate::key::JobKey;
 use crate::metrics::count_batch;
 use crate::queue::LeasedJob;
@@ -168,7 +168,7 @@ impl<DB: Backend> Worker<DB> {
                 lease: job.lease,
             })
             .collect();
-        let mut unit = Unit::begin_on(&self.guard, conn)
+        let mut unit = UnitOfWork::begin_on(&self.guard, conn)
             .await
             .map_err(|failure| Rollback::of("opening the batch's transaction", &failure))?;
         let claims = match unit

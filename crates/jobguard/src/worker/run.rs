@@ -12,7 +12,7 @@ use super::{Counters, Ended, SPARE_CONNECTIONS, Worker};
 use crate::dispatch::catch_panic;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::guard::{Claim, Completing, Failure, Runs, Unit, fingerprint_of};
+use crate::guard::{Claim, Completing, Failure, Runs, UnitOfWork, fingerprint_of};
 use crate::key::JobKey;
 use crate::metrics::{DuplicateSource, record_duplicate_source, record_job_duration};
 use crate::queue::LeasedJob;
@@ -186,7 +186,7 @@ impl<DB: Backend> Worker<DB> {
     ) -> Result<Ended, Failure> {
         // Until the claim locks the job, the lease keeper extends its lease: the wait for
         // SQLite's write lock, or for a concurrent delivery of the key to commit, can be long.
-        let mut unit = Unit::begin_on(&self.guard, conn).await?;
+        let mut unit = UnitOfWork::begin_on(&self.guard, conn).await?;
         let completing = Completing {
             key,
             fingerprint: Some(fingerprint),

@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use super::{Consumer, Counters, Delivery, Limits, Message, Runnable, kind_of, with_progress};
 use crate::dispatch::catch_panic;
-use crate::guard::{Claim, Failure, Outcome, Unit, duplicate_of, fingerprint_of};
+use crate::guard::{Claim, Failure, Outcome, UnitOfWork, duplicate_of, fingerprint_of};
 use crate::key::JobKey;
 use crate::spikes::record_outcome;
 use crate::store::Backend;
@@ -178,7 +178,7 @@ impl<DB: Backend> Consumer<DB> {
             .acquire()
             .await
             .map_err(|error| format!("no connection for the batch: {error}"))?;
-        let mut unit = Unit::begin_on(guard, &mut conn)
+        let mut unit = UnitOfWork::begin_on(guard, &mut conn)
             .await
             .map_err(|failure| failure.to_string())?;
         let mut outcomes = Vec::with_capacity(members.len());

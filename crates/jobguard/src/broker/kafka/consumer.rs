@@ -29,7 +29,7 @@ use crate::broker::consumer::{
 use crate::broker::offsets::{Offsets, Position};
 use crate::dispatch::log_join;
 use crate::error::{Error, Result, effect_error};
-use crate::guard::{Claim, Outcome, duplicate_of};
+use crate::guard::{Claim, Failure, Outcome, UnitOfWork, duplicate_of, fingerprint_of};
 use crate::key::JobKey;
 use crate::spikes::record_outcome;
 use crate::store::Backend;
@@ -649,12 +649,14 @@ impl<DB: Backend> Consumer<DB> {
         let guard = &self.guard;
         let _turn = guard.write_turn().await;
         let mut conn = guard.pool().acquire().await?;
-        let mut guarded = guard.begin_on(&mut conn).await?;
+        let mut unit = UnitOfWork::begin_on(guard, &mut conn)
+            .await
+            .map_err(Failure::into_error)?;
         let runs = shared
             .offsets
-            .count_attempt_tx(&mut guarded.tx, &position)
+            .count_attempt_tx(unit.conn(), &position)
             .await?;
-        guarded.tx.commit().await?;
+        unit.commit().await.map_err(Failure::into_error)?;
         Ok(runs)
     }
 
@@ -676,64 +678,71 @@ impl<DB: Backend> Consumer<DB> {
             partition,
             next_offset: last + 1,
         };
-        // On SQLite, this process's turn to write before the connection, as every writer;
-        // both given back at the commit, before the hooks.
+        // One unit of work: each key claimed and its effect run when fresh, then the offset
+        // after the last message, then one commit. On SQLite, this process's turn to write
+        // before the connection, as every writer; both given back at the commit, before the
+        // hooks.
         let outcomes = {
             let _turn = guard.write_turn().await;
             let mut conn = guard.pool().acquire().await?;
-            let mut guarded = guard.begin_on(&mut conn).await?;
-            let ran: Result<(Vec<Outcome<()>>, Vec<JobKey>)> = async {
+            let mut unit = UnitOfWork::begin_on(guard, &mut conn)
+                .await
+                .map_err(Failure::into_error)?;
+            let ran: std::result::Result<Vec<Outcome<()>>, Failure> = async {
                 let mut outcomes = Vec::with_capacity(messages.len());
-                let mut claimed = Vec::new();
                 for message in messages {
                     let Ok((envelope, runnable)) = &message.decoded else {
                         unreachable!("only decoded messages run in a transaction");
                     };
                     let key = &envelope.key;
-                    match guard
-                        .claim_with_payload_tx(&mut guarded.tx, key, &envelope.payload)
-                        .await?
-                    {
+                    let fingerprint =
+                        fingerprint_of(key, &envelope.payload).map_err(Failure::of)?;
+                    match unit.claim(key, Some(&fingerprint)).await? {
                         Claim::Claimed => {
-                            let run =
-                                crate::dispatch::catch_panic(runnable.run_in(&mut guarded.tx));
+                            let run = crate::dispatch::catch_panic(runnable.run_in(unit.conn()));
                             match run.await {
                                 Ok(Ok(())) => {}
-                                Ok(Err(error)) => return Err(effect_error(key, error)),
+                                Ok(Err(error)) => {
+                                    return Err(Failure::Failed(effect_error(key, error)));
+                                }
                                 Err(panicked) => {
-                                    return Err(Error::Effect {
+                                    return Err(Failure::Failed(Error::Effect {
                                         key: key.to_string(),
                                         fatal: false,
                                         source: panicked.into(),
-                                    });
+                                    }));
                                 }
                             }
                             outcomes.push(Outcome::Applied(()));
-                            claimed.push(key.clone());
                         }
                         // Held by a committed transaction, or by an earlier message of this one.
-                        Claim::Duplicate(record) => {
-                            outcomes.push(Outcome::Duplicate(duplicate_of(key, record)?))
-                        }
+                        Claim::Duplicate(record) => outcomes.push(Outcome::Duplicate(
+                            duplicate_of(key, record).map_err(Failure::Failed)?,
+                        )),
                     }
                 }
-                shared.offsets.store_tx(&mut guarded.tx, &position).await?;
-                Ok((outcomes, claimed))
+                shared
+                    .offsets
+                    .store_tx(unit.conn(), &position)
+                    .await
+                    .map_err(Failure::of)?;
+                Ok(outcomes)
             }
             .await;
-            let (outcomes, claimed) = match ran {
-                Ok(ran) => ran,
-                Err(error) => {
-                    let _ = guarded.tx.rollback().await;
-                    return Err(error);
+            let outcomes = match ran {
+                Ok(outcomes) => outcomes,
+                Err(failure) => {
+                    unit.rollback().await;
+                    return Err(failure.into_error());
                 }
             };
+            let claimed: Vec<JobKey> = unit.claimed().cloned().collect();
             if !claimed.is_empty()
                 && let Some(hook) = &self.before_commit
             {
                 hook(claimed).await;
             }
-            guarded.tx.commit().await?;
+            unit.commit().await.map_err(Failure::into_error)?;
             outcomes
         };
         for (message, outcome) in messages.iter().zip(outcomes) {
@@ -797,10 +806,11 @@ impl<DB: Backend> Consumer<DB> {
             let guard = &self.guard;
             let _turn = guard.write_turn().await;
             let mut conn = guard.pool().acquire().await?;
-            let mut guarded = guard.begin_on(&mut conn).await?;
-            shared.offsets.store_tx(&mut guarded.tx, &position).await?;
-            guarded.tx.commit().await?;
-            Ok(())
+            let mut unit = UnitOfWork::begin_on(guard, &mut conn)
+                .await
+                .map_err(Failure::into_error)?;
+            shared.offsets.store_tx(unit.conn(), &position).await?;
+            unit.commit().await.map_err(Failure::into_error)
         }
         .await;
         if let Err(error) = stored {
