@@ -691,7 +691,8 @@ async fn kafka_resumes_from_the_stored_offsets_after_sigkill() {
 /// rebalance that hands the others back partitions they had paused, until C holds every
 /// partition. Each step waits for the group's assignments, read in the consumers' logs. A
 /// partition handed back paused must resume (else the ledger stops short, for good): every key
-/// applied exactly once, its copy a duplicate, every partition's stored offset at its end.
+/// applied exactly once, every copy a duplicate (a message run again by a partition's next
+/// owner is one more), every partition's stored offset at its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_partitions_handed_back_after_a_rebalance_resume() {
     let test = "handed_back";
@@ -747,10 +748,11 @@ async fn kafka_partitions_handed_back_after_a_rebalance_resume() {
     let reports = [&a, &b, &c];
     let total = |field: &str| -> u64 { reports.iter().map(|r| r[field].as_u64().unwrap()).sum() };
     assert_eq!(
-        (total("applied"), total("duplicates"), total("dead")),
-        (KEYS as u64, KEYS as u64, 0),
+        (total("applied"), total("dead")),
+        (KEYS as u64, 0),
         "a {a}, b {b}, c {c}"
     );
+    assert!(total("duplicates") >= KEYS as u64, "a {a}, b {b}, c {c}");
     assert_eq!(
         ledger(&db).await,
         (keys, keys),
@@ -804,14 +806,18 @@ async fn wait_for_assignments(consumer: &mut Consumer, count: usize) {
 }
 
 /// Waits until `jobguard_ledger` holds at least `rows` rows while `consumers` run; the rows it
-/// holds then. Fails the test when a consumer ends first (idle: its partitions stopped) or after
-/// [`DEADLINE`].
+/// holds then. Fails the test when a consumer ends first, or when no row was added for
+/// [`DEADLINE`]: the partitions left stopped.
 async fn wait_for_ledger(db: &Db, rows: i64, consumers: &mut [&mut Consumer]) -> i64 {
-    let started = Instant::now();
+    let mut started = Instant::now();
+    let mut last = -1;
     loop {
         let held = ledger_rows_so_far(db).await;
         if held >= rows {
             return held;
+        }
+        if held > last {
+            (last, started) = (held, Instant::now());
         }
         for consumer in consumers.iter_mut() {
             if let Some(exit) = consumer.0.exited() {
@@ -823,7 +829,7 @@ async fn wait_for_ledger(db: &Db, rows: i64, consumers: &mut [&mut Consumer]) ->
         }
         assert!(
             started.elapsed() < DEADLINE,
-            "{held} of {rows} rows applied within {DEADLINE:?}: a partition stopped"
+            "{held} of {rows} rows applied, none for {DEADLINE:?}: a partition stopped"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

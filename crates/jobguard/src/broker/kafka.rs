@@ -61,6 +61,7 @@ use crate::outbox::{OutboxMessage, Sink, SinkError};
 use crate::table::TableName;
 
 mod consumer;
+mod dead_letter;
 mod out_of_range;
 mod source;
 

@@ -15,14 +15,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer as _;
-use rdkafka::message::{Header, Message as _, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::message::Message as _;
+use rdkafka::producer::FutureProducer;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::Instrument;
 
 use super::out_of_range::{self, OutOfRange};
 use super::source::{Event, KafkaSource};
-use super::{KafkaConfig, ORIGIN_HEADER, PRODUCE_TIMEOUT, REASON_HEADER, kafka_error};
+use super::{KafkaConfig, kafka_error};
 use crate::broker::consumer::{
     Consumer, ConsumerStats, Counters, Decoded, MAX_RECEIVE_FAILURES, kind_of, retry_delay,
 };
@@ -35,11 +35,11 @@ use crate::spikes::record_outcome;
 use crate::store::Backend;
 
 /// A message received from a partition, decoded.
-struct Received<DB: Backend> {
-    offset: i64,
-    key: Option<Vec<u8>>,
-    body: Vec<u8>,
-    decoded: Decoded<DB>,
+pub(super) struct Received<DB: Backend> {
+    pub(super) offset: i64,
+    pub(super) key: Option<Vec<u8>>,
+    pub(super) body: Vec<u8>,
+    pub(super) decoded: Decoded<DB>,
 }
 
 /// One partition's messages, as this consumer holds them.
@@ -133,9 +133,9 @@ struct Ran<DB: Backend> {
 /// What every unit of a run shares.
 pub(super) struct Shared<DB: Backend> {
     pub(super) offsets: Offsets<DB>,
-    dead_letters: FutureProducer,
+    pub(super) dead_letters: FutureProducer,
     pub(super) config: KafkaConfig,
-    counters: Counters,
+    pub(super) counters: Counters,
     retry_delay: Duration,
 }
 
@@ -758,73 +758,6 @@ impl<DB: Backend> Consumer<DB> {
                 hook(&envelope.key, &outcome).await;
             }
         }
-        Ok(())
-    }
-
-    /// Produces `message` to the dead-letter topic, then stores the offset after it in a
-    /// transaction of its own. A consumer that dies in between produces it again.
-    async fn bury_kafka(
-        &self,
-        shared: &Shared<DB>,
-        partition: i32,
-        message: &Received<DB>,
-        reason: &str,
-    ) -> std::result::Result<(), ()> {
-        let config = &shared.config;
-        tracing::warn!(
-            error = reason,
-            offset = message.offset,
-            "message dead-lettered"
-        );
-        let origin = format!("{}/{partition}/{}", config.topic, message.offset);
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: REASON_HEADER,
-                value: Some(reason),
-            })
-            .insert(Header {
-                key: ORIGIN_HEADER,
-                value: Some(&origin),
-            });
-        let mut record = FutureRecord::to(&config.dead_letter_topic)
-            .payload(&message.body)
-            .headers(headers);
-        if let Some(key) = &message.key {
-            record = record.key(key);
-        }
-        if let Err((error, _)) = shared.dead_letters.send(record, PRODUCE_TIMEOUT).await {
-            tracing::warn!(%error, "producing the dead letter failed; the partition tries again later");
-            return Err(());
-        }
-        let position = Position {
-            group: &config.group,
-            topic: &config.topic,
-            partition,
-            next_offset: message.offset + 1,
-        };
-        let stored: Result<()> = async {
-            let guard = &self.guard;
-            let _turn = guard.write_turn().await;
-            let mut conn = guard.pool().acquire().await?;
-            let mut unit = UnitOfWork::begin_on(guard, &mut conn)
-                .await
-                .map_err(Failure::into_error)?;
-            shared.offsets.store_tx(unit.conn(), &position).await?;
-            unit.commit().await.map_err(Failure::into_error)
-        }
-        .await;
-        if let Err(error) = stored {
-            tracing::warn!(%error, "storing the offset after a dead letter failed; it is dead-lettered again");
-            return Err(());
-        }
-        let kind = kind_of(&message.decoded);
-        let label = if self.handlers.contains(&kind) {
-            kind.as_str()
-        } else {
-            "unknown"
-        };
-        record_outcome(label, "dead");
-        Counters::add(&shared.counters.dead);
         Ok(())
     }
 }
