@@ -1,8 +1,10 @@
 # shellcheck shell=bash
 #
-# The Python package's tests: python_tests builds crates/jobguard-py into a cached virtualenv
-# and runs its pytest suite against the same PostgreSQL as the Rust tests, with the `jobguard`
-# binary cargo built for the cross-language tests.
+# The Python package's tests: python_tests builds crates/jobguard-py into one wheel, installs it
+# into a cached virtualenv per suite and runs pytest against the same PostgreSQL as the Rust
+# tests, with the `jobguard` binary cargo built for the cross-language tests: the core suite
+# (every driver), then each framework's kill tests (Celery, arq, taskiq on RabbitMQ and Redis)
+# in a virtualenv of its own.
 #
 #   JOBGUARD_PY_VENV_DIR   where the virtualenvs live (default ~/.cache/jobguard/py), one per
 #                          requirements file and its hash, so a machine installs each once
@@ -60,8 +62,12 @@ py_pytest() {
     return "$rc"
 }
 
+# The frameworks whose kill tests run in a virtualenv of their own (their pins conflict: arq
+# needs redis-py < 6, kombu's Redis transport >= 6.1), from tests/frameworks/NAME.
+PY_FRAMEWORKS=(celery arq taskiq)
+
 python_tests() {
-    local crate="$ROOT/crates/jobguard-py" venv target
+    local crate="$ROOT/crates/jobguard-py" venv target wheel_dir wheel rc=0 name started
     if ! py_find_python >/dev/null; then
         if is_ci; then
             die "CI=true but no Python 3.10+ for the Python package's tests"
@@ -74,13 +80,36 @@ python_tests() {
         return 1
     }
     target=${CARGO_TARGET_DIR:-$ROOT/target}
-    log "building the Python package into $venv"
-    # The wheel's Rust build shares cargo's target dir, so a rebuild is incremental.
-    CARGO_TARGET_DIR=$target "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        --force-reinstall --no-deps "$crate" </dev/null >&2 || return 1
+    log "building the Python package's wheel"
+    # One abi3 wheel, installed into every virtualenv. Its Rust build shares cargo's target
+    # dir, so a rebuild is incremental.
+    wheel_dir=$(mktemp -d)
+    CARGO_TARGET_DIR=$target "$venv/bin/maturin" build --release --quiet \
+        --manifest-path "$crate/Cargo.toml" -o "$wheel_dir" </dev/null >&2 || return 1
+    wheel=$(ls "$wheel_dir"/jobguard-*.whl)
+    py_install_wheel "$venv" "$wheel" || return 1
     export JOBGUARD_CLI=${JOBGUARD_CLI:-$target/debug/jobguard}
     if [[ ! -x "$JOBGUARD_CLI" ]]; then
         cargo build -p jobguard-cli >&2 || return 1
     fi
-    (cd "$crate/tests" && py_pytest "$venv" .)
+    (cd "$crate/tests" && py_pytest "$venv" . --ignore=frameworks) || rc=1
+    for name in "${PY_FRAMEWORKS[@]}"; do
+        started=$SECONDS
+        venv=$(py_venv "$name" "$crate/tests/frameworks/$name/requirements.txt") || {
+            warn "could not create the $name virtualenv"
+            rc=1
+            continue
+        }
+        py_install_wheel "$venv" "$wheel" || { rc=1; continue; }
+        log "$name: workers killed with SIGKILL on real brokers"
+        (cd "$crate/tests" && py_pytest "$venv" "frameworks/$name") || rc=1
+        log "$name: $((SECONDS - started))s"
+    done
+    rm -rf "$wheel_dir"
+    return "$rc"
+}
+
+py_install_wheel() {
+    "$1/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$2" \
+        </dev/null >&2
 }
