@@ -6,6 +6,10 @@
 pub mod postgres;
 pub mod sqlite;
 
+/// The states of a job that holds its key: one live job per key, enforced by a partial unique
+/// index with this predicate.
+pub const LIVE_STATES: &str = "state in ('available', 'running')";
+
 /// The marker a PostgreSQL migration leaves as the table's comment: a hash of the statements
 /// that created it, so that a migration finding its own marker leaves the schema alone.
 ///

@@ -165,6 +165,46 @@ fn guard_sql<'py>(
     Ok(out)
 }
 
+/// The queue's enqueue statements for `dialect` on the jobs table `table` (in `schema`, on
+/// PostgreSQL), exactly as the Rust `Queue::enqueue_tx` runs them.
+#[pyfunction]
+#[pyo3(signature = (dialect, table, schema=None))]
+fn queue_sql<'py>(
+    py: Python<'py>,
+    dialect: &str,
+    table: &str,
+    schema: Option<&str>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut name = TableName::new(table).map_err(value_error)?;
+    if let Some(schema) = schema {
+        name = name.in_schema(schema).map_err(value_error)?;
+    }
+    let out = PyDict::new(py);
+    match dialect {
+        "postgres" => {
+            out.set_item("enqueue", sql::postgres::queue::enqueue(&name))?;
+            out.set_item("live_job", sql::postgres::queue::live_job(&name))?;
+            out.set_item("notify", sql::postgres::queue::NOTIFY)?;
+            out.set_item("notify_channel", sql::postgres::queue::NOTIFY_CHANNEL)?;
+        }
+        "sqlite" => {
+            if schema.is_some() {
+                return Err(value_error(format!(
+                    "SQLite has no schemas: name the table alone, not `{name}`"
+                )));
+            }
+            out.set_item("enqueue", sql::sqlite::queue::enqueue(&name))?;
+            out.set_item("live_job", sql::sqlite::queue::live_job(&name))?;
+        }
+        other => {
+            return Err(value_error(format!(
+                "unknown dialect {other:?}: use `postgres` or `sqlite`"
+            )));
+        }
+    }
+    Ok(out)
+}
+
 /// The module `jobguard._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -174,6 +214,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api_key, m)?)?;
     m.add_function(wrap_pyfunction!(horizon, m)?)?;
     m.add_function(wrap_pyfunction!(guard_sql, m)?)?;
+    m.add_function(wrap_pyfunction!(queue_sql, m)?)?;
     m.add("MAX_KEY_LEN", MAX_KEY_LEN)?;
     m.add("MAX_KIND_LEN", MAX_KIND_LEN)?;
     Ok(())

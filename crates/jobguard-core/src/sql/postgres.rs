@@ -3,6 +3,8 @@
 
 use crate::table::TableName;
 
+pub mod queue;
+
 /// The guard table, its index by age and (on PostgreSQL) its claim function, in the order they
 /// are created; each is `create ... if not exists` or `create or replace`.
 pub fn create(table: &TableName) -> Vec<String> {

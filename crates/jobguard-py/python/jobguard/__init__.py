@@ -14,6 +14,7 @@ workers can share one guard table::
 
 from __future__ import annotations
 
+from ._enqueue import DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_sync
 from ._guard import DEFAULT_TABLE, Guard, guard, guard_sync, migrate, migrate_sync
 from ._guarded import Applied, Duplicate, guarded
 from ._keys import (
@@ -26,6 +27,7 @@ from ._keys import (
     fingerprint,
     guard_sql,
     horizon,
+    queue_sql,
     key,
     parse_key,
 )
@@ -45,6 +47,12 @@ from .errors import (
 )
 
 __all__ = [
+    "DEFAULT_QUEUE",
+    "DEFAULT_QUEUE_TABLE",
+    "Enqueued",
+    "enqueue",
+    "enqueue_sync",
+    "queue_sql",
     "DEFAULT_TABLE",
     "MAX_KEY_LEN",
     "MAX_KIND_LEN",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any, Literal
 
@@ -146,8 +147,28 @@ def horizon(
 
 
 def guard_sql(dialect: str, table: str, schema: str | None = None) -> dict[str, Any]:
-    """The guard's statements for ``dialect`` on ``table``: the text the Rust guard runs."""
+    """The guard's statements for ``dialect`` on ``table``: the text the Rust guard runs.
+    Built once per table (every guard asks for them); the dict is shared: do not change it."""
     try:
-        return _native.guard_sql(dialect, table, schema)
+        return _guard_sql(dialect, table, schema)
     except ValueError as error:
         raise InvalidName(str(error)) from None
+
+
+@functools.lru_cache(maxsize=256)
+def _guard_sql(dialect: str, table: str, schema: str | None) -> dict[str, Any]:
+    return _native.guard_sql(dialect, table, schema)
+
+
+def queue_sql(dialect: str, table: str, schema: str | None = None) -> dict[str, Any]:
+    """The queue's enqueue statements for ``dialect`` on ``table``: the text the Rust
+    ``Queue::enqueue_tx`` runs."""
+    try:
+        return _queue_sql(dialect, table, schema)
+    except ValueError as error:
+        raise InvalidName(str(error)) from None
+
+
+@functools.lru_cache(maxsize=256)
+def _queue_sql(dialect: str, table: str, schema: str | None) -> dict[str, Any]:
+    return _native.queue_sql(dialect, table, schema)

@@ -72,13 +72,16 @@ class KeyReused(Error):
     transaction, so the effect rolls back with it; fix the key derivation.
     """
 
-    def __init__(self, key: str, first_applied_at: _dt.datetime | None) -> None:
+    def __init__(
+        self, key: str, first_applied_at: _dt.datetime | None, message: str | None = None
+    ) -> None:
         self.key = key
         self.first_applied_at = first_applied_at
         when = f" at {first_applied_at.isoformat()}" if first_applied_at else ""
         super().__init__(
-            f"job key `{key}` was first applied{when} with a different payload: a key must name "
-            "one operation; derive it from every business value that tells operations apart"
+            message
+            or f"job key `{key}` was first applied{when} with a different payload: a key must "
+            "name one operation; derive it from every business value that tells operations apart"
         )
 
 
