@@ -87,18 +87,22 @@ class Driver:
 class AsyncpgDriver(Driver):
     dialect, is_async, name = "postgres", True, "asyncpg"
 
+    def __init__(self, conn: Any) -> None:
+        # A pool's proxy forwards every call through a wrapper: talk to its connection.
+        raw = getattr(conn, "_con", None)
+        super().__init__(raw if raw is not None else conn)
+
     def check(self) -> None:
-        if self.conn.is_closed():
-            raise ConnectionClosed("the asyncpg connection is closed")
         if not self.conn.is_in_transaction():
+            if self.conn.is_closed():
+                raise ConnectionClosed("the asyncpg connection is closed")
             raise NotInTransaction(_OUTSIDE.format(how="async with conn.transaction():"))
         # asyncpg keeps the outermost of its transaction blocks; nested ones are savepoints,
         # which it does not track: a block entered while this one is open is refused by the
         # guard entering through `jobguard.guarded`, and documented for direct use.
 
     async def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
-        row = await self.conn.fetchrow(sql, *params)
-        return tuple(row) if row is not None else None
+        return await self.conn.fetchrow(sql, *params)
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         await self.conn.execute(sql, *params)
@@ -295,9 +299,25 @@ def _module(obj: Any) -> str:
     return type(obj).__module__.split(".")[0]
 
 
+# The driver class of each connection type seen, so that the guard's path does one dict
+# lookup instead of the imports and isinstance checks below.
+_KNOWN: dict[type, type[Driver]] = {}
+
+
 def driver_for(conn: Any) -> Driver:
     """The driver of ``conn``: asyncpg, psycopg 3 (sync or async), SQLAlchemy (Connection,
     Session, async or not), sqlite3 or aiosqlite."""
+    known = _KNOWN.get(type(conn))
+    if known is not None:
+        return known(conn)
+    driver = _driver_for(conn)
+    # A Session's driver wraps its connection, not the session: found again each time.
+    if driver.conn is conn or isinstance(driver, AsyncpgDriver):
+        _KNOWN[type(conn)] = type(driver)
+    return driver
+
+
+def _driver_for(conn: Any) -> Driver:
     module = _module(conn)
     if module == "asyncpg":
         import asyncpg

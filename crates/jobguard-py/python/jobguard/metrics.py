@@ -24,7 +24,16 @@ if _prometheus is not None:
         _outcomes = _prometheus.REGISTRY._names_to_collectors.get(OUTCOMES_TOTAL)
 
 
+# The labelled children, looked up once per (kind, outcome): `labels()` takes a lock and
+# builds a tuple on every call, a cost on the guard's path.
+_children: dict[tuple[str, str], object] = {}
+
+
 def record_outcome(kind: str, outcome: str) -> None:
     """Counts one outcome of a guarded job of ``kind``."""
-    if _outcomes is not None:
-        _outcomes.labels(kind=kind, outcome=outcome).inc()
+    if _outcomes is None:
+        return
+    child = _children.get((kind, outcome))
+    if child is None:
+        child = _children.setdefault((kind, outcome), _outcomes.labels(kind=kind, outcome=outcome))
+    child.inc()
