@@ -143,9 +143,11 @@ class Workers:
     def stop(self) -> None:
         if self.proc is None:
             return
+        # The deliveries are done: a worker that takes long to shut down (taskiq's process
+        # manager can) is killed after a few seconds.
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
+            self.proc.wait(5)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
