@@ -51,34 +51,13 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, JobError, Result, effect_error};
 use crate::guard::{Guard, Outcome};
-use crate::key::{JobKey, KeyError, check_kind};
+use crate::key::{JobKey, KeyError};
 use crate::store::Backend;
 
-/// Hex digits of the BLAKE3 hash in a hashed key: 128 bits.
-const HASH_LEN: usize = 32;
+#[doc(inline)]
+pub use jobguard_core::api_key::KeyAlphabet;
 
-/// The characters an API accepts in an idempotency key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum KeyAlphabet {
-    /// Visible ASCII, `!` to `~` (Stripe, most HTTP APIs).
-    Printable,
-    /// ASCII letters, digits and `-`, `_`, `.`, `:`.
-    Token,
-    /// ASCII letters and digits only.
-    Alphanumeric,
-}
-
-impl KeyAlphabet {
-    /// Whether `c` may appear in a key.
-    pub fn allows(self, c: char) -> bool {
-        match self {
-            KeyAlphabet::Printable => c.is_ascii_graphic(),
-            KeyAlphabet::Token => c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'),
-            KeyAlphabet::Alphanumeric => c.is_ascii_alphanumeric(),
-        }
-    }
-}
+use jobguard_core::api_key as core;
 
 /// The idempotency keys an API accepts: at most `max_len` characters from an alphabet.
 ///
@@ -92,42 +71,32 @@ impl KeyAlphabet {
 /// # Ok::<(), jobguard::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ApiKeyFormat {
-    max_len: usize,
-    alphabet: KeyAlphabet,
-}
+pub struct ApiKeyFormat(core::ApiKeyFormat);
 
 impl ApiKeyFormat {
     /// Stripe's keys: up to 255 visible ASCII characters.
-    pub const STRIPE: ApiKeyFormat = ApiKeyFormat {
-        max_len: 255,
-        alphabet: KeyAlphabet::Printable,
-    };
+    pub const STRIPE: ApiKeyFormat = ApiKeyFormat(core::ApiKeyFormat::STRIPE);
 
     /// A format of at most `max_len` characters from `alphabet`.
     ///
     /// `max_len` must leave room for the 32-character hash a key falls back to, so formats
     /// shorter than 32 characters are refused with [`Error::ApiKeyFormat`].
     pub fn new(max_len: usize, alphabet: KeyAlphabet) -> Result<Self> {
-        if max_len < HASH_LEN {
-            return Err(Error::ApiKeyFormat {
-                reason: format!(
-                    "a maximum length of {max_len} leaves no room for the {HASH_LEN}-character \
-                     hash that keeps keys distinct; allow at least {HASH_LEN} characters"
-                ),
-            });
-        }
-        Ok(ApiKeyFormat { max_len, alphabet })
+        core::ApiKeyFormat::new(max_len, alphabet)
+            .map(ApiKeyFormat)
+            .map_err(|error| Error::ApiKeyFormat {
+                reason: error.reason,
+            })
     }
 
     /// The longest key the API accepts.
     pub fn max_len(&self) -> usize {
-        self.max_len
+        self.0.max_len()
     }
 
     /// The characters the API accepts.
     pub fn alphabet(&self) -> KeyAlphabet {
-        self.alphabet
+        self.0.alphabet()
     }
 }
 
@@ -135,9 +104,9 @@ impl ApiKeyFormat {
 ///
 /// Derived from the job key and a step name only, so every delivery, re-enqueue and replay of
 /// the job sends the same key, and two steps of one job (`create-charge`, `send-receipt`) send
-/// different ones.
+/// different ones. The derivation lives in `jobguard-core`, shared with the Python package.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ApiKey(String);
+pub struct ApiKey(core::ApiKey);
 
 impl ApiKey {
     /// Derives the key for `step` of the job `key`, within `format`.
@@ -166,52 +135,24 @@ impl ApiKey {
     /// # Ok::<(), jobguard::Error>(())
     /// ```
     pub fn derive(key: &JobKey, step: &str, format: ApiKeyFormat) -> Result<ApiKey, KeyError> {
-        check_kind(step)?;
-        let readable = format!("{key}:{step}");
-        let fits = readable.len() <= format.max_len
-            && format.alphabet.allows(':')
-            && readable.chars().all(|c| format.alphabet.allows(c));
-        if fits {
-            return Ok(ApiKey(readable));
-        }
-        let hash = blake3::hash(readable.as_bytes()).to_hex();
-        let hash = &hash[..HASH_LEN];
-        let separator = if format.alphabet.allows('-') { "-" } else { "" };
-        let room = format.max_len.saturating_sub(HASH_LEN + separator.len());
-        // The prefix only helps a person reading the API's logs: the hash alone keeps keys apart.
-        let mut prefix = String::with_capacity(room);
-        for c in readable.chars() {
-            if prefix.len() == room {
-                break;
-            }
-            if c != ':' && format.alphabet.allows(c) {
-                prefix.push(c);
-            } else if format.alphabet.allows('-') && !prefix.ends_with('-') {
-                prefix.push('-');
-            }
-        }
-        let prefix = prefix.trim_end_matches('-');
-        if prefix.is_empty() {
-            return Ok(ApiKey(hash.to_owned()));
-        }
-        Ok(ApiKey(format!("{prefix}{separator}{hash}")))
+        core::ApiKey::derive(key, step, format.0).map(ApiKey)
     }
 
     /// The key to send to the API.
     pub fn as_str(&self) -> &str {
-        &self.0
+        self.0.as_str()
     }
 }
 
 impl fmt::Display for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl AsRef<str> for ApiKey {
     fn as_ref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 

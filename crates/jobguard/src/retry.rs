@@ -168,12 +168,7 @@ pub(crate) fn contention_backoff(attempt: u32) -> Duration {
     Duration::from_micros(base * jitter)
 }
 
-/// `base` doubled for each attempt after the first, up to `cap`: the one exponential backoff
-/// that [`RetryPolicy`] and the broker consumer's redeliveries share.
-pub(crate) fn doubled(base: Duration, attempt: u32, cap: Duration) -> Duration {
-    let factor = 2_u32.saturating_pow(attempt.saturating_sub(1).min(31));
-    base.saturating_mul(factor).min(cap)
-}
+pub(crate) use jobguard_core::retention::doubled;
 
 /// `delay * scale` for a `scale` in `[0, 2]`, saturating instead of panicking on overflow.
 fn scaled(delay: Duration, scale: f64) -> Duration {

@@ -31,17 +31,13 @@ use super::{
     batch_claim_rows, sealed, unclaimed_keys,
 };
 use crate::table::TableName;
+use jobguard_core::sql::postgres as guard_sql;
 
 impl sealed::Sealed for Postgres {}
 
 /// Names the exact DDL a table was migrated with, stored as the table's comment.
 fn schema_marker(statements: &[Arc<str>]) -> String {
-    let mut hasher = blake3::Hasher::new();
-    for statement in statements {
-        hasher.update(statement.as_bytes());
-        hasher.update(&[0]);
-    }
-    format!("jobguard schema {}", &hasher.finalize().to_hex()[..16])
+    jobguard_core::sql::schema_marker(statements)
 }
 
 /// Decodes a row of the claim function: `claimed`, then the row that holds the key.
@@ -86,7 +82,7 @@ impl Backend for Postgres {
         // wait for every transaction writing the table, stalling a running queue.
         let marker = schema_marker(statements);
         let table_name = table.quoted();
-        let migrated = "select obj_description(to_regclass($1), 'pg_class') = $2";
+        let migrated = guard_sql::MIGRATED;
         let done: Option<bool> = sqlx::query_scalar(migrated)
             .bind(&table_name)
             .bind(&marker)
@@ -98,8 +94,8 @@ impl Backend for Postgres {
         let mut tx = pool.begin().await?;
         // Workers starting together would race on `create ... if not exists`, which is not
         // atomic in PostgreSQL's catalog; one lock per table makes them take turns.
-        sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(format!("jobguard:migrate:{table}"))
+        sqlx::query(guard_sql::MIGRATE_LOCK)
+            .bind(guard_sql::migrate_lock_key(table))
             .execute(&mut *tx)
             .await?;
         let done: Option<bool> = sqlx::query_scalar(migrated)
@@ -110,7 +106,7 @@ impl Backend for Postgres {
         if done == Some(true) {
             return tx.commit().await;
         }
-        sqlx::query("set local lock_timeout = '30s'")
+        sqlx::query(guard_sql::MIGRATE_LOCK_TIMEOUT)
             .execute(&mut *tx)
             .await?;
         for statement in statements {
@@ -118,8 +114,7 @@ impl Backend for Postgres {
                 .execute(&mut *tx)
                 .await?;
         }
-        // The marker is hex digits: safe to splice.
-        let comment = format!("comment on table {table_name} is '{marker}'");
+        let comment = guard_sql::mark_migrated(table, &marker);
         sqlx::query(AssertSqlSafe(comment))
             .execute(&mut *tx)
             .await?;

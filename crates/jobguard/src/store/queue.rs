@@ -18,7 +18,7 @@ use crate::table::TableName;
 /// The queue a job goes to unless told otherwise.
 pub const DEFAULT_QUEUE: &str = "default";
 /// The PostgreSQL channel on which enqueues wake idle workers.
-pub const NOTIFY_CHANNEL: &str = "jobguard_jobs";
+pub const NOTIFY_CHANNEL: &str = jobguard_core::sql::postgres::queue::NOTIFY_CHANNEL;
 
 /// The table of queue states beside a queue's jobs table: which queues are paused.
 pub(crate) fn queue_states(table: &TableName) -> String {

@@ -1,6 +1,7 @@
 //! The job queue's SQL for PostgreSQL. Times are computed by the database clock; durations
 //! arrive as microseconds.
 
+use jobguard_core::sql::postgres::queue as core;
 use sqlx::AssertSqlSafe;
 use sqlx::types::Json;
 
@@ -51,14 +52,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     QueueSql {
         table: table.clone(),
         create: create.into_iter().map(Into::into).collect(),
-        enqueue: format!(
-            "insert into {t} (kind, job_key, queue, payload, state, max_attempts, run_at)
-             values ($1, $2, $3, $4, 'available', $5, now() + $6 {micros})
-             on conflict (job_key) where {live} do nothing
-             returning id"
-        )
-        .into(),
-        live_job: format!("select id, kind, payload from {t} where job_key = $1 and {live}").into(),
+        // The single enqueue is shared with the Python package: one text for both.
+        enqueue: core::enqueue(table).into(),
+        live_job: core::live_job(table).into(),
         // A batch in one statement: one array per column, unnested into rows, so the statement
         // is the same for any batch size. `on conflict ... do nothing` against the live-key
         // index leaves out, without an error, each key a live job already holds (or that a
@@ -232,7 +228,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             t
         )
         .into(),
-        notify: Some("select pg_notify($1, $2)".into()),
+        notify: Some(core::NOTIFY.into()),
     }
 }
 

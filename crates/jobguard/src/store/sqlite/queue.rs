@@ -2,6 +2,7 @@
 //! database clock; durations arrive as microseconds.
 
 use super::guard::NOW_MICROS as NOW;
+use jobguard_core::sql::sqlite::queue as core;
 use sqlx::AssertSqlSafe;
 use sqlx::types::Json;
 
@@ -47,15 +48,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     QueueSql {
         table: table.clone(),
         create: create.into_iter().map(Into::into).collect(),
-        enqueue: format!(
-            "insert into {t}
-                 (kind, job_key, queue, payload, state, max_attempts, run_at, created_at)
-             values ($1, $2, $3, $4, 'available', $5, {NOW} + $6, {NOW})
-             on conflict (job_key) where {live} do nothing
-             returning id"
-        )
-        .into(),
-        live_job: format!("select id, kind, payload from {t} where job_key = $1 and {live}").into(),
+        // The single enqueue is shared with the Python package: one text for both.
+        enqueue: core::enqueue(table).into(),
+        live_job: core::live_job(table).into(),
         // A batch in one statement and one bound parameter: a JSON array of
         // `[kind, key, queue, payload, max_attempts, delay]` rows, so neither the statement nor
         // SQLite's limit on bound parameters depends on the batch size. The payload travels as

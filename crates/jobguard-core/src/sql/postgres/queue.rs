@@ -1,0 +1,35 @@
+//! The job queue's enqueue statements for PostgreSQL: the Rust `Queue::enqueue_tx` and the
+//! Python package's `jobguard.enqueue` run this same text, so a job enqueued from either is
+//! deduplicated by the same live key.
+
+use crate::sql::LIVE_STATES;
+use crate::table::TableName;
+
+/// The channel on which enqueues wake idle workers (`select pg_notify($1, $2)`, the queue's
+/// name as the payload).
+pub const NOTIFY_CHANNEL: &str = "jobguard_jobs";
+
+/// Wakes the workers listening on `$1` (the channel) for the queue `$2`.
+pub const NOTIFY: &str = "select pg_notify($1, $2)";
+
+/// Inserts a job: `$1` kind, `$2` key, `$3` queue, `$4` payload (JSON), `$5` max attempts,
+/// `$6` delay in microseconds; returns its id, or no row when a live job (available or
+/// running) holds the key. The live-key unique index decides, not a check-then-insert: a
+/// concurrent enqueue of the same key waits for this transaction and then inserts nothing.
+pub fn enqueue(table: &TableName) -> String {
+    format!(
+        "insert into {t} (kind, job_key, queue, payload, state, max_attempts, run_at)
+             values ($1, $2, $3, $4, 'available', $5, now() + $6 * interval '1 microsecond')
+             on conflict (job_key) where {LIVE_STATES} do nothing
+             returning id",
+        t = table.quoted()
+    )
+}
+
+/// The live job holding the key `$1`: id, kind, payload.
+pub fn live_job(table: &TableName) -> String {
+    format!(
+        "select id, kind, payload from {} where job_key = $1 and {LIVE_STATES}",
+        table.quoted()
+    )
+}

@@ -1,0 +1,88 @@
+"""jobguard for Python: background jobs that take effect exactly once on at-least-once job
+systems (Celery, arq, taskiq, RabbitMQ, Redis, SQS...).
+
+A guard row for the job's business key is inserted in the same transaction as the job's
+effect, on the caller's own connection: the effect commits once, and every other delivery is
+a duplicate. Keys, fingerprints and SQL come from jobguard's Rust core, so Python and Rust
+workers can share one guard table::
+
+    async with pool.acquire() as conn, conn.transaction():
+        async with jobguard.guard(conn, jobguard.key("credit", order_id)) as g:
+            if g.applied:
+                await conn.execute("insert into ledger(account, amount) values($1, $2)", 7, 500)
+"""
+
+from __future__ import annotations
+
+from ._enqueue import DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_sync
+from ._guard import DEFAULT_TABLE, Guard, guard, guard_sync, migrate, migrate_sync
+from ._guarded import Applied, Duplicate, guarded
+from ._keys import (
+    MAX_KEY_LEN,
+    MAX_KIND_LEN,
+    STRIPE,
+    ApiKeyFormat,
+    Horizon,
+    api_key,
+    fingerprint,
+    guard_sql,
+    horizon,
+    queue_sql,
+    key,
+    parse_key,
+)
+from .errors import (
+    ConnectionClosed,
+    Error,
+    GuardVanished,
+    InSavepoint,
+    InvalidFormat,
+    InvalidKey,
+    InvalidName,
+    KeyReused,
+    NotApplied,
+    NotInTransaction,
+    PayloadError,
+    UnsupportedConnection,
+)
+
+__all__ = [
+    "DEFAULT_QUEUE",
+    "DEFAULT_QUEUE_TABLE",
+    "Enqueued",
+    "enqueue",
+    "enqueue_sync",
+    "queue_sql",
+    "DEFAULT_TABLE",
+    "MAX_KEY_LEN",
+    "MAX_KIND_LEN",
+    "STRIPE",
+    "ApiKeyFormat",
+    "Applied",
+    "ConnectionClosed",
+    "Duplicate",
+    "Error",
+    "Guard",
+    "GuardVanished",
+    "Horizon",
+    "InSavepoint",
+    "InvalidFormat",
+    "InvalidKey",
+    "InvalidName",
+    "KeyReused",
+    "NotApplied",
+    "NotInTransaction",
+    "PayloadError",
+    "UnsupportedConnection",
+    "api_key",
+    "fingerprint",
+    "guard",
+    "guard_sql",
+    "guard_sync",
+    "guarded",
+    "horizon",
+    "key",
+    "migrate",
+    "migrate_sync",
+    "parse_key",
+]

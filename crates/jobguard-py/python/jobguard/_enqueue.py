@@ -1,0 +1,128 @@
+"""``jobguard.enqueue``: a job for jobguard's own queue, in the caller's transaction.
+
+A Python web app hands work to Rust workers transactionally: the job row commits with the
+request's writes, or neither exists. The statements are the Rust ``Queue::enqueue_tx``'s own,
+from the core, and so is the rule: one live (available or running) job per key, enforced by the
+queue's unique index; enqueueing a key a live job holds returns that job, and a live job with
+another kind or payload under the key is :class:`KeyReused`.
+
+The queue's tables are created by the Rust side (any ``jobguard worker`` or ``Queue`` migrates
+them on start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from . import _keys
+from ._drivers import Driver, driver_for
+from .errors import KeyReused, UnsupportedConnection
+
+DEFAULT_QUEUE = "default"
+DEFAULT_QUEUE_TABLE = "jobguard_jobs"
+DEFAULT_MAX_ATTEMPTS = 10
+# A live job holding the key can finish between the insert and the read; then the insert
+# succeeds on the next round (as in Rust).
+_ROUNDS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Enqueued:
+    """The job's id, and whether this call inserted it (false: a live job held the key)."""
+
+    id: int
+    inserted: bool
+
+
+class _Job:
+    def __init__(
+        self, d: Driver, kind: str, payload: Any, key: str | None, queue: str,
+        max_attempts: int, delay: float, table: str, schema: str | None,
+    ) -> None:
+        _keys.key(kind, "x")  # the kind's rules, as a key's kind
+        _keys.key(queue, "x")  # a queue is named by the same rules
+        if key is None:
+            # The same kind and payload are the same operation.
+            key = _keys.key(kind, _keys.fingerprint(payload))
+        elif not isinstance(key, str):
+            raise _keys.InvalidKey(f"the job key is a {type(key).__name__}: build it with jobguard.key")
+        else:
+            _keys.parse_key(key)
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, not {delay!r}")
+        self.kind, self.key, self.queue = kind, key, queue
+        self.text = _keys.to_json(payload)
+        self.value = json.loads(self.text)
+        self.sql = _keys.queue_sql(d.dialect, table, schema)
+        self.params = [kind, key, queue, self.text, max_attempts, int(delay * 1_000_000)]
+
+    def held(self, d: Driver, row: tuple) -> Enqueued:
+        job_id, kind, payload = row
+        if kind != self.kind or d.decode_json(payload) != self.value:
+            raise KeyReused(
+                self.key, None,
+                message=f"job key `{self.key}` is held by a job that is waiting or running with "
+                "another payload or kind: nothing was enqueued; give different work its own "
+                "key, or wait for that job to finish",
+            )
+        return Enqueued(int(job_id), False)
+
+    def lost(self) -> Exception:
+        return RuntimeError(f"the live job of `{self.key}` kept changing while enqueueing")
+
+
+async def enqueue(
+    conn: Any, kind: str, payload: Any, key: str | None = None, queue: str = DEFAULT_QUEUE, *,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS, delay: float = 0.0,
+    table: str = DEFAULT_QUEUE_TABLE, schema: str | None = None,
+) -> Enqueued:
+    """Enqueues a job of ``kind`` into jobguard's queue inside the transaction open on
+    ``conn`` (asyncpg, psycopg async, SQLAlchemy async, aiosqlite), for Rust workers to run.
+
+    Visible to workers when the transaction commits; nothing is enqueued if it rolls back.
+    ``key`` names the business operation (default: derived from ``kind`` and the payload's
+    fingerprint); a key an available or running job holds returns that job
+    (``inserted=False``). ``delay`` is in seconds, by the database clock.
+    """
+    d = driver_for(conn)
+    if not d.is_async:
+        raise UnsupportedConnection(f"{d.name} is synchronous: use jobguard.enqueue_sync")
+    d.check()
+    job = _Job(d, kind, payload, key, queue, max_attempts, delay, table, schema)
+    for _ in range(_ROUNDS):
+        row = await d.fetchone(job.sql["enqueue"], job.params)
+        if row is not None:
+            if "notify" in job.sql:
+                await d.execute(job.sql["notify"], [job.sql["notify_channel"], job.queue])
+            return Enqueued(int(row[0]), True)
+        held = await d.fetchone(job.sql["live_job"], [job.key])
+        if held is not None:
+            return job.held(d, held)
+    raise job.lost()
+
+
+def enqueue_sync(
+    conn: Any, kind: str, payload: Any, key: str | None = None, queue: str = DEFAULT_QUEUE, *,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS, delay: float = 0.0,
+    table: str = DEFAULT_QUEUE_TABLE, schema: str | None = None,
+) -> Enqueued:
+    """:func:`enqueue` on a psycopg, SQLAlchemy or sqlite3 connection."""
+    d = driver_for(conn)
+    if d.is_async:
+        raise UnsupportedConnection(f"{d.name} is asynchronous: use `await jobguard.enqueue`")
+    d.check()
+    job = _Job(d, kind, payload, key, queue, max_attempts, delay, table, schema)
+    for _ in range(_ROUNDS):
+        row = d.fetchone(job.sql["enqueue"], job.params)
+        if row is not None:
+            if "notify" in job.sql:
+                d.execute(job.sql["notify"], [job.sql["notify_channel"], job.queue])
+            return Enqueued(int(row[0]), True)
+        held = d.fetchone(job.sql["live_job"], [job.key])
+        if held is not None:
+            return job.held(d, held)
+    raise job.lost()

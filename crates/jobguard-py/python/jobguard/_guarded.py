@@ -1,0 +1,167 @@
+"""``@jobguard.guarded``: the transaction, the claim and the call, with no ``if`` to write.
+
+The decorated function is called only when this delivery claims the key, with the
+transaction's connection as its first argument; on a duplicate it is not called at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import functools
+import inspect
+from typing import Any, Callable, Generic, TypeVar
+
+from ._guard import DEFAULT_TABLE, guard, guard_sync
+from .errors import UnsupportedConnection
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Applied(Generic[T]):
+    """This delivery applied the key; ``value`` is what the function returned (also stored
+    as the key's result when it is not None)."""
+
+    value: T
+    applied = True
+    duplicate = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Duplicate:
+    """An earlier delivery applied the key; the function was not called."""
+
+    first_applied_at: _dt.datetime | None
+    result: Any
+    applied = False
+    duplicate = True
+
+
+def _resolve(spec: Any, args: tuple, kwargs: dict) -> Any:
+    return spec(*args, **kwargs) if callable(spec) else spec
+
+
+class _Async:
+    """Opens a transaction on an asyncpg pool or a SQLAlchemy AsyncEngine."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    async def run(self, body: Callable[[Any], Any]) -> Any:
+        module = type(self.db).__module__.split(".")[0]
+        if module == "asyncpg":
+            async with self.db.acquire() as conn, conn.transaction():
+                return await body(conn)
+        if module == "sqlalchemy":
+            async with self.db.begin() as conn:
+                return await body(conn)
+        if module == "psycopg_pool":
+            async with self.db.connection() as conn, conn.transaction():
+                return await body(conn)
+        raise UnsupportedConnection(
+            f"db={type(self.db).__qualname__}: pass an asyncpg pool, a SQLAlchemy AsyncEngine "
+            "or a psycopg AsyncConnectionPool"
+        )
+
+
+class _Sync:
+    """Opens a transaction on a SQLAlchemy Engine, a psycopg pool or a connection factory."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    def run(self, body: Callable[[Any], Any]) -> Any:
+        module = type(self.db).__module__.split(".")[0]
+        if module == "sqlalchemy":
+            with self.db.begin() as conn:
+                return body(conn)
+        if module == "psycopg_pool":
+            with self.db.connection() as conn, conn.transaction():
+                return body(conn)
+        if callable(self.db):
+            conn = self.db()
+            try:
+                import sqlite3
+
+                if isinstance(conn, sqlite3.Connection):
+                    conn.execute("begin immediate")
+                    try:
+                        out = body(conn)
+                    except BaseException:
+                        conn.rollback()
+                        raise
+                    conn.commit()
+                    return out
+                with conn.transaction():
+                    return body(conn)
+            finally:
+                conn.close()
+        raise UnsupportedConnection(
+            f"db={type(self.db).__qualname__}: pass a SQLAlchemy Engine, a psycopg "
+            "ConnectionPool, or a function returning a new connection"
+        )
+
+
+def guarded(
+    *,
+    key: str | Callable[..., str],
+    db: Any,
+    payload: Any | Callable[..., Any] = None,
+    table: str = DEFAULT_TABLE,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Runs the decorated function at most once per key, in a transaction with the guard row.
+
+    ``key`` (and ``payload``) are values or functions of the call's arguments. The function is
+    called as ``fn(conn, *args, **kwargs)`` on the transaction's connection only when this
+    delivery claims the key; the call returns :class:`Applied` with its value, or
+    :class:`Duplicate` without calling it::
+
+        @jobguard.guarded(key=lambda order, amount: jobguard.key("credit", order), db=pool)
+        async def credit(conn, order, amount):
+            await conn.execute("insert into ledger(account, amount) values(7, $1)", amount)
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(fn):
+            runner = _Async(db)
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Applied | Duplicate:
+                job_key = _resolve(key, args, kwargs)
+                body_payload = _resolve(payload, args, kwargs)
+
+                async def body(conn: Any) -> Applied | Duplicate:
+                    async with guard(conn, job_key, body_payload, table=table) as g:
+                        if g.duplicate:
+                            return Duplicate(g.first_applied_at, g.result)
+                        value = await fn(conn, *args, **kwargs)
+                        if value is not None:
+                            g.set_result(value)
+                        return Applied(value)
+
+                return await runner.run(body)
+
+            return run_async
+
+        sync_runner = _Sync(db)
+
+        @functools.wraps(fn)
+        def run_sync(*args: Any, **kwargs: Any) -> Applied | Duplicate:
+            job_key = _resolve(key, args, kwargs)
+            body_payload = _resolve(payload, args, kwargs)
+
+            def body(conn: Any) -> Applied | Duplicate:
+                with guard_sync(conn, job_key, body_payload, table=table) as g:
+                    if g.duplicate:
+                        return Duplicate(g.first_applied_at, g.result)
+                    value = fn(conn, *args, **kwargs)
+                    if value is not None:
+                        g.set_result(value)
+                    return Applied(value)
+
+            return sync_runner.run(body)
+
+        return run_sync
+
+    return decorate

@@ -1,0 +1,39 @@
+"""``jobguard_outcomes_total{kind, outcome}`` through prometheus_client, when it is installed:
+the series the Rust library records, with the same name and labels (``outcome`` is
+``applied``, ``duplicate`` or ``failed``). A steady trickle of duplicates is at-least-once
+delivery at work; a spike is mass redelivery, worth a look."""
+
+from __future__ import annotations
+
+OUTCOMES_TOTAL = "jobguard_outcomes_total"
+
+try:
+    import prometheus_client as _prometheus
+except ImportError:  # pragma: no cover - exercised without the package
+    _prometheus = None
+
+_outcomes = None
+if _prometheus is not None:
+    try:
+        _outcomes = _prometheus.Counter(
+            "jobguard_outcomes",
+            "Guarded job outcomes per kind: applied, duplicate or failed",
+            ["kind", "outcome"],
+        )
+    except ValueError:  # already registered (module reloaded)
+        _outcomes = _prometheus.REGISTRY._names_to_collectors.get(OUTCOMES_TOTAL)
+
+
+# The labelled children, looked up once per (kind, outcome): `labels()` takes a lock and
+# builds a tuple on every call, a cost on the guard's path.
+_children: dict[tuple[str, str], object] = {}
+
+
+def record_outcome(kind: str, outcome: str) -> None:
+    """Counts one outcome of a guarded job of ``kind``."""
+    if _outcomes is None:
+        return
+    child = _children.get((kind, outcome))
+    if child is None:
+        child = _children.setdefault((kind, outcome), _outcomes.labels(kind=kind, outcome=outcome))
+    child.inc()

@@ -1,0 +1,221 @@
+//! `jobguard._native`: the pure parts of jobguard for Python, from `jobguard-core`.
+//!
+//! Everything here is synchronous and touches no database: keys, fingerprints, API keys, the
+//! retention horizon and the guard's SQL text. The Python package runs that SQL on the caller's
+//! own connection, so a key, a fingerprint or a statement is the same from Rust and Python.
+//! Errors come out as `ValueError` with jobguard's message; the Python layer turns them into
+//! its typed errors.
+
+use std::time::Duration;
+
+use jobguard_core::api_key::{ApiKey, ApiKeyFormat, KeyAlphabet};
+use jobguard_core::fingerprint::Fingerprint;
+use jobguard_core::key::{JobKey, MAX_KEY_LEN, MAX_KIND_LEN};
+use jobguard_core::retention::{Backoff, Horizon};
+use jobguard_core::sql;
+use jobguard_core::table::TableName;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+fn value_error(error: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(error.to_string())
+}
+
+/// The encoded job key of `kind` and `parts`, e.g. `credit:order-8812`.
+#[pyfunction]
+fn key(kind: &str, parts: Vec<String>) -> PyResult<String> {
+    JobKey::new(kind, parts)
+        .map(JobKey::into_string)
+        .map_err(value_error)
+}
+
+/// The kind and unescaped parts of an encoded key.
+#[pyfunction]
+fn parse_key(encoded: &str) -> PyResult<(String, Vec<String>)> {
+    let key = JobKey::parse(encoded).map_err(value_error)?;
+    Ok((key.kind().to_owned(), key.parts()))
+}
+
+/// The 32 bytes of the fingerprint of a payload given as JSON text, as the guard table keeps it.
+#[pyfunction]
+fn fingerprint<'py>(py: Python<'py>, json: &str) -> PyResult<Bound<'py, PyBytes>> {
+    let fingerprint = Fingerprint::of_json(json).map_err(value_error)?;
+    Ok(PyBytes::new(py, fingerprint.as_bytes()))
+}
+
+/// The idempotency key for `step` of the job `key` within `max_len` characters of `alphabet`
+/// (`printable`, `token` or `alphanumeric`).
+#[pyfunction]
+fn api_key(key: &str, step: &str, max_len: usize, alphabet: &str) -> PyResult<String> {
+    let alphabet = match alphabet {
+        "printable" => KeyAlphabet::Printable,
+        "token" => KeyAlphabet::Token,
+        "alphanumeric" => KeyAlphabet::Alphanumeric,
+        other => {
+            return Err(value_error(format!(
+                "unknown key alphabet {other:?}: use `printable`, `token` or `alphanumeric`"
+            )));
+        }
+    };
+    let format = ApiKeyFormat::new(max_len, alphabet).map_err(value_error)?;
+    let key = JobKey::parse(key).map_err(value_error)?;
+    let derived = ApiKey::derive(&key, step, format).map_err(value_error)?;
+    Ok(derived.as_str().to_owned())
+}
+
+fn seconds(what: &str, value: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        value_error(format!(
+            "{what} must be a number of seconds >= 0, not {value}"
+        ))
+    })
+}
+
+/// A horizon's terms as `(name, seconds, source)`, its total in seconds and printed form.
+type HorizonReport = (Vec<(String, f64, String)>, f64, String);
+
+/// The retention horizon's terms as `(name, seconds, source)`, then the total in seconds and
+/// its printed form.
+#[pyfunction]
+#[pyo3(signature = (max_attempts, base, max_delay, jitter, lease, replay_window))]
+fn horizon(
+    max_attempts: u32,
+    base: f64,
+    max_delay: f64,
+    jitter: f64,
+    lease: f64,
+    replay_window: f64,
+) -> PyResult<HorizonReport> {
+    let backoff = Backoff {
+        max_attempts,
+        base: seconds("base", base)?,
+        max_delay: seconds("max_delay", max_delay)?,
+        jitter,
+    };
+    let horizon = Horizon::new(
+        &backoff,
+        seconds("lease", lease)?,
+        seconds("replay_window", replay_window)?,
+    );
+    let terms = horizon
+        .terms()
+        .iter()
+        .map(|term| {
+            (
+                term.name.to_owned(),
+                term.duration.as_secs_f64(),
+                term.source.to_owned(),
+            )
+        })
+        .collect();
+    Ok((terms, horizon.total().as_secs_f64(), horizon.to_string()))
+}
+
+/// The guard's statements for `dialect` (`postgres` or `sqlite`) on `table` (in `schema`, on
+/// PostgreSQL), exactly as the Rust guard runs them.
+#[pyfunction]
+#[pyo3(signature = (dialect, table, schema=None))]
+fn guard_sql<'py>(
+    py: Python<'py>,
+    dialect: &str,
+    table: &str,
+    schema: Option<&str>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut name = TableName::new(table).map_err(value_error)?;
+    if let Some(schema) = schema {
+        name = name.in_schema(schema).map_err(value_error)?;
+    }
+    let out = PyDict::new(py);
+    match dialect {
+        "postgres" => {
+            let create = sql::postgres::create(&name);
+            out.set_item("marker", sql::schema_marker(&create))?;
+            out.set_item(
+                "mark_migrated",
+                sql::postgres::mark_migrated(&name, &sql::schema_marker(&create)),
+            )?;
+            out.set_item("create", create)?;
+            out.set_item("claim", sql::postgres::claim(&name))?;
+            out.set_item("record", sql::postgres::record(&name))?;
+            out.set_item("store_result", sql::postgres::store_result(&name))?;
+            out.set_item("migrated", sql::postgres::MIGRATED)?;
+            out.set_item("migrate_lock", sql::postgres::MIGRATE_LOCK)?;
+            out.set_item("migrate_lock_key", sql::postgres::migrate_lock_key(&name))?;
+            out.set_item("migrate_lock_timeout", sql::postgres::MIGRATE_LOCK_TIMEOUT)?;
+        }
+        "sqlite" => {
+            if schema.is_some() {
+                return Err(value_error(format!(
+                    "SQLite has no schemas: name the table alone, not `{name}`"
+                )));
+            }
+            out.set_item("create", sql::sqlite::create(&name))?;
+            out.set_item("claim", sql::sqlite::claim(&name))?;
+            out.set_item("record", sql::sqlite::record(&name))?;
+            out.set_item("store_result", sql::sqlite::store_result(&name))?;
+        }
+        other => {
+            return Err(value_error(format!(
+                "unknown dialect {other:?}: use `postgres` or `sqlite`"
+            )));
+        }
+    }
+    out.set_item("quoted", name.quoted())?;
+    Ok(out)
+}
+
+/// The queue's enqueue statements for `dialect` on the jobs table `table` (in `schema`, on
+/// PostgreSQL), exactly as the Rust `Queue::enqueue_tx` runs them.
+#[pyfunction]
+#[pyo3(signature = (dialect, table, schema=None))]
+fn queue_sql<'py>(
+    py: Python<'py>,
+    dialect: &str,
+    table: &str,
+    schema: Option<&str>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut name = TableName::new(table).map_err(value_error)?;
+    if let Some(schema) = schema {
+        name = name.in_schema(schema).map_err(value_error)?;
+    }
+    let out = PyDict::new(py);
+    match dialect {
+        "postgres" => {
+            out.set_item("enqueue", sql::postgres::queue::enqueue(&name))?;
+            out.set_item("live_job", sql::postgres::queue::live_job(&name))?;
+            out.set_item("notify", sql::postgres::queue::NOTIFY)?;
+            out.set_item("notify_channel", sql::postgres::queue::NOTIFY_CHANNEL)?;
+        }
+        "sqlite" => {
+            if schema.is_some() {
+                return Err(value_error(format!(
+                    "SQLite has no schemas: name the table alone, not `{name}`"
+                )));
+            }
+            out.set_item("enqueue", sql::sqlite::queue::enqueue(&name))?;
+            out.set_item("live_job", sql::sqlite::queue::live_job(&name))?;
+        }
+        other => {
+            return Err(value_error(format!(
+                "unknown dialect {other:?}: use `postgres` or `sqlite`"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// The module `jobguard._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(key, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_key, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(api_key, m)?)?;
+    m.add_function(wrap_pyfunction!(horizon, m)?)?;
+    m.add_function(wrap_pyfunction!(guard_sql, m)?)?;
+    m.add_function(wrap_pyfunction!(queue_sql, m)?)?;
+    m.add("MAX_KEY_LEN", MAX_KEY_LEN)?;
+    m.add("MAX_KIND_LEN", MAX_KIND_LEN)?;
+    Ok(())
+}

@@ -1,0 +1,84 @@
+"""The arq worker the kill tests run: one guarded credit job on an asyncpg pool.
+
+Configured from the environment: DATABASE_URL, JOBGUARD_TEST_REDIS_URL, JOBGUARD_TEST_QUEUE.
+Run as ``python arq_app.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import asyncpg
+from arq.connections import RedisSettings
+from arq.worker import Worker
+
+import jobguard
+import jobguard.arq
+
+import kills
+
+URL = os.environ["DATABASE_URL"]
+
+
+async def startup(ctx: dict) -> None:
+    ctx["db"] = await asyncpg.create_pool(URL, min_size=1, max_size=2)
+
+
+async def shutdown(ctx: dict) -> None:
+    await ctx["db"].close()
+
+
+async def effect(conn: Any, key: str) -> None:
+    await conn.execute("insert into ledger (job_key, pid) values ($1, $2)", key, os.getpid())
+    await conn.execute(
+        "insert into deliveries (job_key, outcome, pid) values ($1, 'applied', $2)",
+        key, os.getpid(),
+    )
+    kills.die_here("before-commit", key)
+
+
+def duplicate(ctx: dict, outcome: jobguard.Duplicate, order: str) -> None:
+    kills.record_duplicate(URL, jobguard.key("credit", order))
+
+
+@jobguard.arq.guarded(
+    key=lambda order: jobguard.key("credit", order),
+    db=lambda ctx: ctx["db"],
+    on_duplicate=duplicate,
+)
+async def guarded_credit(ctx: dict, conn: Any, order: str) -> dict:
+    await effect(conn, jobguard.key("credit", order))
+    return {"credited": order}
+
+
+async def naive_credit(ctx: dict, order: str) -> dict:
+    async with ctx["db"].acquire() as conn, conn.transaction():
+        await effect(conn, jobguard.key("credit", order))
+    return {"credited": order}
+
+
+async def credit(ctx: dict, order: str) -> dict:
+    out = await (naive_credit if kills.unguarded() else guarded_credit)(ctx, order)
+    # Committed; arq has not marked the job complete yet.
+    kills.die_here("after-commit", jobguard.key("credit", order))
+    return out
+
+
+if __name__ == "__main__":
+    worker = Worker(
+        functions=[credit],
+        on_startup=startup,
+        on_shutdown=shutdown,
+        redis_settings=RedisSettings.from_dsn(os.environ["JOBGUARD_TEST_REDIS_URL"]),
+        queue_name=os.environ["JOBGUARD_TEST_QUEUE"],
+        max_jobs=1,
+        job_timeout=5,
+        poll_delay=0.1,
+        handle_signals=True,
+    )
+    # A job whose worker died runs again once its in-progress marker expires, by default
+    # job_timeout + 10 s; shortened so the test does not wait for it (the marker is what
+    # arq's redelivery rests on, and it is still the one in use).
+    worker.in_progress_timeout_s = 2
+    worker.run()

@@ -1,0 +1,215 @@
+"""Real workers killed with SIGKILL, for every framework's test.
+
+A task calls :func:`die_here` at two points: ``before-commit`` (the effect written, the
+transaction still open) and ``after-commit`` (committed, the message not acked yet). A flag file
+``<stage>.<key>`` in ``$JOBGUARD_TEST_FLAGS`` arms one point for one key; the first delivery
+that reaches it removes the flag and kills its worker, so each armed point kills exactly one
+worker, whatever the timing. :func:`run_workers` restarts a worker that died and waits until
+every delivery has finished; the test then counts effects per key.
+
+Every finished delivery leaves a row in ``deliveries``: an applied one in the job's own
+transaction (with the effect in ``ledger``), a duplicate one after the guard reported it.
+
+``JOBGUARD_TEST_UNGUARDED=1`` runs the same tasks without the guard: the tests must then fail
+(the check that they can).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psycopg
+
+import jobguard
+
+STAGES = ("before-commit", "after-commit")
+# A safety net for a worker that hangs, not an assertion on speed: the wait fails with the
+# workers' logs instead of blocking CI.
+HANG_LIMIT_S = 120
+
+SCHEMA = [
+    "create table ledger (job_key text not null, pid int not null)",
+    "create table deliveries (job_key text not null, outcome text not null, pid int not null)",
+]
+
+
+def require(url: str) -> None:
+    """Skips the test when the broker at ``url`` does not answer (fails it with CI=true)."""
+    import socket
+    import urllib.parse
+
+    import pytest
+
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=5).close()
+    except OSError as error:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but the broker at {parts.hostname}:{parts.port}: {error}")
+        pytest.skip(f"no broker at {parts.hostname}:{parts.port}: {error}")
+
+
+def unguarded() -> bool:
+    return os.environ.get("JOBGUARD_TEST_UNGUARDED") == "1"
+
+
+def prepare(url: str) -> None:
+    with psycopg.connect(url) as conn:
+        jobguard.migrate_sync(conn)
+        for statement in SCHEMA:
+            conn.execute(statement)
+
+
+def arm(flags: Path, stage: str, key: str) -> None:
+    (flags / f"{stage}.{key}").touch()
+
+
+def die_here(stage: str, key: str, *, group: bool = False) -> None:
+    """Kills this worker with SIGKILL when ``stage`` is armed for ``key`` (once); with
+    ``group``, its whole process group (a Celery master and its pool)."""
+    flags = Path(os.environ["JOBGUARD_TEST_FLAGS"])
+    try:
+        (flags / f"{stage}.{key}").unlink()
+    except FileNotFoundError:
+        return
+    (flags / f"killed.{stage}.{key}").write_text(str(os.getpid()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if group:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def record(conn: Any, key: str, outcome: str) -> None:
+    """A finished delivery, on a psycopg connection (in its transaction, if one is open)."""
+    conn.execute(
+        "insert into deliveries (job_key, outcome, pid) values (%s, %s, %s)",
+        (key, outcome, os.getpid()),
+    )
+
+
+def record_duplicate(url: str, key: str) -> None:
+    with psycopg.connect(url) as conn:
+        record(conn, key, "duplicate")
+
+
+def finished(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        return conn.execute("select count(*) from deliveries").fetchone()[0]
+
+
+def effects(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("select job_key, count(*) from ledger group by job_key").fetchall()
+    return dict(rows)
+
+
+def duplicates(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "select job_key, count(*) from deliveries where outcome = 'duplicate' group by 1"
+        ).fetchall()
+    return dict(rows)
+
+
+def killed(flags: Path) -> list[str]:
+    return sorted(p.name.removeprefix("killed.") for p in flags.glob("killed.*"))
+
+
+class Workers:
+    """Worker processes started from ``cmd``, each in a session of its own; a worker that
+    dies by SIGKILL is started again."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], logs: Path) -> None:
+        self.cmd, self.env, self.logs = cmd, env, logs
+        self.started = 0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.started += 1
+        out = open(self.logs / f"worker-{self.started}.log", "wb")
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        out.close()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        # The deliveries are done: a worker that takes long to shut down (taskiq's process
+        # manager can) is killed after a few seconds.
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+        # What the worker left behind in its group (a prefork child) goes too.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self) -> str:
+        parts = []
+        for path in sorted(self.logs.glob("worker-*.log")):
+            parts.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-3000:])
+        return "\n".join(parts)
+
+    def run_until(self, done: Callable[[], bool]) -> None:
+        """Runs workers until ``done()``; restarts one killed by SIGKILL, fails on any other
+        exit."""
+        deadline = time.monotonic() + HANG_LIMIT_S
+        self.start()
+        try:
+            while not done():
+                rc = self.proc.poll()
+                if rc == -signal.SIGKILL:
+                    self.start()
+                elif rc is not None:
+                    raise AssertionError(f"a worker exited with {rc}\n{self.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"the deliveries did not finish within {HANG_LIMIT_S}s (a hang)\n"
+                        f"{self.log_tail()}"
+                    )
+                time.sleep(0.2)
+        finally:
+            self.stop()
+
+
+def arm_both(flags: Path, keys: list[str]) -> None:
+    """The first key's worker dies after its commit, the second key's before it."""
+    arm(flags, "after-commit", keys[0])
+    arm(flags, "before-commit", keys[1])
+
+
+def check_exactly_once(
+    url: str, flags: Path, keys: list[str], published: int, workers: Workers
+) -> None:
+    """Every key took effect once; every other delivery, the redelivery of the worker killed
+    after its commit included, was reported as a duplicate; both armed workers died."""
+    armed = sorted([f"after-commit.{keys[0]}", f"before-commit.{keys[1]}"])
+    assert killed(flags) == armed, (
+        f"the armed kills did not all happen: {killed(flags)}\n{workers.log_tail()}"
+    )
+    counts = effects(url)
+    assert counts == {k: 1 for k in keys}, f"effects per key: {counts}"
+    dups = duplicates(url)
+    # Each key published `published` times, plus the redelivery of the after-commit kill.
+    assert sum(dups.values()) >= len(keys) * (published - 1) + 1, f"duplicates: {dups}"
+    assert dups.get(keys[0], 0) >= published, f"the after-commit redelivery: {dups}"
+
+
+def expected_finished(keys: list[str], published: int) -> int:
+    # Every message finishes once, and the delivery killed after its commit had finished too.
+    return len(keys) * published + 1
