@@ -34,11 +34,10 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -47,15 +46,17 @@ use tracing::Instrument;
 mod batch;
 mod ordered;
 pub(super) mod runnable;
+mod stats;
 
 use self::runnable::Runnable;
+pub use self::stats::ConsumerStats;
+pub(super) use self::stats::Counters;
 use super::Envelope;
 use crate::dispatch::{Registry, catch_panic, log_join};
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Outcome};
 use crate::job::Job;
 use crate::key::JobKey;
-use crate::metrics::{DuplicateSource, record_duplicate_source};
 use crate::retry::doubled;
 use crate::spikes::record_outcome;
 use crate::store::Backend;
@@ -211,73 +212,6 @@ impl Default for ConsumerConfig {
             stop_when_idle_for: None,
             batch_size: 1,
             batch_linger: Duration::from_millis(2),
-        }
-    }
-}
-
-/// What a consumer did, by how each delivery ended.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ConsumerStats {
-    /// Deliveries whose effect this consumer committed.
-    pub applied: u64,
-    /// Deliveries whose key the guard already held: acknowledged, effect skipped.
-    pub duplicates: u64,
-    /// Deliveries that failed and were given back for another delivery.
-    pub failed: u64,
-    /// Messages dead-lettered: undecodable, an unknown kind, a fatal error, or out of
-    /// deliveries.
-    pub dead: u64,
-    /// Acknowledgements or settlements the broker did not take: the message comes again, and
-    /// the guard reports it as a duplicate.
-    pub unacked: u64,
-    /// Messages whose jobs were still running (alone or in a batch) at the end of the
-    /// shutdown timeout: rolled back, messages left to the broker.
-    pub released: u64,
-}
-
-#[derive(Default)]
-pub(super) struct Counters {
-    applied: AtomicU64,
-    duplicates: AtomicU64,
-    pub(super) failed: AtomicU64,
-    pub(super) dead: AtomicU64,
-    unacked: AtomicU64,
-    pub(super) released: AtomicU64,
-}
-
-impl Counters {
-    pub(super) fn add(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Counts a message whose transaction ended with `outcome`.
-    pub(super) fn count(&self, outcome: &Outcome<()>, kind: &str, attempt: u32) {
-        let counter = match outcome {
-            Outcome::Applied(()) => &self.applied,
-            Outcome::Duplicate(_) => {
-                // The broker says how this copy came: delivered again, or published again by
-                // the producer.
-                let source = if attempt > 1 {
-                    DuplicateSource::Redelivery
-                } else {
-                    DuplicateSource::DoubleEnqueue
-                };
-                record_duplicate_source(kind, source);
-                &self.duplicates
-            }
-        };
-        Counters::add(counter);
-    }
-
-    pub(super) fn snapshot(&self) -> ConsumerStats {
-        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        ConsumerStats {
-            applied: get(&self.applied),
-            duplicates: get(&self.duplicates),
-            failed: get(&self.failed),
-            dead: get(&self.dead),
-            unacked: get(&self.unacked),
-            released: get(&self.released),
         }
     }
 }

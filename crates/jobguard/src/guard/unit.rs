@@ -20,9 +20,8 @@ use super::{Claim, Guard, check_claim};
 use crate::error::{Error, JobError};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
-use crate::queue::Lease;
 use crate::retry::contention_backoff;
-use crate::store::queue::QueueSql;
+use crate::store::queue::{Lease, QueueSql};
 use crate::store::{
     Backend, ClaimRow, ClaimToken, GuardRecord, NewClaim, WorkerSql, is_connection_error,
 };

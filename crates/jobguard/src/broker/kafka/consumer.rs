@@ -325,7 +325,7 @@ impl<DB: Backend> Consumer<DB> {
                                         _ => None,
                                     };
                                     if let Some((low, high, gone)) = gone {
-                                        match out_of_range::out_of_range(&shared, partition, expected, low, high, gone).await {
+                                        match out_of_range::out_of_range((&shared.config, &shared.offsets), partition, expected, low, high, gone).await {
                                             Ok(()) => {
                                                 lane.expected = None;
                                                 // After a reset, the offsets start over.
@@ -390,7 +390,7 @@ impl<DB: Backend> Consumer<DB> {
                                     // Counted and logged; a reset stored (before any message of
                                     // the partition runs), or the consumer stops.
                                     let OutOfRange { gone: why, stored, low, high } = gone;
-                                    if let Err(error) = out_of_range::out_of_range(&shared, partition, stored, low, high, why).await {
+                                    if let Err(error) = out_of_range::out_of_range((&shared.config, &shared.offsets), partition, stored, low, high, why).await {
                                         failure = Some(error);
                                         break;
                                     }

@@ -12,11 +12,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 
-use super::consumer::Shared;
-use super::source::Rebalancer;
-use crate::broker::offsets::Position;
+use super::KafkaConfig;
+use crate::broker::offsets::{Offsets, Position};
 use crate::dispatch::log_join;
 use crate::error::{Error, Result};
 use crate::metrics;
@@ -58,8 +57,8 @@ pub enum PastLogEnd {
 
 /// The offsets of a partition's log: its first, and the one after its last. `None` when the
 /// broker did not say (logged): the partition is then read as if it held the stored offset.
-pub(super) async fn log_range(
-    client: &Arc<BaseConsumer<Rebalancer>>,
+pub(super) async fn log_range<C: ConsumerContext + 'static>(
+    client: &Arc<BaseConsumer<C>>,
     topic: &str,
     partition: i32,
 ) -> Option<(i64, i64)> {
@@ -138,14 +137,13 @@ impl OutOfRange {
 /// partition goes on from `low` (the offset stored as `low` after a reset); the error that
 /// stops the consumer otherwise.
 pub(super) async fn out_of_range<DB: Backend>(
-    shared: &Shared<DB>,
+    (config, offsets): (&KafkaConfig, &Offsets<DB>),
     partition: i32,
     expected: i64,
     low: i64,
     high: i64,
     gone: Gone,
 ) -> Result<()> {
-    let config = &shared.config;
     let topic = config.topic.as_str();
     let refused = |why: String| Error::Broker {
         broker: super::BROKER,
@@ -194,7 +192,7 @@ pub(super) async fn out_of_range<DB: Backend>(
                 partition,
                 next_offset: low,
             };
-            shared.offsets.reset(&position).await?;
+            offsets.reset(&position).await?;
             metrics::count_kafka_offset_out_of_range(topic, "past_log_end", "reset");
             Ok(())
         }
