@@ -97,6 +97,7 @@ kafka_setup() {
         --storage-engine memory://tansu/ </dev/null >"$state/tansu.log" 2>&1 &
     printf '%s\n' "$!" >"$state/tansu.pid"
     disown
+    mark_started kafka
     if ! wait_for_port 127.0.0.1 "$port" 30; then
         warn "tansu did not listen on 127.0.0.1:$port within 30 s; its log:"
         tail -n 20 "$state/tansu.log" | sed 's/^/    /' >&2

@@ -61,6 +61,19 @@ on_exit() {
     trap 'exit 143' TERM
 }
 
+# The services this script started, by name (redis, rabbitmq, nats, and the modules in
+# scripts/lib: sqs, kafka): `stop_started` stops them and only them, never a server that was
+# already running. scripts/test stops them when it exits; scripts/services keeps them.
+JOBGUARD_STARTED=()
+mark_started() { JOBGUARD_STARTED+=("$1"); }
+stop_started() {
+    local i
+    for ((i = ${#JOBGUARD_STARTED[@]} - 1; i >= 0; i--)); do
+        "${JOBGUARD_STARTED[i]}_stop" || true
+    done
+    JOBGUARD_STARTED=()
+}
+
 # --- Rust toolchain ---------------------------------------------------------
 
 ensure_cargo() {
@@ -359,9 +372,9 @@ setup_postgres() {
 # The broker tests run against real Redis, RabbitMQ and NATS. Each is found
 # in this order: its JOBGUARD_TEST_*_URL; a server already listening on its
 # default port on 127.0.0.1; a server this script starts (the Debian package
-# is apt-installed first when the program is missing and we are root). The
-# servers started here are the machine's own services, left running for the
-# next run, as a developer's would be.
+# is apt-installed first when the program is missing and we are root). A
+# server started here is recorded (`mark_started`): scripts/test stops it when
+# it exits, scripts/services leaves it running.
 
 # Path of a broker program, also looking in the sbin directories that a
 # non-root PATH often lacks.
@@ -438,8 +451,22 @@ start_redis() {
     logs=$(broker_dir /var/log/redis redis-log) || return 1
     log "starting Redis on 127.0.0.1:$port ($redis)"
     "$redis" --daemonize yes --bind 127.0.0.1 -::1 --port "$port" --save "" --appendonly no \
-        --dir "$data" --logfile "$logs/ci.log" </dev/null >&2 || return 1
+        --dir "$data" --logfile "$logs/ci.log" --pidfile "$data/redis-$port.pid" \
+        </dev/null >&2 || return 1
+    JOBGUARD_REDIS_PIDFILE="$data/redis-$port.pid"
+    mark_started redis
     wait_for_port 127.0.0.1 "$port" 30
+}
+
+# Stops the Redis start_redis started.
+redis_stop() {
+    local pid
+    [[ -f "${JOBGUARD_REDIS_PIDFILE:-}" ]] || return 0
+    pid=$(cat "$JOBGUARD_REDIS_PIDFILE")
+    if [[ "$pid" =~ ^[0-9]+$ ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == redis* ]]; then
+        log "stopping Redis (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+    fi
 }
 
 # start_rabbitmq: the node on its default port, 5672, detached.
@@ -449,7 +476,16 @@ start_rabbitmq() {
     rabbit=$(broker_tool rabbitmq-server) || return 1
     log "starting RabbitMQ on 127.0.0.1:5672 ($rabbit -detached); it takes a while to boot"
     "$rabbit" -detached </dev/null >&2 || return 1
+    mark_started rabbitmq
     wait_for_port 127.0.0.1 5672 120
+}
+
+# Stops the RabbitMQ node start_rabbitmq started.
+rabbitmq_stop() {
+    local ctl
+    ctl=$(broker_tool rabbitmqctl) || return 0
+    log "stopping RabbitMQ"
+    "$ctl" stop </dev/null >/dev/null 2>&1 || true
 }
 
 # start_nats [PORT [STORE]]: NATS with JetStream storing in STORE, in the
@@ -468,11 +504,23 @@ start_nats() {
         start-stop-daemon --start --oknodo --background --make-pidfile \
             --pidfile "$logs/nats-server-$port.pid" --exec "$nats" -- "${args[@]}" \
             </dev/null >&2 || return 1
+        JOBGUARD_NATS_PID=$(cat "$logs/nats-server-$port.pid" 2>/dev/null || true)
     else
         nohup "$nats" "${args[@]}" </dev/null >/dev/null 2>&1 &
+        JOBGUARD_NATS_PID=$!
         disown
     fi
+    mark_started nats
     wait_for_port 127.0.0.1 "$port" 30
+}
+
+# Stops the NATS server start_nats started.
+nats_stop() {
+    local pid=${JOBGUARD_NATS_PID:-}
+    if [[ "$pid" =~ ^[0-9]+$ ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == nats* ]]; then
+        log "stopping NATS (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+    fi
 }
 
 # Export VAR for one broker: its URL from the environment, a server already

@@ -109,6 +109,7 @@ sqs_start() {
         </dev/null >"$state/sqs.log" 2>&1 &
     printf '%s\n' "$!" >"$state/sqs.pid"
     disown
+    mark_started sqs
     if ! wait_for_port 127.0.0.1 "$JOBGUARD_SQS_PORT" 60; then
         warn "moto did not listen within 60 s; its log:"
         sed 's/^/    /' "$state/sqs.log" >&2 || true

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::ValueEnum;
 use jobguard::Backend;
-use jobguard::broker::kafka::{self, KafkaConfig};
+use jobguard::broker::kafka::{self, BelowLogStart, KafkaConfig, PastLogEnd};
 use jobguard::broker::nats::{self, NatsConfig, NatsDelivery, NatsSource};
 use jobguard::broker::rabbitmq::{self, RabbitConfig, RabbitDelivery, RabbitSource};
 use jobguard::broker::redis::{self, RedisConfig, RedisDelivery, RedisSource};
@@ -85,6 +85,19 @@ pub struct Endpoint {
     /// NATS AckWait; the Redis claim threshold; the SQS visibility timeout. RabbitMQ
     /// redelivers when the connection drops.
     pub redelivery: Duration,
+    /// Kafka: what a partition whose stored offset its log no longer holds does.
+    pub offsets: OffsetPolicy,
+}
+
+/// What a Kafka consumer does with a partition whose stored offset is outside its log: below
+/// its start (retention or deleted records took the messages) or past its end (the topic was
+/// made again under its name). Either case is logged as an error and counted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OffsetPolicy {
+    /// Below the log start: resume there (the default), or stop with an error.
+    pub below_log_start: BelowLogStart,
+    /// Past the log end: stop with an error (the default), or reset to the log start.
+    pub past_log_end: PastLogEnd,
 }
 
 impl Endpoint {
@@ -151,6 +164,8 @@ impl Endpoint {
             max_deliveries: self.max_deliveries,
             // Brokers refuse sessions under 6 s by default (group.min.session.timeout.ms).
             session_timeout: self.redelivery.max(Duration::from_secs(6)),
+            below_log_start: self.offsets.below_log_start,
+            past_log_end: self.offsets.past_log_end,
             ..KafkaConfig::new(self.queue.clone())
         }
     }

@@ -67,13 +67,16 @@
 //! database) halves the batch size, and each group that commits grows it by one, up to
 //! `batch_size`. `jobguard bench contention` measures both cases.
 
-mod batch;
+// The pipeline, in order: fetch, group, run (one job, or a batch), settle; the leases of every
+// job held kept meanwhile.
 mod batch_limit;
 mod fetch;
+mod group;
 mod leases;
-mod ready;
-mod run;
+mod run_batch;
+mod run_one;
 mod runnable;
+mod settle;
 mod shutdown;
 
 use std::collections::HashSet;

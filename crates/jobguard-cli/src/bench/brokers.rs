@@ -25,7 +25,7 @@ use jobguard::{Guard, GuardConfig, Job, JobError, JobKey, KeyError, Outcome, Tab
 use serde::{Deserialize, Serialize};
 use sqlx::{Executor, Pool};
 
-use crate::broker::{Broker, Endpoint};
+use crate::broker::{Broker, Endpoint, OffsetPolicy};
 use crate::database::{DEFAULT_URL, Database};
 use crate::demo::ledger::{BENCH_LEDGER, Ledger, LedgerDb};
 use crate::{on_pool, report};
@@ -196,6 +196,7 @@ where
             prefetch,
             max_deliveries: 5,
             redelivery: Duration::from_secs(30),
+            offsets: OffsetPolicy::default(),
         };
         let reachable = tokio::time::timeout(CONNECT_TIMEOUT, endpoint(1).remove()).await;
         let unreachable = match reachable {

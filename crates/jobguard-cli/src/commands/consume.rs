@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
+use jobguard::broker::kafka::{BelowLogStart, PastLogEnd};
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats};
 use jobguard::worker::shutdown_signal;
 use jobguard::{Guard, JobKey, Outcome};
@@ -16,7 +17,7 @@ use serde::Serialize;
 use sqlx::Pool;
 
 use crate::args::{ConnectWait, Target, parse_duration};
-use crate::broker::{Broker, Endpoint, URL_ENV};
+use crate::broker::{Broker, Endpoint, OffsetPolicy, URL_ENV};
 use crate::builtin_jobs::{self, Credit, ExampleDb, Fail, Noop};
 use crate::database::{Startup, redact};
 use crate::exporter::MetricsArgs;
@@ -86,6 +87,16 @@ pub struct ConsumeArgs {
     /// messages left to the broker.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     shutdown_timeout: Duration,
+    /// Kafka: what a partition whose stored offset is below its log start does (retention or
+    /// deleted records took the messages from there): resume at the log start, as Kafka's
+    /// `auto.offset.reset=earliest` would, or stop with an error. Logged and counted either way.
+    #[arg(long, value_enum, default_value_t = BelowStart::Resume)]
+    kafka_below_log_start: BelowStart,
+    /// Kafka: what a partition whose stored offset is past its log end does (the topic was made
+    /// again under its name): stop with an error, or reset to the log start (keys applied from
+    /// the old topic are then duplicates). Logged and counted either way.
+    #[arg(long, value_enum, default_value_t = PastEnd::Refuse)]
+    kafka_past_log_end: PastEnd,
     /// Stop once no message has arrived for this long and no job is running.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     until_idle: Option<Duration>,
@@ -95,6 +106,20 @@ pub struct ConsumeArgs {
     wait: ConnectWait,
     #[command(flatten)]
     target: Target,
+}
+
+/// `--kafka-below-log-start`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum BelowStart {
+    Resume,
+    Refuse,
+}
+
+/// `--kafka-past-log-end`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PastEnd {
+    Refuse,
+    Reset,
 }
 
 /// What `jobguard consume --json` prints when it stops.
@@ -139,6 +164,16 @@ impl ConsumeArgs {
             prefetch: self.prefetch() as usize,
             max_deliveries: self.max_deliveries,
             redelivery: self.redelivery,
+            offsets: OffsetPolicy {
+                below_log_start: match self.kafka_below_log_start {
+                    BelowStart::Resume => BelowLogStart::Resume,
+                    BelowStart::Refuse => BelowLogStart::Refuse,
+                },
+                past_log_end: match self.kafka_past_log_end {
+                    PastEnd::Refuse => PastLogEnd::Refuse,
+                    PastEnd::Reset => PastLogEnd::Reset,
+                },
+            },
         })
     }
 

@@ -35,7 +35,7 @@ use super::crash_point::{CRASH_POINT, report_line};
 use super::experiment::{self, RunReport, Shape};
 use super::ledger::{self, Ledger, LedgerDb};
 use super::scenarios::Mode;
-use crate::broker::{Broker, BrokerSource, Endpoint, URL_ENV};
+use crate::broker::{Broker, BrokerSource, Endpoint, OffsetPolicy, URL_ENV};
 use crate::builtin_jobs::{Credit, Example};
 use crate::database::{Database, redact};
 use crate::{on_pool, report};
@@ -278,6 +278,7 @@ async fn run_on<DB: LedgerDb>(
             prefetch: shape.concurrency as usize,
             max_deliveries: 5,
             redelivery: redelivery(broker),
+            offsets: OffsetPolicy::default(),
         };
         endpoint
             .remove()

@@ -23,6 +23,10 @@ use serde_json::{Value, json};
 
 use crate::common::{Db, Proc, jobguard, service_url, spawn};
 
+mod bench;
+mod kafka;
+mod sqs_fifo;
+
 /// The longest a consumer process may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(60);
 /// What `jobguard consume --crash-after-commit` prints between its commit and its ack.
@@ -286,16 +290,40 @@ fn credit(order: usize) -> Envelope {
 /// Ledger rows and distinct job keys in `jobguard_ledger`.
 async fn ledger(db: &Db) -> (i64, i64) {
     let sql = "select count(*), count(distinct job_key) from jobguard_ledger";
+    rows(db, sql, None).await.unwrap().remove(0)
+}
+
+/// The rows `sql` reads from the test's database on a connection of its own, `$1` bound to
+/// `bind` when given.
+async fn rows<T>(db: &Db, sql: &'static str, bind: Option<&str>) -> sqlx::Result<Vec<T>>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+        + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+        + Send
+        + Unpin,
+{
     if db.is_postgres() {
-        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-        let counts = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
+        let pool = sqlx::PgPool::connect(&db.url).await?;
+        let query = sqlx::query_as(sql);
+        let rows = match bind {
+            Some(value) => query.bind(value),
+            None => query,
+        }
+        .fetch_all(&pool)
+        .await;
         pool.close().await;
-        counts
+        rows
     } else {
         let pool = jobguard::sqlite::connect(&db.url, 1).await.unwrap();
-        let counts = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
+        let query = sqlx::query_as(sql);
+        let rows = match bind {
+            Some(value) => query.bind(value),
+            None => query,
+        }
+        .fetch_all(&pool)
+        .await;
         pool.close().await;
-        counts
+        rows
     }
 }
 
@@ -615,271 +643,6 @@ async fn batch_killed_after_commit_before_ack(broker: Broker) {
     queue.remove().await;
 }
 
-/// The next offset of each partition of `topic` in the consumers' offsets table.
-async fn stored_offsets(db: &Db, topic: &str) -> Vec<(i32, i64)> {
-    let sql = "select partition, next_offset from jobguard_consumer_offsets \
-               where topic = $1 order by partition";
-    if db.is_postgres() {
-        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-        let rows = sqlx::query_as(sql)
-            .bind(topic)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
-        rows
-    } else {
-        let pool = jobguard::sqlite::connect(&db.url, 1).await.unwrap();
-        let rows = sqlx::query_as(sql)
-            .bind(topic)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
-        rows
-    }
-}
-
-/// Kafka: a consumer process killed with SIGKILL between its database commit and Kafka's
-/// offset commit. The offsets table says the partition's next offset is 1, Kafka was never
-/// told; the next process starts at the stored offset: no duplicate, no gap.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_resumes_from_the_stored_offsets_after_sigkill() {
-    let test = "resume";
-    let Some(queue) = Queue::new(Broker::Kafka, test).await else {
-        return;
-    };
-    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_kafka"));
-    let envelopes: Vec<Envelope> = (0..10).map(credit).collect();
-    queue.publish(&envelopes).await;
-
-    let mut first = Consumer::start(
-        &queue,
-        &db,
-        "first",
-        &["--prefetch", "1", "--crash-after-commit"],
-    );
-    first.wait_for(CRASH_POINT).await;
-    first.sigkill();
-    assert_eq!(ledger(&db).await, (1, 1), "the first credit committed");
-    assert_eq!(
-        stored_offsets(&db, &queue.name).await,
-        [(0, 1)],
-        "its offset committed with it"
-    );
-
-    let second = Consumer::start(&queue, &db, "second", &["--until-idle", IDLE, "--json"]);
-    let report = second.report().await;
-    assert_eq!(
-        (report["applied"].as_u64(), report["duplicates"].as_u64()),
-        (Some(9), Some(0)),
-        "started after the stored offset: {report}"
-    );
-    assert_eq!(
-        ledger(&db).await,
-        (10, 10),
-        "every credit once, none skipped"
-    );
-    assert_eq!(stored_offsets(&db, &queue.name).await, [(0, 10)]);
-    queue.remove().await;
-}
-
-/// Kafka: consumer processes join and leave a group while every partition holds more messages
-/// than a lane buffers, so that each consumer pauses its partitions in the client (a lane holding
-/// `buffer`, 100, messages). A starts alone; B joins, then C, each join a rebalance that hands A
-/// (and then B) back partitions it had paused; then A leaves on SIGTERM, then B, each leave a
-/// rebalance that hands the others back partitions they had paused, until C holds every
-/// partition. Each step waits for the group's assignments, read in the consumers' logs. A
-/// partition handed back paused must resume (else the ledger stops short, for good): every key
-/// applied exactly once, every copy a duplicate (a message run again by a partition's next
-/// owner is one more), every partition's stored offset at its end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_partitions_handed_back_after_a_rebalance_resume() {
-    let test = "handed_back";
-    let Some(url) = Broker::Kafka.url() else {
-        return;
-    };
-    // A topic, and so a group, of this run's own: tansu keeps a group's members killed by an
-    // earlier run waiting to rejoin.
-    let queue = Queue {
-        broker: Broker::Kafka,
-        url,
-        name: format!("jgcli.{test}.{}.kafka", std::process::id()),
-    };
-    let config = KafkaConfig {
-        partitions: 3,
-        ..queue.kafka()
-    };
-    jobguard::broker::kafka::declare(&queue.url, &config)
-        .await
-        .expect("create the topic");
-    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_kafka"));
-    const KEYS: usize = 3_000;
-    // Each key twice: 6,000 messages, about 2,000 a partition, twenty lane buffers each. Each
-    // consumer runs one partition at a time (`--prefetch 1`): the lanes of the others wait full,
-    // their partitions paused, when the group hands them back.
-    let envelopes: Vec<Envelope> = (0..KEYS)
-        .flat_map(|n| std::iter::repeat_n(credit(n), 2))
-        .collect();
-    queue.publish(&envelopes).await;
-
-    let mut a = kafka_member(&queue, &db, "a");
-    wait_for_assignments(&mut a, 1).await;
-    wait_for_ledger(&db, 1, &mut [&mut a]).await;
-    let mut b = kafka_member(&queue, &db, "b");
-    // A is handed back partitions it paused, B gets its own.
-    wait_for_assignments(&mut b, 1).await;
-    wait_for_assignments(&mut a, 2).await;
-    let mut c = kafka_member(&queue, &db, "c");
-    wait_for_assignments(&mut c, 1).await;
-    wait_for_assignments(&mut b, 2).await;
-    a.0.signal("TERM");
-    let a = a.report().await;
-    // B and C share A's partitions.
-    wait_for_assignments(&mut b, 3).await;
-    wait_for_assignments(&mut c, 2).await;
-    b.0.signal("TERM");
-    let b = b.report().await;
-    wait_for_assignments(&mut c, 3).await;
-    let keys = KEYS as i64;
-    wait_for_ledger(&db, keys, &mut [&mut c]).await;
-    c.0.signal("TERM");
-    let c = c.report().await;
-    let reports = [&a, &b, &c];
-    let total = |field: &str| -> u64 { reports.iter().map(|r| r[field].as_u64().unwrap()).sum() };
-    assert_eq!(
-        (total("applied"), total("dead")),
-        (KEYS as u64, 0),
-        "a {a}, b {b}, c {c}"
-    );
-    assert!(total("duplicates") >= KEYS as u64, "a {a}, b {b}, c {c}");
-    assert_eq!(
-        ledger(&db).await,
-        (keys, keys),
-        "every key applied exactly once"
-    );
-    let ends = tokio::task::spawn_blocking({
-        let (url, topic) = (queue.url.clone(), queue.name.clone());
-        move || kafka_ends(&url, &topic)
-    })
-    .await
-    .unwrap();
-    assert_eq!(ends.iter().map(|(_, end)| end).sum::<i64>(), 2 * keys);
-    assert_eq!(stored_offsets(&db, &queue.name).await, ends);
-    queue.remove().await;
-}
-
-/// A `jobguard consume --broker kafka --json` process that logs its assignments, until SIGTERM.
-fn kafka_member(queue: &Queue, db: &Db, name: &str) -> Consumer {
-    let mut command = jobguard();
-    command
-        .env("JOBGUARD_LOG", "warn,jobguard::broker::kafka=debug")
-        .args(["consume", "--broker", "kafka", "--url", &queue.url])
-        .args(["--queue", &queue.name, "--database-url", &db.url])
-        .args(["--prefetch", "1", "--retry-delay", "100ms"])
-        .arg("--json");
-    Consumer(spawn(&db.dir, name, command))
-}
-
-/// Waits until `consumer` logged `count` assignments of the group (its first, or others after
-/// rebalances), failing the test if it ends first or after [`DEADLINE`].
-async fn wait_for_assignments(consumer: &mut Consumer, count: usize) {
-    let started = Instant::now();
-    loop {
-        let assigned = consumer.stderr().matches("partitions assigned").count();
-        if assigned >= count {
-            return;
-        }
-        if let Some(exit) = consumer.0.exited() {
-            panic!(
-                "the consumer ended after {assigned} of {count} assignments: {}",
-                exit.stderr
-            );
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "{assigned} of {count} assignments within {DEADLINE:?}: {}",
-            consumer.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Waits until `jobguard_ledger` holds at least `rows` rows while `consumers` run; the rows it
-/// holds then. Fails the test when a consumer ends first, or when no row was added for
-/// [`DEADLINE`]: the partitions left stopped.
-async fn wait_for_ledger(db: &Db, rows: i64, consumers: &mut [&mut Consumer]) -> i64 {
-    let mut started = Instant::now();
-    let mut last = -1;
-    loop {
-        let held = ledger_rows_so_far(db).await;
-        if held >= rows {
-            return held;
-        }
-        if held > last {
-            (last, started) = (held, Instant::now());
-        }
-        for consumer in consumers.iter_mut() {
-            if let Some(exit) = consumer.0.exited() {
-                panic!(
-                    "a consumer stopped with {held} of {rows} rows applied: {}",
-                    exit.stdout
-                );
-            }
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "{held} of {rows} rows applied, none for {DEADLINE:?}: a partition stopped"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The rows of `jobguard_ledger`, 0 before a consumer made it.
-async fn ledger_rows_so_far(db: &Db) -> i64 {
-    let sql = "select count(*) from jobguard_ledger";
-    let rows: Option<(i64,)> = if db.is_postgres() {
-        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-        let rows = sqlx::query_as(sql).fetch_one(&pool).await.ok();
-        pool.close().await;
-        rows
-    } else {
-        let pool = jobguard::sqlite::connect(&db.url, 1).await.unwrap();
-        let rows = sqlx::query_as(sql).fetch_one(&pool).await.ok();
-        pool.close().await;
-        rows
-    };
-    rows.map_or(0, |(rows,)| rows)
-}
-
-/// Where each partition of `topic` ends, by partition.
-fn kafka_ends(url: &str, topic: &str) -> Vec<(i32, i64)> {
-    use rdkafka::consumer::{BaseConsumer, Consumer as _};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set(
-            "bootstrap.servers",
-            jobguard::broker::kafka::bootstrap_servers(url).unwrap(),
-        )
-        .create()
-        .expect("a client");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("the topic's metadata");
-    let mut ends: Vec<(i32, i64)> = metadata
-        .topics()
-        .iter()
-        .flat_map(|t| t.partitions())
-        .map(|partition| {
-            let (_, high) = consumer
-                .fetch_watermarks(topic, partition.id(), Duration::from_secs(10))
-                .expect("watermarks");
-            (partition.id(), high)
-        })
-        .collect();
-    ends.sort();
-    ends
-}
-
 /// `jobguard consume --metrics-bind` serves `/health` and the outcomes it counted at
 /// `/metrics`: a message published twice is applied once and found a duplicate once.
 async fn consumer_serves_its_metrics(broker: Broker) {
@@ -940,296 +703,3 @@ each_broker!(
     three_consumer_processes,
     demo_through,
 );
-
-/// `jobguard bench brokers` with a few messages: every broker that answers is measured one
-/// per transaction and in batches, each run applying every message once; one that does not
-/// answer is skipped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bench_brokers_applies_every_message_once() {
-    let db = Db::postgres_or_sqlite("brokers::bench");
-    let brokers = [
-        Broker::Rabbitmq,
-        Broker::Nats,
-        Broker::Redis,
-        Broker::Sqs,
-        Broker::Kafka,
-    ];
-    // A broker that does not answer gets a port nothing listens on, and must be skipped.
-    let urls: Vec<(Broker, Option<String>)> = brokers.iter().map(|b| (*b, b.url())).collect();
-    let flag = |broker: Broker| format!("--{}-url", broker.name());
-    let mut args: Vec<String> = [
-        "bench",
-        "brokers",
-        "--messages",
-        "120",
-        "--batch-size",
-        "20",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    args.extend([
-        "--concurrency".to_owned(),
-        "4".to_owned(),
-        "--json".to_owned(),
-    ]);
-    for (broker, url) in &urls {
-        let url = url.clone().unwrap_or_else(|| match broker {
-            Broker::Rabbitmq => "amqp://127.0.0.1:1".to_owned(),
-            Broker::Nats => "nats://127.0.0.1:1".to_owned(),
-            Broker::Redis => "redis://127.0.0.1:1".to_owned(),
-            Broker::Sqs => "http://127.0.0.1:1".to_owned(),
-            Broker::Kafka => "kafka://127.0.0.1:1".to_owned(),
-        });
-        args.extend([flag(*broker), url]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let output = db
-        .command(&args)
-        .output()
-        .expect("run jobguard bench brokers");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
-    assert_eq!(report["messages"], 120, "{report}");
-    assert_eq!(report["batch_size"], 20, "{report}");
-    assert_eq!(report["exactly_once"], true, "{report}");
-    let measured = report["brokers"].as_array().expect("brokers");
-    let skipped = report["skipped"].as_array().expect("skipped");
-    for (broker, url) in &urls {
-        let name = broker.name();
-        if url.is_none() {
-            assert!(skipped.iter().any(|s| s["broker"] == name), "{report}");
-            continue;
-        }
-        let figures = measured
-            .iter()
-            .find(|f| f["broker"] == name)
-            .unwrap_or_else(|| panic!("{name} was not measured: {report}"));
-        for (run, size) in [("per_message", 1), ("batched", 20)] {
-            let run = &figures[run];
-            assert_eq!(run["batch_size"], size, "{report}");
-            assert_eq!(run["ledger_rows"], 120, "{report}");
-            assert_eq!(run["applied"], 120, "{report}");
-            assert_eq!(run["duplicates"], 0, "{report}");
-            assert!(run["messages_per_s"].as_f64().unwrap() > 0.0, "{report}");
-        }
-        assert!(figures["ratio"].as_f64().unwrap() > 0.0, "{report}");
-        assert_eq!(figures["exactly_once"], true, "{report}");
-    }
-}
-
-/// `--brokers redis` measures Redis alone and reports every other broker as not selected,
-/// without trying to reach it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bench_brokers_measures_only_the_selected_brokers() {
-    let Some(url) = Broker::Redis.url() else {
-        return;
-    };
-    let db = Db::postgres_or_sqlite("brokers::bench_selected");
-    let output = db
-        .command(&[
-            "bench",
-            "brokers",
-            "--brokers",
-            "redis",
-            "--messages",
-            "40",
-            "--batch-size",
-            "10",
-            "--concurrency",
-            "4",
-            "--redis-url",
-            &url,
-            // Nothing listens here: a broker not selected is never dialled.
-            "--rabbitmq-url",
-            "amqp://127.0.0.1:1",
-            "--json",
-        ])
-        .output()
-        .expect("run jobguard bench brokers");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
-    let measured = report["brokers"].as_array().expect("brokers");
-    assert_eq!(measured.len(), 1, "{report}");
-    assert_eq!(measured[0]["broker"], "redis", "{report}");
-    assert_eq!(measured[0]["batched"]["ledger_rows"], 40, "{report}");
-    let skipped = report["skipped"].as_array().expect("skipped");
-    for name in ["rabbitmq", "nats", "sqs", "kafka"] {
-        let entry = skipped
-            .iter()
-            .find(|s| s["broker"] == name)
-            .unwrap_or_else(|| panic!("{name} not reported: {report}"));
-        assert_eq!(entry["reason"], "not selected with --brokers", "{report}");
-    }
-}
-
-/// SQS FIFO under SIGKILL: consumer processes on one FIFO queue, each message group an
-/// account's credits in order, killed with SIGKILL at random moments (mid-job, between commit
-/// and delete, with messages of their groups waiting behind) and started again. Every key is
-/// applied once, none is lost or dead-lettered, and each account's ledger rows were written in
-/// the order its credits were sent: a group's credits never ran at once or out of order. The
-/// seed is printed; `JOBGUARD_CHAOS_SEED` replays a run's choices.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqs_fifo_order_holds_with_consumers_killed_at_random() {
-    const GROUPS: usize = 4;
-    const PER_GROUP: usize = 25;
-    const CONSUMERS: usize = 3;
-    const KILLS: usize = 6;
-    // Deliveries to spare: each kill and each message given back behind a failed one is a
-    // receive more, and a message received this often without settling is dead-lettered.
-    const DELIVERIES: &str = "50";
-    let Some(url) = Broker::Sqs.url() else {
-        return;
-    };
-    let queue = Queue {
-        broker: Broker::Sqs,
-        url,
-        name: "jgcli.fifo-chaos.fifo".to_owned(),
-    };
-    let config = SqsConfig {
-        max_deliveries: DELIVERIES.parse().unwrap(),
-        ..queue.sqs()
-    };
-    assert!(config.is_fifo(), "{}", config.queue);
-    sqs::remove(&queue.url, &config).await.unwrap();
-    drop(
-        SqsSource::connect(&queue.url, config.clone())
-            .await
-            .unwrap(),
-    );
-    let db = Db::postgres_or_sqlite("brokers::sqs_fifo_chaos");
-
-    let sink = SqsSink::connect(&queue.url).unwrap();
-    for seq in 0..PER_GROUP {
-        for group in 1..=GROUPS {
-            let order = format!("g{group}-{seq:03}");
-            let key = JobKey::new("credit", [&order]).unwrap();
-            let envelope = Envelope::new(
-                "credit",
-                key,
-                &json!({"order": order, "account": group, "amount": 1, "hold_ms": 30}),
-            )
-            .unwrap();
-            sink.publish_in_group(&config.queue, &envelope, &format!("account-{group}"))
-                .await
-                .unwrap();
-        }
-    }
-
-    let seed = std::env::var("JOBGUARD_CHAOS_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("sqs_fifo_order_holds_with_consumers_killed_at_random: JOBGUARD_CHAOS_SEED={seed}");
-    let mut state = seed;
-    let mut below = move |n: u64| {
-        // xorshift64
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
-    let start = |n: usize| {
-        let redelivery = format!("{}ms", redelivery(Broker::Sqs).as_millis());
-        let mut command = jobguard();
-        command
-            .args(["consume", "--broker", "sqs", "--url", &queue.url])
-            .args(["--queue", &queue.name, "--redelivery", &redelivery])
-            .args(["--max-deliveries", DELIVERIES, "--retry-delay", "100ms"])
-            .args(["--prefetch", "10", "--until-idle", "8s", "--json"])
-            .args(["--database-url", &db.url]);
-        Consumer(spawn(&db.dir, &format!("fifo-{n}"), command))
-    };
-    let mut started = 0;
-    let mut consumers: Vec<Consumer> = (0..CONSUMERS)
-        .map(|_| {
-            started += 1;
-            start(started)
-        })
-        .collect();
-    let mut kills = 0;
-    while kills < KILLS {
-        tokio::time::sleep(Duration::from_millis(300 + below(1200))).await;
-        let victim = below(CONSUMERS as u64) as usize;
-        if consumers[victim].0.running() {
-            consumers[victim].sigkill();
-            kills += 1;
-        }
-        started += 1;
-        consumers[victim] = start(started);
-    }
-    let mut dead = 0;
-    for consumer in consumers {
-        let report = consumer.report().await;
-        dead += report["dead"].as_u64().unwrap();
-    }
-    // Anything a killed consumer held and no survivor took up yet.
-    let report = start(started + 1).report().await;
-    dead += report["dead"].as_u64().unwrap();
-
-    let rows = ledger_in_order(&db).await;
-    let total = (GROUPS * PER_GROUP) as i64;
-    assert_eq!(
-        ledger(&db).await,
-        (total, total),
-        "each key applied once, none lost (seed {seed})"
-    );
-    assert_eq!(dead, 0, "nothing dead-lettered (seed {seed})");
-    for group in 1..=GROUPS as i64 {
-        let orders: Vec<&str> = rows
-            .iter()
-            .filter(|(account, _)| *account == group)
-            .map(|(_, key)| key.as_str())
-            .collect();
-        let sent: Vec<String> = (0..PER_GROUP)
-            .map(|seq| format!("credit:g{group}-{seq:03}"))
-            .collect();
-        assert_eq!(
-            orders, sent,
-            "account {group}'s credits applied in the order sent (seed {seed})"
-        );
-    }
-    let client = sqs::client(&queue.url).unwrap();
-    for name in [&config.queue, &config.dead_letter_queue] {
-        let url = client
-            .get_queue_url()
-            .queue_name(name.as_str())
-            .send()
-            .await
-            .unwrap()
-            .queue_url
-            .unwrap();
-        let left = client
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .send()
-            .await
-            .unwrap();
-        assert!(left.messages().is_empty(), "{name} is empty: {left:?}");
-    }
-    sqs::remove(&queue.url, &config).await.unwrap();
-}
-
-/// `jobguard_ledger`'s rows in the order they were written: account and job key.
-async fn ledger_in_order(db: &Db) -> Vec<(i64, String)> {
-    let sql = "select account, job_key from jobguard_ledger order by id";
-    if db.is_postgres() {
-        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-        let rows = sqlx::query_as(sql).fetch_all(&pool).await.unwrap();
-        pool.close().await;
-        rows
-    } else {
-        let pool = jobguard::sqlite::connect(&db.url, 1).await.unwrap();
-        let rows = sqlx::query_as(sql).fetch_all(&pool).await.unwrap();
-        pool.close().await;
-        rows
-    }
-}

@@ -27,7 +27,7 @@ use jobguard::queue::NewJob;
 use jobguard::{JobKey, Queue};
 use serde_json::{Value, json};
 
-use crate::common::{COMMAND_TIMEOUT, Cluster, Db, Proc, alone, tail};
+use crate::common::{COMMAND_TIMEOUT, Cluster, Db, Proc, Rng, alone, seed, tail};
 use crate::on_pool;
 
 /// Worker processes running at once.
@@ -42,50 +42,6 @@ const CREDIT_ATTEMPTS: u32 = 25;
 const FAIL_ATTEMPTS: u32 = 3;
 /// The longest the queue may take to drain once the faults are over.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// SplitMix64: small, seedable, and the same on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    /// True with probability `percent` in 100.
-    fn percent(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    /// A duration from `low_ms` to `high_ms` milliseconds.
-    fn millis(&mut self, low_ms: u64, high_ms: u64) -> Duration {
-        Duration::from_millis(low_ms + self.below(high_ms - low_ms + 1))
-    }
-}
-
-/// The seed: `JOBGUARD_CHAOS_SEED`, or drawn from the clock.
-fn seed() -> u64 {
-    match std::env::var("JOBGUARD_CHAOS_SEED") {
-        Ok(text) if !text.trim().is_empty() => text
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("JOBGUARD_CHAOS_SEED={text} is not a number")),
-        _ => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap();
-            now.as_nanos() as u64 ^ u64::from(std::process::id())
-        }
-    }
-}
 
 /// How long the faults last: `JOBGUARD_CHAOS_SECS`, default 60.
 fn chaos_duration() -> Duration {

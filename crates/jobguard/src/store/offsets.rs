@@ -51,6 +51,80 @@ pub struct OffsetSql {
     pub(crate) reset: Arc<str>,
 }
 
+/// What the offset statements of one dialect differ in; the rest of their text is written
+/// once, in [`OffsetSql::new`].
+pub(crate) struct OffsetDialect {
+    /// The expression of the current time, as the tables' `updated_at` holds it.
+    pub now: &'static str,
+    /// The function of the larger of two values.
+    pub greatest: &'static str,
+    /// Run first in the transaction that counts an attempt, if the dialect needs it.
+    pub attempt_setup: Option<&'static str>,
+}
+
+impl OffsetSql {
+    /// The statements on the offsets table `t` and its attempts table `a`, both as SQL writes
+    /// them, made by `create`.
+    pub(crate) fn new(
+        table: &TableName,
+        t: &str,
+        a: &str,
+        create: Vec<String>,
+        dialect: OffsetDialect,
+    ) -> Self {
+        let OffsetDialect {
+            now,
+            greatest,
+            attempt_setup,
+        } = dialect;
+        OffsetSql {
+            table: table.clone(),
+            create: create.into_iter().map(Arc::from).collect(),
+            // In the transaction of the effects: the row commits with them or not at all. Two
+            // owners of a partition during a rebalance take turns on the row; the later
+            // commit never moves it back.
+            store: format!(
+                "insert into {t} (consumer_group, topic, partition, next_offset)
+                 values ($1, $2, $3, $4)
+                 on conflict (consumer_group, topic, partition) do update
+                 set next_offset = {greatest}({t}.next_offset, excluded.next_offset),
+                     updated_at = {now}"
+            )
+            .into(),
+            read: format!(
+                "select partition, next_offset from {t}
+                 where consumer_group = $1 and topic = $2 order by partition"
+            )
+            .into(),
+            forget: format!("delete from {t} where consumer_group = $1 and topic = $2").into(),
+            attempt_setup: attempt_setup.map(Arc::from),
+            // Committed before the message runs, so that a run that kills its consumer is
+            // counted all the same. Two owners of a partition during a rebalance take turns on
+            // the row, and both runs count.
+            attempt: format!(
+                "insert into {a} (consumer_group, topic, partition, message_offset, runs)
+                 values ($1, $2, $3, $4, 1)
+                 on conflict (consumer_group, topic, partition) do update
+                 set runs = case when {a}.message_offset = excluded.message_offset
+                                 then {a}.runs + 1 else 1 end,
+                     message_offset = excluded.message_offset,
+                     updated_at = {now}
+                 returning runs"
+            )
+            .into(),
+            forget_attempts: format!("delete from {a} where consumer_group = $1 and topic = $2")
+                .into(),
+            reset: format!(
+                "insert into {t} (consumer_group, topic, partition, next_offset)
+                 values ($1, $2, $3, $4)
+                 on conflict (consumer_group, topic, partition) do update
+                 set next_offset = excluded.next_offset, updated_at = {now}"
+            )
+            .into(),
+        }
+    }
+}
+
 /// The offset statements each backend implements, in its `offsets.rs`.
 pub trait OffsetStore: sqlx::Database {
     fn offset_sql(table: &TableName) -> crate::Result<OffsetSql>;
@@ -100,6 +174,19 @@ pub trait OffsetStore: sqlx::Database {
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 }
 
+/// A query bound to a position: `$1` group, `$2` topic, `$3` partition, `$4` next offset.
+macro_rules! bind_position {
+    ($query:expr, $position:expr) => {
+        $query
+            .bind($position.group)
+            .bind($position.topic)
+            .bind($position.partition)
+            .bind($position.next_offset)
+    };
+}
+
+pub(crate) use bind_position;
+
 /// The offset statements' binding and decoding, the same on every backend: only their SQL
 /// differs, and that comes from the backend's [`OffsetSql`]. Expanded inside each
 /// `impl OffsetStore`, where the backend's types are concrete.
@@ -110,13 +197,12 @@ macro_rules! offset_statements {
             sql: &$crate::store::offsets::OffsetSql,
             position: &$crate::store::offsets::Position<'_>,
         ) -> sqlx::Result<()> {
-            sqlx::query(sqlx::AssertSqlSafe(&*sql.store))
-                .bind(position.group)
-                .bind(position.topic)
-                .bind(position.partition)
-                .bind(position.next_offset)
-                .execute(conn)
-                .await?;
+            $crate::store::offsets::bind_position!(
+                sqlx::query(sqlx::AssertSqlSafe(&*sql.store)),
+                position
+            )
+            .execute(conn)
+            .await?;
             Ok(())
         }
 
@@ -130,13 +216,12 @@ macro_rules! offset_statements {
                     .execute(&mut *conn)
                     .await?;
             }
-            let (runs,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(&*sql.attempt))
-                .bind(position.group)
-                .bind(position.topic)
-                .bind(position.partition)
-                .bind(position.next_offset)
-                .fetch_one(conn)
-                .await?;
+            let (runs,): (i64,) = $crate::store::offsets::bind_position!(
+                sqlx::query_as(sqlx::AssertSqlSafe(&*sql.attempt)),
+                position
+            )
+            .fetch_one(conn)
+            .await?;
             Ok(runs)
         }
 
@@ -145,13 +230,12 @@ macro_rules! offset_statements {
             sql: &$crate::store::offsets::OffsetSql,
             position: &$crate::store::offsets::Position<'_>,
         ) -> sqlx::Result<()> {
-            sqlx::query(sqlx::AssertSqlSafe(&*sql.reset))
-                .bind(position.group)
-                .bind(position.topic)
-                .bind(position.partition)
-                .bind(position.next_offset)
-                .execute(conn)
-                .await?;
+            $crate::store::offsets::bind_position!(
+                sqlx::query(sqlx::AssertSqlSafe(&*sql.reset)),
+                position
+            )
+            .execute(conn)
+            .await?;
             Ok(())
         }
 

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
-use super::ready::Ready;
+use super::group::Ready;
 use super::{Counters, Worker, WorkerStats};
 use crate::dispatch::log_join;
 use crate::error::Result;
-use crate::queue::{Lease, LeasedJob};
+use crate::queue::LeasedJob;
 use crate::retention::{PruneReport, Pruner, Retention};
 use crate::steps::Steps;
 use crate::store::{Backend, Wakeup};
@@ -196,16 +196,6 @@ impl<DB: Backend> Worker<DB> {
         Ok(counters.snapshot())
     }
 
-    /// Gives a job's lease back to the queue, so another worker runs it now.
-    async fn give_back(&self, lease: Lease, counters: &Counters, failed: &str) {
-        match self.queue.release(lease).await {
-            Ok(()) => {
-                counters.released.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(error) => tracing::warn!(%error, job.id = lease.job_id, "{failed}"),
-        }
-    }
-
     /// Starts the scheduled prune, if there is a schedule; it stops when the sender says so.
     fn prune_on_schedule(
         &self,
@@ -285,27 +275,6 @@ impl<DB: Backend> Worker<DB> {
             jobs.extend(more);
         }
         Ok(jobs)
-    }
-
-    /// The tasks for fetched jobs: jobs of batched kinds in groups of up to the batch size, in
-    /// fetch order; every other job alone.
-    fn group(&self, jobs: Vec<LeasedJob>, size: usize) -> Vec<Vec<LeasedJob>> {
-        let mut groups = Vec::new();
-        let mut batch = Vec::new();
-        for job in jobs {
-            if size > 1 && self.batched.contains(&job.kind) {
-                batch.push(job);
-                if batch.len() == size {
-                    groups.push(std::mem::take(&mut batch));
-                }
-            } else {
-                groups.push(vec![job]);
-            }
-        }
-        if !batch.is_empty() {
-            groups.push(batch);
-        }
-        groups
     }
 }
 

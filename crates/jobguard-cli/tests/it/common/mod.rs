@@ -7,6 +7,7 @@ mod cluster;
 mod db;
 mod machine;
 mod process;
+mod rng;
 mod server;
 mod services;
 
@@ -15,6 +16,7 @@ pub use cluster::Cluster;
 pub use db::{AnyPool, COMMAND_TIMEOUT, Db};
 pub use machine::alone;
 pub use process::{Exit, Proc, jobguard, spawn, tail};
+pub use rng::{Rng, seed};
 pub use server::{Server, get, request, request_with};
 pub use services::service_url;
 

@@ -169,8 +169,8 @@ pub(super) async fn out_of_range<DB: Backend>(
             metrics::count_kafka_offset_out_of_range(topic, "below_log_start", "refused");
             let why = format!(
                 "its log starts at offset {low}, after the stored offset {expected}: {} messages \
-                 the group had not applied were removed; set BelowLogStart::Resume to go on \
-                 from the log start",
+                 the group had not applied were removed; set BelowLogStart::Resume \
+                 (`jobguard consume --kafka-below-log-start resume`) to go on from the log start",
                 low - expected
             );
             tracing::error!(topic, partition, "{why}");
@@ -202,8 +202,8 @@ pub(super) async fn out_of_range<DB: Backend>(
                 "its log ends at offset {high}, before the stored offset {expected}: the topic \
                  was deleted and made again, or its log truncated, and every message below the \
                  stored offset would be skipped; once the topic is known to be new, set \
-                 PastLogEnd::Reset or delete the group's stored \
-                 offsets (Offsets::forget)"
+                 PastLogEnd::Reset (`jobguard consume --kafka-past-log-end reset`) or delete the \
+                 group's stored offsets (Offsets::forget)"
             );
             tracing::error!(topic, partition, "{why}");
             Err(refused(why))

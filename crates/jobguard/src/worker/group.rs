@@ -1,4 +1,6 @@
-//! Groups of jobs fetched and not started yet, in fetch order, and the slots that run them.
+//! Grouping fetched jobs, and the groups waiting for a slot: jobs of kinds that batch in
+//! groups of up to the batch size, every other job alone, in fetch order; and the slots that
+//! run them.
 //!
 //! A slot is a long-lived task: it takes the oldest waiting group, runs it, and takes the next
 //! one at once, so a job that commits hands its slot to the next job without a wakeup of
@@ -129,5 +131,28 @@ impl<DB: Backend> Worker<DB> {
                 None => return,
             }
         }
+    }
+}
+
+impl<DB: Backend> Worker<DB> {
+    /// The tasks for fetched jobs: jobs of batched kinds in groups of up to the batch size, in
+    /// fetch order; every other job alone.
+    pub(super) fn group(&self, jobs: Vec<LeasedJob>, size: usize) -> Vec<Vec<LeasedJob>> {
+        let mut groups = Vec::new();
+        let mut batch = Vec::new();
+        for job in jobs {
+            if size > 1 && self.batched.contains(&job.kind) {
+                batch.push(job);
+                if batch.len() == size {
+                    groups.push(std::mem::take(&mut batch));
+                }
+            } else {
+                groups.push(vec![job]);
+            }
+        }
+        if !batch.is_empty() {
+            groups.push(batch);
+        }
+        groups
     }
 }

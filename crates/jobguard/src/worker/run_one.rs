@@ -1,6 +1,6 @@
 //! Running one leased job: decode it, make an external job's call, then one transaction that
-//! claims the key and completes the job, runs the effect and commits; or a retry or a dead
-//! letter when it failed.
+//! claims the key and completes the job, runs the effect and commits; when it failed, it is
+//! settled as a retry or a dead letter (see `settle.rs`).
 
 use std::time::Instant;
 
@@ -8,15 +8,14 @@ use sqlx::pool::PoolConnection;
 use tracing::Instrument;
 
 use super::runnable::Runnable;
+use super::settle::{job_span, report};
 use super::{Counters, Ended, SPARE_CONNECTIONS, Worker};
 use crate::dispatch::catch_panic;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::guard::{Claim, Completing, Failure, Runs, UnitOfWork, fingerprint_of};
 use crate::key::JobKey;
-use crate::metrics::{DuplicateSource, record_duplicate_source, record_job_duration};
 use crate::queue::LeasedJob;
-use crate::spikes::record_outcome;
 use crate::store::Backend;
 
 impl<DB: Backend> Worker<DB> {
@@ -227,88 +226,4 @@ impl<DB: Backend> Worker<DB> {
         unit.commit().await?;
         Ok(ended)
     }
-
-    /// Retries a failed attempt later, or dead-letters it when it was fatal or the last one.
-    async fn fail(
-        &self,
-        conn: &mut DB::Connection,
-        job: &LeasedJob,
-        message: &str,
-        fatal: bool,
-    ) -> Ended {
-        let last = job
-            .max_attempts
-            .min(self.config.retry.max_attempts.max(1) as i32);
-        if fatal || job.lease.attempt >= last {
-            return self.bury(conn, job, message).await;
-        }
-        tracing::warn!(error = message, "job failed; it will run again");
-        let delay = self
-            .config
-            .retry
-            .next_delay(job.lease.attempt.max(1) as u32);
-        match self.queue.retry_on(conn, job.lease, delay, message).await {
-            Ok(()) => Ended::Failed,
-            Err(Error::Fenced { .. }) => Ended::Fenced,
-            Err(error) => {
-                tracing::warn!(%error, "scheduling a retry failed; the job runs again when its lease expires");
-                Ended::Failed
-            }
-        }
-    }
-
-    async fn bury(&self, conn: &mut DB::Connection, job: &LeasedJob, message: &str) -> Ended {
-        tracing::warn!(error = message, "job dead-lettered");
-        match self.queue.dead_letter_on(conn, job.lease, message).await {
-            Ok(()) => Ended::Dead,
-            Err(Error::Fenced { .. }) => Ended::Fenced,
-            Err(error) => {
-                tracing::warn!(%error, "dead-lettering failed; the job runs again when its lease expires");
-                Ended::Failed
-            }
-        }
-    }
-}
-
-/// The span a job's logs are written in.
-pub(super) fn job_span(job: &LeasedJob) -> tracing::Span {
-    tracing::info_span!(
-        "job",
-        job.id = job.lease.job_id,
-        job.kind = %job.kind,
-        job.key = %job.key,
-        attempt = job.lease.attempt,
-    )
-}
-
-/// Records how a job ended: its log line, duplicate source, outcome and duration metrics, and
-/// the worker's stats. The same for a job run alone and one run in a batch.
-pub(super) fn report(
-    job: &LeasedJob,
-    ended: Ended,
-    took: std::time::Duration,
-    span: &tracing::Span,
-    counters: &Counters,
-) {
-    span.in_scope(|| {
-        tracing::debug!(
-            outcome = ended.label(),
-            seconds = took.as_secs_f64(),
-            "job ended"
-        );
-    });
-    if ended == Ended::Duplicate {
-        let source = DuplicateSource::infer(job.lease.attempt, job.lease.token);
-        record_duplicate_source(&job.kind, source);
-        // In the job's span, so the log names the key that was a duplicate.
-        span.in_scope(|| {
-            tracing::info!(
-                %source,
-                "duplicate: the key was already applied; completed without the effect"
-            );
-        });
-    }
-    record_outcome(&job.kind, ended.label());
-    record_job_duration(&job.kind, ended.label(), took);
-    counters.count(ended);
 }

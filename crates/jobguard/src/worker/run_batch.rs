@@ -19,8 +19,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::run::{job_span, report};
 use super::runnable::Runnable;
+use super::settle::{job_span, report};
 use super::{Counters, Ended, Worker};
 use crate::dispatch::catch_panic;
 use crate::guard::{Claim, Completing, Failure, UnitOfWork, fingerprint_of};
