@@ -97,12 +97,12 @@ fn redis_url() -> Option<String> {
         .ok()
         .filter(|url| !url.is_empty())
         .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
-    let info = redis::Client::open(url.as_str())
+    let address = redis::Client::open(url.as_str())
         .expect("a Redis URL")
         .get_connection_info()
         .addr()
         .to_string();
-    let answers = std::net::ToSocketAddrs::to_socket_addrs(&info)
+    let answers = std::net::ToSocketAddrs::to_socket_addrs(&address)
         .ok()
         .and_then(|mut addresses| addresses.next())
         .is_some_and(|address| {
@@ -112,12 +112,12 @@ fn redis_url() -> Option<String> {
         return Some(url);
     }
     if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-        panic!("CI=true but no Redis answers at {info}");
+        panic!("CI=true but no Redis answers at {address}");
     }
     // Past the test harness's capture, so that the skip shows.
     let _ = writeln!(
         std::io::stderr(),
-        "SKIPPED: no Redis answers at {info} (set JOBGUARD_TEST_REDIS_URL)"
+        "SKIPPED: no Redis answers at {address} (set JOBGUARD_TEST_REDIS_URL)"
     );
     None
 }
