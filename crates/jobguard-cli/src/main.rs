@@ -48,7 +48,8 @@ enum Command {
     /// One delivery loop of a demo scenario, in its own process.
     #[command(hide = true)]
     ScenarioWorker(demo::scenarios::WorkerArgs),
-    /// Run the built-in jobs (credit, noop, fail) from the queue until Ctrl-C.
+    /// Run the built-in jobs (credit, noop, fail; charge, charge-keyless and charge-naive against
+    /// the payment provider) from the queue until Ctrl-C.
     Worker(worker::WorkerArgs),
     /// Put a job on the queue, unless a job with its key is already waiting or running.
     Enqueue(enqueue::EnqueueArgs),
@@ -75,7 +76,7 @@ enum Command {
     /// The longest time a duplicate can still arrive, against the guard's retention.
     Retention(retention::RetentionArgs),
     /// Run the built-in jobs from a broker (RabbitMQ, NATS JetStream, Redis Streams, Amazon
-    /// SQS).
+    /// SQS, Kafka).
     Consume(scenario::ConsumeCommand),
     /// Serve the payment provider the charge jobs call, on 127.0.0.1, until Ctrl-C.
     Provider(provider::ProviderArgs),

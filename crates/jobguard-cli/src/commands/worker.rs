@@ -42,8 +42,9 @@ pub struct WorkerArgs {
     #[arg(long, default_value = "2ms", value_parser = parse_duration)]
     batch_linger: Duration,
     /// Jobs (batches, when batching) leased ahead of free slots, so a finished job is followed
-    /// at once; they wait for a slot with their leases extended. Default: --concurrency.
-    /// 0 fetches only for free slots.
+    /// at once; they wait for a slot with their leases extended. Default: twice --concurrency
+    /// on PostgreSQL, 0 on SQLite (its jobs take the one write lock in turn). 0 fetches only
+    /// for free slots.
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=10000))]
     prefetch: Option<u32>,
     /// How long a job is leased for (e.g. 30s); running jobs extend it every third of it.
