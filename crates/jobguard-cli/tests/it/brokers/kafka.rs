@@ -366,7 +366,11 @@ async fn a_recreated_topic_is_refused_unless_told_to_reset() {
     jobguard::broker::kafka::remove(&queue.url, &queue.kafka())
         .await
         .unwrap();
-    jobguard::broker::kafka::declare(&queue.url, &queue.kafka())
+    let one_partition = KafkaConfig {
+        partitions: 1,
+        ..queue.kafka()
+    };
+    jobguard::broker::kafka::declare(&queue.url, &one_partition)
         .await
         .unwrap();
     queue.publish(&[credit(0), credit(1), credit(100)]).await;
