@@ -1,8 +1,10 @@
 //! `jobguard bench`: what the guard costs ([`guard`]), how fast the worker drains the queue
 //! ([`queue`]), and what pruning and a big guard table cost the jobs that run meanwhile
 //! ([`prune`]), what enqueueing in batches saves ([`enqueue`]), when running jobs in batches
-//! pays ([`contention`]), and what batches save a broker consumer ([`brokers`]).
+//! pays ([`contention`]), what batches save a broker consumer ([`brokers`]), and jobguard as a
+//! system of the public cross-system queue benchmark ([`adapter`]).
 
+pub mod adapter;
 pub mod brokers;
 pub mod contention;
 pub mod enqueue;

@@ -4,7 +4,7 @@
 //! jobs arrive at a steady rate.
 
 mod drain;
-mod jobs;
+pub(crate) mod jobs;
 mod pgbench;
 mod pickup;
 

@@ -1,4 +1,5 @@
-//! `jobguard bench guard|queue|prune|enqueue|contention|brokers`: what the guard costs, measured.
+//! `jobguard bench guard|queue|prune|enqueue|contention|brokers|adapter`: what the guard costs,
+//! measured.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -6,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::demo::ExperimentArgs;
-use crate::bench::{brokers, contention, enqueue, guard, prune, queue};
+use crate::bench::{adapter, brokers, contention, enqueue, guard, prune, queue};
 use crate::database::{DEFAULT_URL, Database};
 use crate::demo;
 use crate::{on_pool, report};
@@ -28,6 +29,10 @@ pub enum BenchCommand {
     /// Messages per second a broker consumer applies one per transaction against in batches,
     /// on each broker that answers.
     Brokers(brokers::BenchBrokersArgs),
+    /// jobguard as a system of the public cross-system PostgreSQL queue benchmark
+    /// (hardbyte/postgresql-job-queue-benchmarking): settings from its environment variables,
+    /// JSONL samples on stdout, until SIGTERM. See bench/README.md.
+    Adapter(adapter::BenchAdapterArgs),
 }
 
 #[derive(Args)]
@@ -77,6 +82,7 @@ pub async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Enqueue(args) => enqueue::run(args).await,
         BenchCommand::Contention(args) => contention::run(args).await,
         BenchCommand::Brokers(args) => brokers::run(args).await,
+        BenchCommand::Adapter(args) => adapter::run(args).await,
     }
 }
 

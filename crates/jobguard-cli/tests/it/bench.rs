@@ -6,6 +6,8 @@ use serde_json::Value;
 use crate::common::Db;
 use crate::each_backend;
 
+mod adapter;
+
 /// Every field of `jobguard bench queue --json`.
 const FIELDS: [&str; 23] = [
     "backend",
