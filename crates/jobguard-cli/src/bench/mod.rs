@@ -2,7 +2,8 @@
 //! ([`queue`]), and what pruning and a big guard table cost the jobs that run meanwhile
 //! ([`prune`]), what enqueueing in batches saves ([`enqueue`]), when running jobs in batches
 //! pays ([`contention`]), what batches save a broker consumer ([`brokers`]), and jobguard as a
-//! system of the public cross-system queue benchmark ([`adapter`]).
+//! system of the public cross-system queue benchmark ([`adapter`]), and whether the tables level
+//! off under a steady load with pruning ([`soak`]).
 
 pub mod adapter;
 pub mod brokers;
@@ -11,6 +12,7 @@ pub mod enqueue;
 pub mod guard;
 pub mod prune;
 pub mod queue;
+pub mod soak;
 
 /// The middle value of `values`, or the mean of the two middle ones; 0 for none.
 pub(crate) fn median(values: &[f64]) -> f64 {

@@ -1,4 +1,4 @@
-//! `jobguard bench guard|queue|prune|enqueue|contention|brokers|adapter`: what the guard costs,
+//! `jobguard bench guard|queue|prune|enqueue|contention|brokers|adapter|soak`: what the guard costs,
 //! measured.
 
 use std::io::IsTerminal;
@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::demo::ExperimentArgs;
-use crate::bench::{adapter, brokers, contention, enqueue, guard, prune, queue};
+use crate::bench::{adapter, brokers, contention, enqueue, guard, prune, queue, soak};
 use crate::database::{DEFAULT_URL, Database};
 use crate::demo;
 use crate::{on_pool, report};
@@ -33,6 +33,9 @@ pub enum BenchCommand {
     /// (hardbyte/postgresql-job-queue-benchmarking): settings from its environment variables,
     /// JSONL samples on stdout, until SIGTERM. See bench/README.md.
     Adapter(adapter::BenchAdapterArgs),
+    /// On PostgreSQL: a steady load with pruning on a short schedule and retention, and the
+    /// jobs and guard tables' rows, dead tuples and bytes after each prune.
+    Soak(soak::BenchSoakArgs),
 }
 
 #[derive(Args)]
@@ -83,6 +86,7 @@ pub async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Contention(args) => contention::run(args).await,
         BenchCommand::Brokers(args) => brokers::run(args).await,
         BenchCommand::Adapter(args) => adapter::run(args).await,
+        BenchCommand::Soak(args) => soak::run(args).await,
     }
 }
 

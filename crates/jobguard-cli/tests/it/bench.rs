@@ -7,6 +7,7 @@ use crate::common::Db;
 use crate::each_backend;
 
 mod adapter;
+mod soak;
 
 /// Every field of `jobguard bench queue --json`.
 const FIELDS: [&str; 23] = [

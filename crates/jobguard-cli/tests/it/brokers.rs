@@ -492,7 +492,10 @@ async fn three_consumer_processes(broker: Broker) {
         duplicates += report["duplicates"].as_u64().unwrap();
         assert_eq!(report["dead"], 0, "{report}");
     }
-    assert_eq!((applied, duplicates), (30, 60));
+    // Every copy is a duplicate; a message the broker delivers once more (an SQS visibility
+    // that ran out on a loaded machine before the delete) is one more.
+    assert_eq!(applied, 30);
+    assert!(duplicates >= 60, "{duplicates} duplicates");
     assert_eq!(ledger(&db).await, (30, 30), "effects equal distinct keys");
 
     queue.remove().await;

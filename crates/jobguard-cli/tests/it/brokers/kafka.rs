@@ -22,13 +22,9 @@ async fn stored_offsets(db: &Db, topic: &str) -> Vec<(i32, i64)> {
 /// told; the next process starts at the stored offset: no duplicate, no gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumes_from_the_stored_offsets_after_sigkill() {
-    let test = "resume";
-    let Some(queue) = Queue::new(Broker::Kafka, test).await else {
+    let Some((queue, db)) = credits_on_one_partition("resume", 10).await else {
         return;
     };
-    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_kafka"));
-    let envelopes: Vec<Envelope> = (0..10).map(credit).collect();
-    queue.publish(&envelopes).await;
 
     let mut first = Consumer::start(
         &queue,
@@ -124,6 +120,16 @@ async fn partitions_handed_back_after_a_rebalance_resume() {
     assert_eq!(ends.iter().map(|(_, end)| end).sum::<i64>(), 2 * keys);
     assert_eq!(stored_offsets(&db, &queue.name).await, ends);
     queue.remove().await;
+}
+
+/// A one-partition topic holding credits `0..credits`, each once, and the database its
+/// consumers apply them to.
+async fn credits_on_one_partition(test: &str, credits: usize) -> Option<(Queue, Db)> {
+    let queue = Queue::new(Broker::Kafka, test).await?;
+    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_kafka"));
+    let envelopes: Vec<Envelope> = (0..credits).map(credit).collect();
+    queue.publish(&envelopes).await;
+    Some((queue, db))
 }
 
 /// The rebalance test's members run one partition at a time.
@@ -351,13 +357,9 @@ async fn no_key_lost_or_applied_twice_with_consumers_killed_and_frozen() {
 /// start with `--kafka-past-log-end reset`, the keys the old topic applied found duplicates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_topic_is_refused_unless_told_to_reset() {
-    let test = "recreated";
-    let Some(queue) = Queue::new(Broker::Kafka, test).await else {
+    let Some((queue, db)) = credits_on_one_partition("recreated", 6).await else {
         return;
     };
-    let db = Db::postgres_or_sqlite(&format!("brokers::{test}_kafka"));
-    let envelopes: Vec<Envelope> = (0..6).map(credit).collect();
-    queue.publish(&envelopes).await;
     let first = Consumer::start(&queue, &db, "first", &["--until-idle", IDLE, "--json"]);
     assert_eq!(first.report().await["applied"], 6);
     assert_eq!(stored_offsets(&db, &queue.name).await, [(0, 6)]);
