@@ -51,9 +51,31 @@ struct QueueInner<DB: Backend> {
     pool: Pool<DB>,
     sql: QueueSql,
     writer: WriterLock,
-    /// When each queue name was last announced, to send at most one notification per queue
-    /// per [`NOTIFY_EVERY`]: a NOTIFY per insert would serialise commits under load.
-    last_notify: Mutex<HashMap<String, Announced>>,
+    /// When each queue name was last announced, per [`Announce`], so that a queue gets at most
+    /// one notification of each kind per window.
+    last_notify: Mutex<HashMap<(String, Announce), Announced>>,
+}
+
+/// Where a notification is sent from, which sets how often it may go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Announce {
+    /// Inside the caller's transaction, delivered when it commits. PostgreSQL serialises the
+    /// commits of transactions that notify, each holding a lock through its WAL flush, so these
+    /// go at most once per [`NOTIFY_IN_TX_EVERY`].
+    InTransaction,
+    /// After the jobs' own transaction committed, as a statement of its own: such a transaction
+    /// writes no WAL and holds the lock for microseconds, so these may go every
+    /// [`NOTIFY_COMMITTED_EVERY`], which bounds the wait of a job enqueued inside a window.
+    Committed,
+}
+
+impl Announce {
+    fn every(self) -> Duration {
+        match self {
+            Announce::InTransaction => NOTIFY_IN_TX_EVERY,
+            Announce::Committed => NOTIFY_COMMITTED_EVERY,
+        }
+    }
 }
 
 /// When a queue was last announced, and whether a trailing announcement is due.
@@ -64,7 +86,11 @@ struct Announced {
     trailing: bool,
 }
 
-const NOTIFY_EVERY: Duration = Duration::from_millis(20);
+/// The window of notifications sent inside a caller's transaction.
+const NOTIFY_IN_TX_EVERY: Duration = Duration::from_millis(20);
+
+/// The window of notifications sent after the jobs committed.
+const NOTIFY_COMMITTED_EVERY: Duration = Duration::from_millis(1);
 
 impl<DB: Backend> Clone for Queue<DB> {
     fn clone(&self) -> Self {
@@ -148,19 +174,30 @@ impl<DB: Backend> Queue<DB> {
     pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
         let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
-        self.enqueue_tx(&mut conn, job).await
+        // No transaction is open on `conn`: each statement commits as it runs, and the job is
+        // announced after its insert committed.
+        self.enqueue_on(&mut conn, job, Announce::Committed).await
     }
 
     /// Enqueues a job inside the caller's transaction. Workers see it when the transaction
     /// **commits**; on **rollback** it was never enqueued. Enqueue a job in the same
     /// transaction as the state change that calls for it, and the two cannot disagree.
     pub async fn enqueue_tx(&self, conn: &mut DB::Connection, job: &NewJob) -> Result<Enqueued> {
+        self.enqueue_on(conn, job, Announce::InTransaction).await
+    }
+
+    async fn enqueue_on(
+        &self,
+        conn: &mut DB::Connection,
+        job: &NewJob,
+        announce: Announce,
+    ) -> Result<Enqueued> {
         let sql = &self.inner.sql;
         // A live job holding the key can finish between the insert and the read; then the
         // insert succeeds on the second round.
         for _ in 0..3 {
             if let Some(id) = DB::enqueue(conn, sql, job).await? {
-                self.notify(conn, &job.queue).await?;
+                self.notify(conn, &job.queue, announce).await?;
                 return Ok(Enqueued { id, inserted: true });
             }
             if let Some((id, kind, payload)) = DB::live_job(conn, sql, job.key.as_str()).await? {
@@ -320,7 +357,7 @@ impl<DB: Backend> Queue<DB> {
         queues.sort_unstable();
         queues.dedup();
         for queue in queues {
-            self.notify(conn, queue).await?;
+            self.notify(conn, queue, Announce::Committed).await?;
         }
         // As if enqueued one by one in order: a key's later entries find its first one's job.
         let mut reported = vec![false; distinct.len()];
@@ -365,19 +402,26 @@ impl<DB: Backend> Queue<DB> {
             .collect()
     }
 
-    /// Wakes idle workers of `queue` (on PostgreSQL), at most once per [`NOTIFY_EVERY`].
-    pub(crate) async fn notify(&self, conn: &mut DB::Connection, queue: &str) -> Result<()> {
+    /// Wakes idle workers of `queue` (on PostgreSQL): at once when the window of `announce` is
+    /// open, else once at the window's end for every enqueue inside it.
+    pub(crate) async fn notify(
+        &self,
+        conn: &mut DB::Connection,
+        queue: &str,
+        announce: Announce,
+    ) -> Result<()> {
         let Some(notify) = &self.inner.sql.notify else {
             return Ok(());
         };
         let now = Instant::now();
+        let every = announce.every();
         {
             let mut last = self.inner.last_notify.lock().expect("not poisoned");
-            match last.get_mut(queue) {
-                Some(announced) if now.duration_since(announced.at) < NOTIFY_EVERY => {
+            match last.get_mut(&(queue.to_owned(), announce)) {
+                Some(announced) if now.duration_since(announced.at) < every => {
                     if !announced.trailing {
                         announced.trailing = true;
-                        self.notify_later(queue, announced.at + NOTIFY_EVERY);
+                        self.notify_later(queue, announce, announced.at + every);
                     }
                     return Ok(());
                 }
@@ -387,7 +431,7 @@ impl<DB: Backend> Queue<DB> {
                         at: now,
                         trailing: false,
                     };
-                    last.insert(queue.to_owned(), announced);
+                    last.insert((queue.to_owned(), announce), announced);
                 }
             }
         }
@@ -397,7 +441,7 @@ impl<DB: Backend> Queue<DB> {
     /// The trailing notification of a window in which an enqueue went unannounced: sent at
     /// `at` on a connection of its own, outside the enqueue's transaction, which has usually
     /// committed by then. If it has not, the job is found by the next notification or poll.
-    fn notify_later(&self, queue: &str, at: Instant) {
+    fn notify_later(&self, queue: &str, announce: Announce, at: Instant) {
         let (queue, inner) = (queue.to_owned(), Arc::clone(&self.inner));
         tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
@@ -405,7 +449,7 @@ impl<DB: Backend> Queue<DB> {
                 .last_notify
                 .lock()
                 .expect("not poisoned")
-                .get_mut(&queue)
+                .get_mut(&(queue.clone(), announce))
             {
                 announced.at = Instant::now();
                 announced.trailing = false;

@@ -12,7 +12,7 @@ use jobguard::queue::NewJob;
 use serde::Serialize;
 use sqlx::{Executor, Pool};
 
-use self::drain::{BATCH_LINGER, POLL_INTERVAL, WorkerShape, drain, enqueue, reset, warm_up};
+use self::drain::{BATCH_LINGER, WorkerShape, drain, enqueue, reset, warm_up};
 use self::jobs::{BenchCredit, BenchNoop};
 use self::pickup::Latency;
 use super::median;
@@ -29,8 +29,26 @@ pub struct QueueBench {
     pub batch_size: usize,
     /// Rounds of the per-job credit drain followed at once by pgbench.
     pub rounds: usize,
-    /// Jobs per second offered in the pickup runs; by default half the per-job credit rate.
+    /// Jobs per second offered in one pickup run; by default runs at [`PICKUP_LOADS`] of the
+    /// per-job credit rate.
     pub rate: Option<f64>,
+}
+
+/// The pickup runs' offered loads, as fractions of the per-job credit rate measured in the
+/// same run: a user sees how latency grows with load.
+pub const PICKUP_LOADS: [f64; 3] = [0.1, 0.5, 0.9];
+
+/// One pickup run: jobs offered at a steady rate to an otherwise idle worker.
+#[derive(Debug, Serialize)]
+pub struct PickupRun {
+    /// The rate as a fraction of the per-job credit rate; `None` for a rate given by `--rate`.
+    pub load: Option<f64>,
+    pub rate: f64,
+    pub jobs: usize,
+    /// One job per transaction.
+    pub per_job: Latency,
+    /// Batches of up to `batch_size`; `None` when it is 1.
+    pub batched: Option<Latency>,
 }
 
 /// The benchmark's result, as printed by `--json`.
@@ -81,6 +99,8 @@ pub struct QueueBenchReport {
     pub poll_interval_ms: f64,
     /// How long a batch the fetch left short waited for more jobs.
     pub batch_linger_ms: f64,
+    /// Every pickup run: at each of [`PICKUP_LOADS`], or the one `--rate` asked for.
+    pub pickup: Vec<PickupRun>,
 }
 
 impl QueueBenchReport {
@@ -153,14 +173,41 @@ where
         (None, None)
     };
 
-    let rate = bench.rate.unwrap_or(credit.jobs_per_s / 2.0).max(1.0);
-    let pickup_jobs = pickup::offered_jobs(jobs, rate);
-    let latency = pickup_latency(pool, per_job, pickup_jobs, rate).await?;
-    let batched_latency = if batching {
-        Some(pickup_latency(pool, batched, pickup_jobs, rate).await?)
-    } else {
-        None
+    let loads: Vec<(Option<f64>, f64)> = match bench.rate {
+        Some(rate) => vec![(None, rate.max(1.0))],
+        None => PICKUP_LOADS
+            .iter()
+            .map(|&load| (Some(load), (credit.jobs_per_s * load).max(1.0)))
+            .collect(),
     };
+    let mut pickups = Vec::with_capacity(loads.len());
+    for (load, rate) in loads {
+        let pickup_jobs = pickup::offered_jobs(jobs, rate);
+        let latency = pickup_latency(pool, per_job, pickup_jobs, rate).await?;
+        let batched_latency = if batching {
+            Some(pickup_latency(pool, batched, pickup_jobs, rate).await?)
+        } else {
+            None
+        };
+        pickups.push(PickupRun {
+            load,
+            rate,
+            jobs: pickup_jobs,
+            per_job: latency,
+            batched: batched_latency,
+        });
+    }
+    // The headline figures: the run at half the peak, or the one `--rate` asked for.
+    let headline = pickups
+        .iter()
+        .find(|run| run.load == Some(0.5))
+        .unwrap_or(&pickups[0]);
+    let (rate, pickup_jobs, latency, batched_latency) = (
+        headline.rate,
+        headline.jobs,
+        headline.per_job,
+        headline.batched,
+    );
 
     let batched_credit_jobs_per_s = batched_credit.as_ref().map(|d| d.jobs_per_s);
     let per_pgbench = |jobs_per_s: Option<f64>| Some(jobs_per_s? / pgbench_tps?);
@@ -186,7 +233,8 @@ where
         latency_p99_ms: latency.p99_ms,
         batched_latency_p50_ms: batched_latency.map(|l| l.p50_ms),
         batched_latency_p99_ms: batched_latency.map(|l| l.p99_ms),
-        poll_interval_ms: POLL_INTERVAL.as_secs_f64() * 1000.0,
+        poll_interval_ms: pickup::poll_interval::<DB>().as_secs_f64() * 1000.0,
+        pickup: pickups,
         batch_linger_ms: BATCH_LINGER.as_secs_f64() * 1000.0,
     })
 }
@@ -291,18 +339,44 @@ pub fn render(report: &QueueBenchReport) -> String {
         _ => out += "pgbench: not run (needs PostgreSQL and pgbench on PATH)\n",
     }
     out += &format!(
-        "pickup latency, {} credit jobs offered at {:.0} jobs/s (enqueue sent to run started; \
-         poll every {} ms, batches linger {} ms):\n\
-         one per transaction   p50 {:>8.2} ms   p99 {:>8.2} ms\n",
-        report.pickup_jobs,
-        report.rate,
+        "pickup latency, credit jobs offered at a steady rate (enqueue sent to run started; \
+         poll every {} ms, batches linger {} ms), in ms:\n\
+         {:<34} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
         report.poll_interval_ms,
         report.batch_linger_ms,
-        report.latency_p50_ms,
-        report.latency_p99_ms,
+        "",
+        "jobs/s",
+        "jobs",
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "max",
     );
-    if let (Some(p50), Some(p99)) = (report.batched_latency_p50_ms, report.batched_latency_p99_ms) {
-        out += &format!("batched               p50 {p50:>8.2} ms   p99 {p99:>8.2} ms\n");
+    for run in &report.pickup {
+        let load = run.load.map_or_else(
+            || "--rate".to_owned(),
+            |l| format!("{:.0}% of peak", l * 100.0),
+        );
+        let shapes = [
+            ("one per transaction", Some(run.per_job)),
+            ("batched", run.batched),
+        ];
+        for (shape, latency) in shapes {
+            if let Some(l) = latency {
+                out += &format!(
+                    "{:<34} {:>8.0} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}\n",
+                    format!("{load}, {shape}"),
+                    run.rate,
+                    run.jobs,
+                    l.p50_ms,
+                    l.p90_ms,
+                    l.p99_ms,
+                    l.p999_ms,
+                    l.max_ms,
+                );
+            }
+        }
     }
     if !report.exactly_once {
         out += "WARNING: the credit jobs were not applied exactly once\n";

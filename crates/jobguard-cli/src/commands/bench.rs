@@ -64,8 +64,8 @@ pub struct BenchQueueArgs {
     /// gives each round's ratio and the median.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
-    /// Jobs per second offered while measuring pickup latency; by default half the credit
-    /// jobs' rate one per transaction.
+    /// Jobs per second offered in one pickup-latency run; by default three runs, at 10%, 50%
+    /// and 90% of the credit jobs' rate one per transaction.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     rate: Option<u32>,
     /// postgres://user@host/db, or sqlite:path.db for an embedded database.

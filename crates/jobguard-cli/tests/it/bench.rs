@@ -10,7 +10,7 @@ mod adapter;
 mod soak;
 
 /// Every field of `jobguard bench queue --json`.
-const FIELDS: [&str; 23] = [
+const FIELDS: [&str; 24] = [
     "backend",
     "jobs",
     "concurrency",
@@ -34,6 +34,7 @@ const FIELDS: [&str; 23] = [
     "batched_latency_p99_ms",
     "poll_interval_ms",
     "batch_linger_ms",
+    "pickup",
 ];
 
 fn positive(report: &Value, field: &str) -> f64 {
@@ -94,6 +95,29 @@ fn bench_queue_reports_batches_and_latency(db: &Db) {
         "{report}"
     );
     assert!(positive(&report, "pickup_jobs") <= 200.0, "{report}");
+    // A run at each of 10%, 50% and 90% of the per-job rate, each shape's percentiles in order.
+    let runs = report["pickup"].as_array().expect("pickup runs");
+    let loads: Vec<f64> = runs.iter().map(|r| r["load"].as_f64().unwrap()).collect();
+    assert_eq!(loads, [0.1, 0.5, 0.9], "{report}");
+    for run in runs {
+        for shape in ["per_job", "batched"] {
+            let l = &run[shape];
+            let order: Vec<f64> = ["p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms"]
+                .iter()
+                .map(|p| {
+                    l[*p]
+                        .as_f64()
+                        .unwrap_or_else(|| panic!("{shape}.{p}: {report}"))
+                })
+                .collect();
+            assert!(order.windows(2).all(|w| w[0] <= w[1]), "{shape}: {report}");
+        }
+    }
+    let half = &runs[1];
+    assert_eq!(
+        half["per_job"]["p50_ms"], report["latency_p50_ms"],
+        "{report}"
+    );
 
     // pgbench runs only on PostgreSQL, and only when it is installed; the ratios go with it.
     let pgbench = report["pgbench_tps"].as_f64();

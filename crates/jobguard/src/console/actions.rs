@@ -196,6 +196,8 @@ impl<DB: Backend> Console<DB> {
     /// Wakes idle workers of `queue` on PostgreSQL; nothing on SQLite, whose workers poll.
     async fn wake(&self, queue: &str) -> Result<()> {
         let mut conn = self.queue.pool().acquire().await?;
-        self.queue.notify(&mut conn, queue).await
+        self.queue
+            .notify(&mut conn, queue, crate::queue::Announce::Committed)
+            .await
     }
 }

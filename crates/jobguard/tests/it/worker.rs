@@ -530,8 +530,8 @@ async fn shutdown_waits_for_running_jobs_then_gives_back_the_rest<DB: TestDb>() 
 }
 
 /// On PostgreSQL an enqueue wakes an idle worker through LISTEN/NOTIFY: with a poll interval of
-/// a minute, the job still runs at once, and so does one enqueued inside the 20 ms in which a
-/// queue is announced once.
+/// a minute, the job still runs at once; so does one enqueued in a transaction inside the 20 ms
+/// in which a queue is announced once from transactions, and jobs enqueued back to back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_notification_wakes_an_idle_worker() {
     use std::time::Duration;
@@ -591,18 +591,19 @@ async fn postgres_notification_wakes_an_idle_worker() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // A job enqueued right after another is not announced on its own (at most one notification
-    // per queue every 20 ms), but at the end of that window. Here the announced job rolls back
-    // with its notification, so only the window's trailing notification can wake the worker.
-    let mut tx = pool.begin().await.unwrap();
+    // A job enqueued in a transaction right after another is not announced on its own (at most
+    // one notification per queue every 20 ms from inside transactions), but at the end of that
+    // window. Here the announced job rolls back with its notification, so only the window's
+    // trailing notification can wake the worker.
+    let mut first = pool.begin().await.unwrap();
     let announced = NewJob::from_job::<Postgres, _>(&Ping { n: 2 }).unwrap();
-    queue.enqueue_tx(&mut tx, &announced).await.unwrap();
-    queue
-        .enqueue(&NewJob::from_job::<Postgres, _>(&Ping { n: 3 }).unwrap())
-        .await
-        .unwrap();
+    queue.enqueue_tx(&mut first, &announced).await.unwrap();
+    let mut second = pool.begin().await.unwrap();
+    let unannounced = NewJob::from_job::<Postgres, _>(&Ping { n: 3 }).unwrap();
+    queue.enqueue_tx(&mut second, &unannounced).await.unwrap();
+    second.commit().await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    tx.rollback().await.unwrap();
+    first.rollback().await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while crate::common::ledger_rows(&pool).await < 2 {
         assert!(
@@ -611,9 +612,25 @@ async fn postgres_notification_wakes_an_idle_worker() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Enqueues that commit on their own are announced after their commit, at most once per
+    // queue every millisecond; a job inside that window is announced when it ends.
+    for n in [4, 5, 6] {
+        queue
+            .enqueue(&NewJob::from_job::<Postgres, _>(&Ping { n }).unwrap())
+            .await
+            .unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while crate::common::ledger_rows(&pool).await < 5 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker slept through enqueues made back to back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.send(()).unwrap();
     let stats = running.await.unwrap().unwrap();
-    assert_eq!(stats.applied, 2);
+    assert_eq!(stats.applied, 5);
 }
 
 /// On SQLite a job waiting for the write lock keeps its lease, however long another process

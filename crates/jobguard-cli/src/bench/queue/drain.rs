@@ -20,9 +20,8 @@ pub const PGBENCH_GUARD: &str = "jobguard_bench_pgbench_processed_jobs";
 /// Jobs per `enqueue_many` call: one statement each, and few enough for SQLite's JSON array.
 const ENQUEUE_CHUNK: usize = 5_000;
 
-/// How often an idle worker looks for jobs. It bounds the pickup latency of a job nothing
-/// announced: on SQLite every job (no notifications), on PostgreSQL a job enqueued within 20 ms
-/// of the queue's last notification (the queue sends at most one per 20 ms).
+/// How often an idle worker of the drains, and of SQLite's pickup runs, looks for jobs. On
+/// SQLite, which has no notifications, it bounds the pickup latency of every job.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 /// How long a batch the fetch left short waits for more jobs: the worker's default.
@@ -92,13 +91,14 @@ pub fn worker<DB: LedgerDb>(
     queue: &Queue<DB>,
     shape: WorkerShape,
     stop_when_idle: bool,
+    poll_interval: Duration,
 ) -> anyhow::Result<Worker<DB>> {
     let config = WorkerConfig {
         concurrency: shape.concurrency as usize,
         batch_size: shape.batch_size,
         batch_linger: BATCH_LINGER,
         stop_when_idle,
-        poll_interval: POLL_INTERVAL,
+        poll_interval,
         guard: guard_config()?,
         ..WorkerConfig::default()
     };
@@ -113,7 +113,7 @@ pub async fn drain<DB: LedgerDb>(
     queue: &Queue<DB>,
     shape: WorkerShape,
 ) -> anyhow::Result<(f64, WorkerStats)> {
-    let worker = worker(queue, shape, true)?;
+    let worker = worker(queue, shape, true, POLL_INTERVAL)?;
     let started = Instant::now();
     let stats = worker.run(std::future::pending()).await?;
     let seconds = started.elapsed().as_secs_f64();
