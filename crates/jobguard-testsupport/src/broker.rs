@@ -28,7 +28,7 @@ impl Broker {
     ];
 
     /// The broker's name: its tests' names end in it, and so do their queues'.
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             Broker::Rabbitmq => "rabbitmq",
             Broker::Nats => "nats",
@@ -57,7 +57,7 @@ impl Broker {
     /// Whether a message whose effect committed and whose acknowledgement never came is
     /// delivered again (then as a duplicate): not on Kafka, where a consumer resumes after the
     /// offset stored with the effect.
-    pub fn redelivers_committed(self) -> bool {
-        self != Broker::Kafka
+    pub const fn redelivers_committed(self) -> bool {
+        !matches!(self, Broker::Kafka)
     }
 }

@@ -15,23 +15,32 @@
 #[macro_export]
 macro_rules! cases {
     ($(#[$attr:meta])* async fn $name:ident { $($case:ident => $run:expr),+ $(,)? }) => {
-        mod $name {
-            $(
-                $(#[$attr])*
-                async fn $case() {
-                    $run.await;
-                }
-            )+
-        }
+        $crate::cases!(@module [$(#[$attr])*] async $name { $($case => $run),+ });
     };
     ($(#[$attr:meta])* fn $name:ident { $($case:ident => $run:expr),+ $(,)? }) => {
+        $crate::cases!(@module [$(#[$attr])*] $name { $($case => $run),+ });
+    };
+    // The attributes travel as one group, so that every case repeats all of them.
+    (@module $attrs:tt async $name:ident { $($case:ident => $run:expr),+ }) => {
         mod $name {
-            $(
-                $(#[$attr])*
-                fn $case() {
-                    $run;
-                }
-            )+
+            $($crate::cases!(@case $attrs async $case => $run);)+
+        }
+    };
+    (@module $attrs:tt $name:ident { $($case:ident => $run:expr),+ }) => {
+        mod $name {
+            $($crate::cases!(@case $attrs $case => $run);)+
+        }
+    };
+    (@case [$(#[$attr:meta])*] async $case:ident => $run:expr) => {
+        $(#[$attr])*
+        async fn $case() {
+            $run.await;
+        }
+    };
+    (@case [$(#[$attr:meta])*] $case:ident => $run:expr) => {
+        $(#[$attr])*
+        fn $case() {
+            $run;
         }
     };
 }
