@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use jobguard_testsupport::Service;
+use jobguard_testsupport::{Service, scratch};
 use sqlx::sqlite::SqlitePoolOptions;
 
 const MESSAGES: i64 = 5;
@@ -15,9 +15,7 @@ async fn each_message_published_twice_is_applied_once() {
     };
     let run = format!("example-broker-consumer-{}", std::process::id());
     let stream = format!("{run}:credits");
-    let dir = std::env::temp_dir().join(&run);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("example", "broker_consumer");
     let database_url = format!("sqlite:{}", dir.join("consumer.db").display());
 
     let output = Command::new(env!("CARGO_BIN_EXE_example-broker-consumer"))

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use jobguard_testsupport::Service;
+use jobguard_testsupport::{Service, scratch};
 use redis::streams::StreamRangeReply;
 use sqlx::sqlite::SqlitePoolOptions;
 
@@ -15,9 +15,7 @@ async fn a_committed_message_reaches_the_stream_once_and_a_rolled_back_one_never
     let run = format!("example-outbox-relay-{}", std::process::id());
     let prefix = format!("{run}:");
     let stream = format!("{prefix}orders");
-    let dir = std::env::temp_dir().join(&run);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("example", "outbox_relay");
     let database_url = format!("sqlite:{}", dir.join("shop.db").display());
 
     let output = Command::new(env!("CARGO_BIN_EXE_example-outbox-relay"))

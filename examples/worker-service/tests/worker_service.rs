@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::str::FromStr;
 
-use jobguard_testsupport::Service;
+use jobguard_testsupport::{Service, scratch};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
 
@@ -97,9 +97,7 @@ fn assert_printed(stdout: &str) {
 
 #[tokio::test]
 async fn on_sqlite_every_job_takes_effect_once() {
-    let dir = std::env::temp_dir().join(format!("example-worker-service-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("example-worker-service", "sqlite");
     let url = format!("sqlite:{}", dir.join("service.db").display());
 
     let stdout = run_example(&url);
