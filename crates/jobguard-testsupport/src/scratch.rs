@@ -31,11 +31,7 @@ pub fn slug(test: &str) -> String {
 /// `<temp>/<prefix>-<slug of test>-<process id>`, emptied: a directory of the test's own in
 /// this run.
 pub fn scratch(prefix: &str, test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "{prefix}-{}-{}",
-        slug(test),
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{}", slug(test), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the test's directory");
     dir
@@ -51,6 +47,9 @@ mod tests {
         let b = slug("it::faults::a_very_long_test_name_that_goes_on_and_on::sqlite");
         assert_ne!(a, b);
         assert!(a.len() <= 40, "{a}");
-        assert_eq!(slug("it::faults::sigkill_mid_job"), "faults__sigkill_mid_job");
+        assert_eq!(
+            slug("it::faults::sigkill_mid_job"),
+            "faults__sigkill_mid_job"
+        );
     }
 }

@@ -165,9 +165,21 @@ mod tests {
     #[test]
     fn the_address_is_the_host_and_port_of_the_url() {
         let cases = [
-            (Service::Postgres, "postgres://postgres@127.0.0.1:5433/test", "127.0.0.1:5433"),
-            (Service::Postgres, "postgres://u:p@db?sslmode=disable", "db:5432"),
-            (Service::Amqp, "amqp://guest:guest@localhost/%2f", "localhost:5672"),
+            (
+                Service::Postgres,
+                "postgres://postgres@127.0.0.1:5433/test",
+                "127.0.0.1:5433",
+            ),
+            (
+                Service::Postgres,
+                "postgres://u:p@db?sslmode=disable",
+                "db:5432",
+            ),
+            (
+                Service::Amqp,
+                "amqp://guest:guest@localhost/%2f",
+                "localhost:5672",
+            ),
             (Service::Sqs, "http://127.0.0.1:9324", "127.0.0.1:9324"),
             (Service::Kafka, "kafka://broker", "broker:9092"),
         ];

@@ -15,12 +15,12 @@ use jobguard::broker::kafka::{
 };
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Envelope, Offsets};
 use jobguard::{Guard, JobKey, Outcome};
+use jobguard_testsupport::Broker;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::{Headers as _, Message as _};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use jobguard_testsupport::Broker;
 use serde_json::Value;
 
 use super::consumer::{Credit, Fixture, effect_runs};
