@@ -14,14 +14,14 @@
 //! ```no_run
 //! use jobguard_testsupport::Service;
 //!
-//! #[test]
+//! // A test against Redis: skipped with a SKIPPED line when none answers, failed on CI.
 //! fn talks_to_redis() {
 //!     let Some(url) = Service::Redis.url() else {
 //!         return;
 //!     };
-//!     // ... the test, against the Redis at `url`
-//!     # let _ = url;
+//!     assert!(url.starts_with("redis://"));
 //! }
+//! # talks_to_redis();
 //! ```
 
 mod broker;
