@@ -8,7 +8,7 @@
 // The installed watch is process-wide and every outcome in the process feeds it, so these tests
 // run in a binary of their own rather than in `it`, beside tests of other kinds.
 #[path = "it/common/mod.rs"]
-#[allow(unused_macros, unused_imports)]
+#[allow(unused_imports)]
 mod common;
 
 use std::collections::BTreeMap;

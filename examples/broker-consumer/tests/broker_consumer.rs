@@ -1,24 +1,21 @@
 //! Runs the example's binary against Redis, then checks that both copies of every message
 //! reached the stream and were acknowledged, and that the ledger holds each credit once.
 
-use std::io::Write as _;
 use std::process::Command;
-use std::time::Duration;
 
+use jobguard_testsupport::{Service, scratch};
 use sqlx::sqlite::SqlitePoolOptions;
 
 const MESSAGES: i64 = 5;
 
 #[tokio::test]
 async fn each_message_published_twice_is_applied_once() {
-    let Some(redis_url) = redis_url() else {
+    let Some(redis_url) = Service::Redis.url() else {
         return;
     };
     let run = format!("example-broker-consumer-{}", std::process::id());
     let stream = format!("{run}:credits");
-    let dir = std::env::temp_dir().join(&run);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("example", "broker_consumer");
     let database_url = format!("sqlite:{}", dir.join("consumer.db").display());
 
     let output = Command::new(env!("CARGO_BIN_EXE_example-broker-consumer"))
@@ -88,36 +85,4 @@ async fn each_message_published_twice_is_applied_once() {
     assert_eq!(guard_rows, MESSAGES);
     pool.close().await;
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The Redis of `JOBGUARD_TEST_REDIS_URL` (default `redis://127.0.0.1:6379`) when it answers;
-/// otherwise `None` and a warning, or a panic with `CI=true`.
-fn redis_url() -> Option<String> {
-    let url = std::env::var("JOBGUARD_TEST_REDIS_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
-    let address = redis::Client::open(url.as_str())
-        .expect("a Redis URL")
-        .get_connection_info()
-        .addr()
-        .to_string();
-    let answers = std::net::ToSocketAddrs::to_socket_addrs(&address)
-        .ok()
-        .and_then(|mut addresses| addresses.next())
-        .is_some_and(|address| {
-            std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).is_ok()
-        });
-    if answers {
-        return Some(url);
-    }
-    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-        panic!("CI=true but no Redis answers at {address}");
-    }
-    // Past the test harness's capture, so that the skip shows.
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED: no Redis answers at {address} (set JOBGUARD_TEST_REDIS_URL)"
-    );
-    None
 }

@@ -7,15 +7,11 @@ use example_external_call::{Payments, STEP_LEASE};
 use jobguard::Outcome;
 use jobguard::steps::StepOutcome;
 use jobguard_provider::{Provider, ProviderConfig, RunningProvider};
+use jobguard_testsupport::scratch;
 use sqlx::SqlitePool;
 
 async fn setup(test: &str) -> (SqlitePool, RunningProvider, Payments) {
-    let dir = std::env::temp_dir().join(format!(
-        "example-external-call-{}-{test}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("example-external-call", test);
     let url = format!("sqlite:{}", dir.join("payments.db").display());
     let pool = jobguard::sqlite::connect(&url, 4).await.unwrap();
     let provider = Provider::start(ProviderConfig::default()).await.unwrap();

@@ -1,11 +1,10 @@
 //! Runs the example's binary on SQLite and on PostgreSQL, then checks in the database that
 //! every job took effect once.
 
-use std::io::Write as _;
 use std::process::Command;
 use std::str::FromStr;
-use std::time::Duration;
 
+use jobguard_testsupport::{Service, scratch};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
 
@@ -98,9 +97,7 @@ fn assert_printed(stdout: &str) {
 
 #[tokio::test]
 async fn on_sqlite_every_job_takes_effect_once() {
-    let dir = std::env::temp_dir().join(format!("example-worker-service-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("example-worker-service", "sqlite");
     let url = format!("sqlite:{}", dir.join("service.db").display());
 
     let stdout = run_example(&url);
@@ -113,7 +110,7 @@ async fn on_sqlite_every_job_takes_effect_once() {
 
 #[tokio::test]
 async fn on_postgres_every_job_takes_effect_once() {
-    let Some(admin_url) = postgres_url() else {
+    let Some(admin_url) = Service::Postgres.url() else {
         return;
     };
     let admin = PgPoolOptions::new()
@@ -148,35 +145,6 @@ async fn on_postgres_every_job_takes_effect_once() {
     .execute(&admin)
     .await
     .unwrap();
-}
-
-/// The PostgreSQL of `JOBGUARD_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`)
-/// when it answers; otherwise `None` and a warning, or a panic with `CI=true`.
-fn postgres_url() -> Option<String> {
-    let url = std::env::var("JOBGUARD_TEST_DATABASE_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let options = PgConnectOptions::from_str(&url).expect("a PostgreSQL URL");
-    let address = format!("{}:{}", options.get_host(), options.get_port());
-    let answers = std::net::ToSocketAddrs::to_socket_addrs(&address)
-        .ok()
-        .and_then(|mut addresses| addresses.next())
-        .is_some_and(|address| {
-            std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).is_ok()
-        });
-    if answers {
-        return Some(url);
-    }
-    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-        panic!("CI=true but no PostgreSQL answers at {address}");
-    }
-    // Past the test harness's capture, so that the skip shows.
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED: no PostgreSQL answers at {address} (set JOBGUARD_TEST_DATABASE_URL)"
-    );
-    None
 }
 
 /// `url` with its database replaced by `database`.

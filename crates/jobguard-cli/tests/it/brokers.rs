@@ -3,12 +3,11 @@
 //! its ack, whose message comes back to the next consumer as a duplicate (on Kafka, whose offset
 //! was stored with the effect, it does not come back at all); the same for a batch, and a batch
 //! killed before its commit; three consumer processes on one queue, each message published three
-//! times; and
-//! `jobguard bench brokers` with a few messages.
+//! times; and `jobguard bench brokers` with a few messages.
 //!
-//! The database is a fresh PostgreSQL schema when `JOBGUARD_TEST_DATABASE_URL` is set, else a
-//! SQLite file. A broker that does not answer skips its tests with a message, except with
-//! `CI=true`, where it fails them. Every child process is killed when its guard is dropped.
+//! The database is a fresh PostgreSQL schema when PostgreSQL answers, else a SQLite file. A
+//! broker that does not answer skips its tests with a message, except with `CI=true`, where it
+//! fails them. Every child process is killed when its guard is dropped.
 
 use std::time::{Duration, Instant};
 
@@ -19,9 +18,10 @@ use jobguard::broker::nats::{NatsConfig, NatsSink, NatsSource};
 use jobguard::broker::rabbitmq::{RabbitConfig, RabbitSink, RabbitSource};
 use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
 use jobguard::broker::sqs::{self, SqsConfig, SqsSink, SqsSource};
+use jobguard_testsupport::{Broker, each_broker};
 use serde_json::{Value, json};
 
-use crate::common::{Db, Proc, jobguard, service_url, spawn};
+use crate::common::{Db, Proc, jobguard, spawn};
 
 mod bench;
 mod kafka;
@@ -53,81 +53,6 @@ fn idle(broker: Broker) -> &'static str {
         Broker::Sqs => "6s",
         _ => IDLE,
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Broker {
-    Rabbitmq,
-    Nats,
-    Redis,
-    Sqs,
-    Kafka,
-}
-
-impl Broker {
-    fn name(self) -> &'static str {
-        match self {
-            Broker::Rabbitmq => "rabbitmq",
-            Broker::Nats => "nats",
-            Broker::Redis => "redis",
-            Broker::Sqs => "sqs",
-            Broker::Kafka => "kafka",
-        }
-    }
-
-    /// Whether a message whose effect committed and whose ack never came is delivered again:
-    /// not on Kafka, where the consumer resumes after the offset stored with the effect.
-    fn redelivers_committed(self) -> bool {
-        self != Broker::Kafka
-    }
-
-    /// The broker's URL when it answers; `None` (skip) otherwise, or a failed test on CI.
-    fn url(self) -> Option<String> {
-        let (var, default) = match self {
-            Broker::Rabbitmq => ("JOBGUARD_TEST_AMQP_URL", "amqp://127.0.0.1:5672"),
-            Broker::Nats => ("JOBGUARD_TEST_NATS_URL", "nats://127.0.0.1:4222"),
-            Broker::Redis => ("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
-            Broker::Sqs => ("JOBGUARD_TEST_SQS_URL", "http://127.0.0.1:9324"),
-            Broker::Kafka => ("JOBGUARD_TEST_KAFKA_URL", "kafka://127.0.0.1:9092"),
-        };
-        service_url(var, default, "broker")
-    }
-}
-
-/// Stamps out one test per broker over one `async fn` taking the [`Broker`]:
-/// `each_broker!(demo_through)` makes `demo_through::rabbitmq`, `::nats`, `::redis` and
-/// `::sqs` and `::kafka`.
-macro_rules! each_broker {
-    ($($name:ident),+ $(,)?) => {$(
-        mod $name {
-            use super::Broker;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn rabbitmq() {
-                super::$name(Broker::Rabbitmq).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn nats() {
-                super::$name(Broker::Nats).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn redis() {
-                super::$name(Broker::Redis).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqs() {
-                super::$name(Broker::Sqs).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn kafka() {
-                super::$name(Broker::Kafka).await;
-            }
-        }
-    )+};
 }
 
 /// A queue of the test's own on a broker.
@@ -357,8 +282,7 @@ impl Consumer {
     async fn wait_for(&mut self, line: &str) {
         let started = Instant::now();
         loop {
-            let (out, _) = self.0.output();
-            if out.lines().any(|l| l.starts_with(line)) {
+            if self.0.printed(line) {
                 return;
             }
             if let Some(exit) = self.0.exited() {

@@ -1,6 +1,6 @@
 //! The operations commands run as an operator runs them: `jobguard enqueue`, `worker`, `jobs`
 //! and `dead`, the real binary on a fresh SQLite file per test, and on a fresh PostgreSQL
-//! schema per test when `JOBGUARD_TEST_DATABASE_URL` is set.
+//! schema per test when PostgreSQL answers.
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -5,9 +5,8 @@
 //! all of 300 messages were received, then runs `jobguard relay --once`: every message must be
 //! received at least once, under its id, with each topic's first receipts in publish order, and
 //! nothing may be left pending. Each scenario runs on a fresh SQLite file, and on a fresh
-//! PostgreSQL schema when `JOBGUARD_TEST_DATABASE_URL` is set. Every wait has a deadline and
-//! every child process is killed when its guard is dropped, so a failing test fails instead of
-//! hanging.
+//! PostgreSQL schema when PostgreSQL answers. Every wait has a deadline and every child process
+//! is killed when its guard is dropped, so a failing test fails instead of hanging.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};

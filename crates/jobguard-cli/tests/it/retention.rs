@@ -1,6 +1,6 @@
 //! `jobguard retention`, `jobguard prune` and the worker's retention flags, as an operator runs
 //! them: the real binary on a fresh SQLite file per test, and on a fresh PostgreSQL schema per
-//! test when `JOBGUARD_TEST_DATABASE_URL` is set.
+//! test when PostgreSQL answers.
 
 use serde_json::{Value, json};
 

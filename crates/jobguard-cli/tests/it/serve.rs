@@ -1,6 +1,6 @@
 //! `jobguard serve` and `jobguard stats` as an operator runs them: the real binary, a real
 //! database (a fresh SQLite file per test, and a fresh PostgreSQL schema when
-//! `JOBGUARD_TEST_DATABASE_URL` is set), real HTTP, and the dashboard in a real headless
+//! PostgreSQL answers), real HTTP, and the dashboard in a real headless
 //! Chromium driven over WebDriver.
 //!
 //! Every wait has a deadline (a guard against hangs, never an assertion on speed), and every

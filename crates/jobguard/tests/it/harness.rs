@@ -2,9 +2,10 @@
 
 use std::path::Path;
 
+use jobguard_testsupport::sqlite;
 use sqlx::Sqlite;
 
-use crate::common::{TestDb, sqlite_path};
+use crate::common::TestDb;
 
 /// Beyond any process id Linux hands out (`pid_max` is at most 2^22), so never running.
 const ENDED_PID: u32 = 4_194_305;
@@ -19,7 +20,7 @@ fn touch(path: &Path) {
 #[tokio::test]
 async fn sqlite_databases_are_removed_with_their_lease_folders() {
     let test = "harness_leases";
-    let path = sqlite_path(test);
+    let path = sqlite::path(test);
     let leases = format!("{}-jobguard-leases", path.display());
     std::fs::create_dir_all(&leases).unwrap();
     touch(&Path::new(&leases).join("1"));

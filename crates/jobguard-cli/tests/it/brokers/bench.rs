@@ -11,15 +11,8 @@ use crate::common::Db;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applies_every_message_once() {
     let db = Db::postgres_or_sqlite("brokers::bench");
-    let brokers = [
-        Broker::Rabbitmq,
-        Broker::Nats,
-        Broker::Redis,
-        Broker::Sqs,
-        Broker::Kafka,
-    ];
     // A broker that does not answer gets a port nothing listens on, and must be skipped.
-    let urls: Vec<(Broker, Option<String>)> = brokers.iter().map(|b| (*b, b.url())).collect();
+    let urls: Vec<(Broker, Option<String>)> = Broker::ALL.iter().map(|b| (*b, b.url())).collect();
     let flag = |broker: Broker| format!("--{}-url", broker.name());
     let mut args: Vec<String> = [
         "bench",

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use super::services::is_ci;
 use super::{block_on, free_port};
 
 /// The longest any wait on the browser may take before the test fails.
@@ -62,14 +61,10 @@ impl Browser {
                 return Some(browser);
             }
         }
-        if is_ci() {
-            panic!("CI=true but chromium and chromedriver are missing and could not be installed");
-        }
-        eprintln!(
-            "skipping: chromium and chromedriver are missing (as root: apt-get install chromium \
-             chromium-driver)"
-        );
-        None
+        jobguard_testsupport::skip(
+            "chromium and chromedriver are missing and could not be installed",
+            "as root: apt-get install chromium chromium-driver",
+        )
     }
 
     pub fn start(&self) -> Driver {

@@ -4,8 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use super::process::tail;
-use super::services::is_ci;
+use jobguard_testsupport::{free_port, skip, tail};
 
 /// A throwaway PostgreSQL cluster of the test's own, stopped and deleted when dropped (also
 /// when the test panics).
@@ -89,16 +88,11 @@ impl Cluster {
     /// server programs are missing outside CI.
     pub fn start(scratch: &Path) -> Option<Cluster> {
         let Some(bin) = Cluster::bin_dir() else {
-            assert!(
-                !is_ci(),
-                "CI=true but PostgreSQL's initdb and pg_ctl were not found (on PATH or in \
-                 /usr/lib/postgresql/*/bin): install the postgresql package"
+            return skip(
+                "PostgreSQL's initdb and pg_ctl were not found (on PATH or in \
+                 /usr/lib/postgresql/*/bin)",
+                "install the postgresql package",
             );
-            eprintln!(
-                "\n*** SKIPPED: the PostgreSQL fault run needs initdb and pg_ctl (package \
-                 postgresql); none found on PATH or in /usr/lib/postgresql/*/bin ***\n"
-            );
-            return None;
         };
         // The `postgres` user must reach it when root hands the cluster over: a TMPDIR under
         // /root would not do.
@@ -111,11 +105,7 @@ impl Cluster {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         // Free now; the server takes it a moment later.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let cluster = Cluster {
             bin,
             dir,

@@ -7,12 +7,12 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use jobguard_testsupport::{Exit, Proc, Schema, Service, off_runtime, scratch, spawn};
 use serde_json::Value;
 use sqlx::Executor;
 
+use super::jobguard;
 use super::machine::{Share, share};
-use super::process::{Exit, Proc, jobguard, spawn};
-use super::services::postgres_url;
 
 /// The longest any single command of the binary may take before the test fails.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -48,8 +48,8 @@ pub struct Db {
     pub url: String,
     /// The processes' working directory and output files (and the SQLite file).
     pub dir: PathBuf,
-    /// The PostgreSQL admin URL and schema to drop at the end.
-    schema: Option<(String, String)>,
+    /// The PostgreSQL schema to drop at the end.
+    schema: Option<Schema>,
     /// Whether dropping this removes `dir`.
     owns_dir: bool,
     acquire_timeout: Duration,
@@ -59,54 +59,10 @@ pub struct Db {
     machine: Option<Share>,
 }
 
-/// A name for the schema and the directory of `test` (a module path such as
-/// `it::faults::sigkill_mid_job`): lower case letters, digits and `_`, short enough for a
-/// PostgreSQL identifier with the process id after it.
-fn slug(test: &str) -> String {
-    let test = test.strip_prefix("it::").unwrap_or(test);
-    let mut slug: String = test
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if slug.len() > 40 {
-        // Two long names sharing their first 31 characters still get schemas of their own.
-        let hash = test.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        });
-        slug.truncate(31);
-        slug = format!("{slug}_{:08x}", hash as u32);
-    }
-    slug
-}
-
-/// Runs `future` on a runtime of its own on another thread, so it may be called from a
-/// `#[tokio::test]` as well as from a plain test.
-fn off_runtime<T: Send>(future: impl Future<Output = T> + Send) -> T {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| super::block_on(future))
-            .join()
-            .expect("the database set-up thread panicked")
-    })
-}
-
 impl Db {
     /// A directory of the test's own, emptied, for the processes' output.
     pub fn scratch(test: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "jobguard-cli-{}-{}",
-            slug(test),
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        scratch("jobguard-cli", test)
     }
 
     /// A database at `url`, its processes working in `dir`; dropping it closes the test's
@@ -139,37 +95,30 @@ impl Db {
         db
     }
 
-    /// A fresh schema of `test`'s own; `None` to skip when PostgreSQL is not configured.
+    /// A fresh schema of `test`'s own; `None` to skip when no PostgreSQL answers.
     pub fn postgres(test: &str) -> Option<Db> {
-        Some(Db::postgres_at(postgres_url()?, test))
+        Some(Db::postgres_at(&Service::Postgres.url()?, test))
     }
 
-    /// A fresh schema when PostgreSQL is configured, else a SQLite file, never a skip: for
-    /// tests about something else (a broker) that need a database of either kind.
+    /// A fresh schema when PostgreSQL answers, else a SQLite file, never a skip: for tests
+    /// about something else (a broker) that need a database of either kind.
     pub fn postgres_or_sqlite(test: &str) -> Db {
-        match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
-            Ok(admin) if !admin.is_empty() => Db::postgres_at(admin, test),
-            _ => Db::sqlite(test),
+        match Service::Postgres.answering() {
+            Some(admin) => Db::postgres_at(&admin, test),
+            None => Db::sqlite(test),
         }
     }
 
-    fn postgres_at(admin: String, test: &str) -> Db {
+    fn postgres_at(admin: &str, test: &str) -> Db {
         let machine = share();
-        let schema = format!("jg_cli_{}_{}", slug(test), std::process::id());
-        off_runtime(async {
-            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
-                .await
-                .expect("connect to PostgreSQL");
-            conn.execute(sqlx::AssertSqlSafe(format!(
-                "drop schema if exists {schema} cascade; create schema {schema}"
-            )))
-            .await
-            .expect("create the test's schema");
-        });
-        let separator = if admin.contains('?') { '&' } else { '?' };
-        let url = format!("{admin}{separator}options=-c%20search_path%3D{schema}");
-        let mut db = Db::at(url, Db::scratch(&format!("{test}::pg")), true);
-        db.schema = Some((admin, schema));
+        let name = format!(
+            "jg_cli_{}_{}",
+            jobguard_testsupport::slug(test),
+            std::process::id()
+        );
+        let schema = off_runtime(Schema::create(admin, &name));
+        let mut db = Db::at(schema.url(), Db::scratch(&format!("{test}::pg")), true);
+        db.schema = Some(schema);
         db.machine = machine;
         db
     }
@@ -178,7 +127,7 @@ impl Db {
     /// [`Db::sqlite`] or [`Db::postgres`]).
     pub fn another(&self, test: &str) -> Db {
         match &self.schema {
-            Some((admin, _)) => Db::postgres_at(admin.clone(), test),
+            Some(schema) => Db::postgres_at(schema.admin(), test),
             None => Db::sqlite(test),
         }
     }
@@ -319,17 +268,8 @@ impl Drop for Db {
             }
             return;
         }
-        if let Some((admin, schema)) = &self.schema {
-            off_runtime(async {
-                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(admin).await
-                {
-                    let _ = conn
-                        .execute(sqlx::AssertSqlSafe(format!(
-                            "set lock_timeout = '10s'; drop schema if exists {schema} cascade"
-                        )))
-                        .await;
-                }
-            });
+        if let Some(schema) = &self.schema {
+            off_runtime(schema.drop_now());
         }
         if self.owns_dir {
             let _ = std::fs::remove_dir_all(&self.dir);

@@ -15,6 +15,7 @@ use jobguard::broker::kafka::{
 };
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Envelope, Offsets};
 use jobguard::{Guard, JobKey, Outcome};
+use jobguard_testsupport::Broker;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::{Headers as _, Message as _};
@@ -24,7 +25,7 @@ use serde_json::Value;
 
 use super::consumer::{Credit, Fixture, effect_runs};
 use super::{Settings, TestBroker};
-use crate::common::{TestDb, ledger_rows, reachable};
+use crate::common::{TestDb, ledger_rows};
 
 pub(super) struct Kafka;
 
@@ -151,12 +152,7 @@ impl Kafka {
 }
 
 impl TestBroker for Kafka {
-    const NAME: &'static str = "kafka";
-    const REDELIVERS_COMMITTED: bool = false;
-
-    fn url() -> Option<String> {
-        reachable("JOBGUARD_TEST_KAFKA_URL", "kafka://127.0.0.1:9092", 9092)
-    }
+    const BROKER: Broker = Broker::Kafka;
 
     async fn reset(url: &str, name: &str) {
         kafka::remove(url, &Self::config(name, Settings::default()))
@@ -275,12 +271,6 @@ impl TestBroker for Kafka {
                 (id, serde_json::from_slice(&body).expect("JSON"))
             })
             .collect()
-    }
-}
-
-impl super::Publish for KafkaSink {
-    async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
-        self.publish(to, envelope).await.expect("publish");
     }
 }
 

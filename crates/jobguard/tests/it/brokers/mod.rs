@@ -4,10 +4,9 @@
 //!
 //! Each broker's URL comes from `JOBGUARD_TEST_AMQP_URL`, `JOBGUARD_TEST_NATS_URL`,
 //! `JOBGUARD_TEST_REDIS_URL`, `JOBGUARD_TEST_SQS_URL` or `JOBGUARD_TEST_KAFKA_URL` (scripts/test
-//! sets them), else the
-//! broker's default port on
-//! 127.0.0.1. A broker that does not answer skips its tests with a message, except with
-//! `CI=true`, where it fails them. Every test uses queues, streams and subjects of its own.
+//! sets them), else the broker's default port on 127.0.0.1 (`jobguard_testsupport::Broker`).
+//! A broker that does not answer skips its tests with a message, except with `CI=true`, where
+//! it fails them. Every test uses queues, streams and subjects of its own.
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,10 +17,11 @@ use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
 use jobguard::broker::{Consumer, ConsumerStats, Envelope};
 use jobguard::outbox::{Outbox, Relay, Sink};
 use jobguard::{Guard, JobError, JobKey, MessageId};
+use jobguard_testsupport::Broker;
 use serde_json::{Value, json};
 use sqlx::Sqlite;
 
-use crate::common::{TestDb, reachable};
+use crate::common::TestDb;
 
 use self::kafka::Kafka;
 
@@ -50,15 +50,20 @@ impl Default for Settings {
 
 /// A real broker, as the suite uses it.
 trait TestBroker {
-    const NAME: &'static str;
+    /// Which broker of the matrix this is: its name, where it is found.
+    const BROKER: Broker;
+
+    const NAME: &'static str = Self::BROKER.name();
 
     /// Whether a message whose effect committed and whose acknowledgement never came is
     /// delivered again (then as a duplicate). Kafka resumes after the offset stored with the
     /// effect, so it does not deliver it again at all.
-    const REDELIVERS_COMMITTED: bool = true;
+    const REDELIVERS_COMMITTED: bool = Self::BROKER.redelivers_committed();
 
     /// The URL of a broker that answers, or `None` to skip.
-    fn url() -> Option<String>;
+    fn url() -> Option<String> {
+        Self::BROKER.url()
+    }
 
     /// Deletes the test's queue or stream and its dead letters.
     fn reset(url: &str, name: &str) -> impl Future<Output = ()> + Send;
@@ -110,23 +115,23 @@ trait Publish {
     fn publish_envelope(&self, to: &str, envelope: &Envelope) -> impl Future<Output = ()>;
 }
 
-impl Publish for RabbitSink {
-    async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
-        self.publish(to, envelope).await.expect("publish");
-    }
+/// [`Publish`] for sinks whose own `publish(to, envelope)` takes the topic as it is.
+macro_rules! publish_as_is {
+    ($($sink:ty),+) => {$(
+        impl Publish for $sink {
+            async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
+                self.publish(to, envelope).await.expect("publish");
+            }
+        }
+    )+};
 }
 
-impl Publish for NatsSink {
-    async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
-        self.publish(to, envelope).await.expect("publish");
-    }
-}
-
-impl Publish for RedisSink {
-    async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
-        self.publish(to, envelope).await.expect("publish");
-    }
-}
+publish_as_is!(
+    RabbitSink,
+    NatsSink,
+    RedisSink,
+    jobguard::broker::kafka::KafkaSink
+);
 
 struct Rabbit;
 
@@ -157,11 +162,7 @@ impl Rabbit {
 }
 
 impl TestBroker for Rabbit {
-    const NAME: &'static str = "rabbitmq";
-
-    fn url() -> Option<String> {
-        reachable("JOBGUARD_TEST_AMQP_URL", "amqp://127.0.0.1:5672", 5672)
-    }
+    const BROKER: Broker = Broker::Rabbitmq;
 
     async fn reset(url: &str, name: &str) {
         use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
@@ -362,11 +363,7 @@ impl Nats {
 }
 
 impl TestBroker for Nats {
-    const NAME: &'static str = "nats";
-
-    fn url() -> Option<String> {
-        reachable("JOBGUARD_TEST_NATS_URL", "nats://127.0.0.1:4222", 4222)
-    }
+    const BROKER: Broker = Broker::Nats;
 
     async fn reset(url: &str, name: &str) {
         let context = Self::context(url).await;
@@ -513,11 +510,7 @@ impl Redis {
 }
 
 impl TestBroker for Redis {
-    const NAME: &'static str = "redis";
-
-    fn url() -> Option<String> {
-        reachable("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379", 6379)
-    }
+    const BROKER: Broker = Broker::Redis;
 
     async fn reset(url: &str, name: &str) {
         let config = Self::config(name);
@@ -628,7 +621,7 @@ impl TestBroker for Redis {
     }
 }
 
-/// Stamps out one `#[tokio::test]` per database backend and broker over a generic
+/// Stamps out one `#[tokio::test]` per broker and database backend over a generic
 /// `async fn name<DB: TestDb, Broker: TestBroker>()`: `brokers!(fn name);` gives the tests
 /// `name::rabbitmq::postgres`, `name::rabbitmq::sqlite`, and so on for NATS, Redis, SQS and
 /// Kafka.
@@ -639,17 +632,13 @@ macro_rules! brokers {
     (@each $name:ident, $($broker:ident $module:ident),*) => {
         mod $name {
             $(
-                mod $module {
+                jobguard_testsupport::cases!(
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                    async fn postgres() {
-                        super::super::$name::<sqlx::Postgres, crate::brokers::$broker>().await;
+                    async fn $module {
+                        postgres => super::super::$name::<sqlx::Postgres, crate::brokers::$broker>(),
+                        sqlite => super::super::$name::<sqlx::Sqlite, crate::brokers::$broker>(),
                     }
-
-                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                    async fn sqlite() {
-                        super::super::$name::<sqlx::Sqlite, crate::brokers::$broker>().await;
-                    }
-                }
+                );
             )*
         }
     };
@@ -739,27 +728,13 @@ fn id_of_committed(key: &JobKey, topic: &str) -> String {
     MessageId::new(key, topic).unwrap().to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outbox_to_rabbitmq() {
-    outbox_to::<Rabbit>().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outbox_to_nats() {
-    outbox_to::<Nats>().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outbox_to_redis() {
-    outbox_to::<Redis>().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outbox_to_sqs() {
-    outbox_to::<Sqs>().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outbox_to_kafka() {
-    outbox_to::<Kafka>().await;
-}
+jobguard_testsupport::cases!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outbox_to {
+        rabbitmq => super::outbox_to::<super::Rabbit>(),
+        nats => super::outbox_to::<super::Nats>(),
+        redis => super::outbox_to::<super::Redis>(),
+        sqs => super::outbox_to::<super::Sqs>(),
+        kafka => super::outbox_to::<super::Kafka>(),
+    }
+);

@@ -7,11 +7,12 @@ use std::time::Duration;
 use jobguard::broker::sqs::{self, SqsConfig, SqsSink, SqsSource};
 use jobguard::broker::{Consumer, ConsumerStats, Envelope};
 use jobguard::{Guard, JobKey};
+use jobguard_testsupport::Broker;
 use serde_json::Value;
 use sqlx::Sqlite;
 
 use super::{Publish, Settings, TestBroker};
-use crate::common::{TestDb, reachable};
+use crate::common::TestDb;
 
 impl Publish for SqsSink {
     async fn publish_envelope(&self, to: &str, envelope: &Envelope) {
@@ -98,11 +99,7 @@ impl Sqs {
 }
 
 impl TestBroker for Sqs {
-    const NAME: &'static str = "sqs";
-
-    fn url() -> Option<String> {
-        reachable("JOBGUARD_TEST_SQS_URL", "http://127.0.0.1:9324", 9324)
-    }
+    const BROKER: Broker = Broker::Sqs;
 
     async fn reset(url: &str, name: &str) {
         sqs::remove(url, &Self::config(name))

@@ -5,24 +5,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use jobguard::Backend;
+use jobguard_testsupport::{Schema, Service, sqlite};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, Postgres};
 use sqlx::sqlite::Sqlite;
 use sqlx::{Executor, Pool};
-
-use super::missing;
-
-/// The admin URL of the PostgreSQL the tests use, or `None` to skip PostgreSQL tests. On CI a
-/// missing database fails the test instead.
-pub fn postgres_url() -> Option<String> {
-    match std::env::var("JOBGUARD_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => missing(
-            "JOBGUARD_TEST_DATABASE_URL is unset",
-            "PostgreSQL test",
-            "set it, e.g. to postgres://postgres@127.0.0.1:5432/test, or run scripts/test",
-        ),
-    }
-}
 
 /// A backend the conformance suite runs on, with the few statements the tests need.
 pub trait TestDb: Backend {
@@ -79,24 +65,11 @@ pub fn schema_name(test: &str) -> String {
     format!("jg_{test}")
 }
 
-/// Connect options for a PostgreSQL test's own schema, created empty.
+/// Connect options for a PostgreSQL test's own schema, created empty; `None` to skip when no
+/// PostgreSQL answers.
 pub async fn postgres_options(test: &str) -> Option<PgConnectOptions> {
-    let url = postgres_url()?;
-    let schema = schema_name(test);
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .expect("connect to PostgreSQL");
-    admin
-        .execute(sqlx::AssertSqlSafe(format!(
-            "drop schema if exists {schema} cascade; create schema {schema}"
-        )))
-        .await
-        .expect("create the test's schema");
-    admin.close().await;
-    let options: PgConnectOptions = url.parse().expect("a PostgreSQL URL");
-    Some(options.options([("search_path", schema.as_str())]))
+    let url = Service::Postgres.url()?;
+    Some(Schema::create(&url, &schema_name(test)).await.options())
 }
 
 /// The statements that read the same on every backend, written once for each `impl TestDb`.
@@ -153,56 +126,9 @@ impl TestDb for Postgres {
     statements!();
 }
 
-/// The SQLite file a test owns.
-pub fn sqlite_path(test: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join("jobguard-tests");
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir.join(format!("{test}-{}.db", std::process::id()))
-}
-
-/// Removes a SQLite database: the file, its WAL and shared-memory files, and the folder of
-/// lease heartbeats the queue keeps beside it (`<database>-jobguard-leases/`).
-pub fn remove_sqlite(path: &std::path::Path) {
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-    let _ = std::fs::remove_dir_all(format!("{}-jobguard-leases", path.display()));
-}
-
-/// Removes the databases that earlier runs of `test` left in `dir`, once their process has
-/// ended: each run names its files after its process id.
-pub fn remove_ended_runs(dir: &std::path::Path, test: &str) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let prefix = format!("{test}-");
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|name| name.strip_prefix(&prefix))
-            .and_then(|rest| rest.strip_suffix(".db"))
-        else {
-            continue;
-        };
-        if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) && !running(pid) {
-            remove_sqlite(&entry.path());
-        }
-    }
-}
-
-/// Whether process `pid` is running; `true` where that cannot be told (no `/proc`).
-fn running(pid: &str) -> bool {
-    let proc = std::path::Path::new("/proc");
-    !proc.is_dir() || proc.join(pid).exists()
-}
-
 impl TestDb for Sqlite {
     async fn open(test: &str, connections: u32) -> Option<Pool<Self>> {
-        let path = sqlite_path(test);
-        remove_sqlite(&path);
-        remove_ended_runs(path.parent().expect("a folder"), test);
-        let url = format!("sqlite:{}", path.display());
+        let (_, url) = sqlite::fresh(test);
         let pool = jobguard::sqlite::connect(&url, connections)
             .await
             .expect("open SQLite");

@@ -1,6 +1,6 @@
 //! Guard retention on every backend: the horizon check, batched pruning, the step ledger's
 //! `started` and `attention` steps surviving it, scheduled pruning one worker at a time, and
-//! the seed's pitfall, "pruning too early". The conformance tests are in `suite/retention.rs`;
+//! the seed's pitfall, "pruning too early". The conformance tests are in `prune.rs` and `replay.rs`;
 //! the metrics tests, which need a thread-local recorder, are here.
 
 use std::future::Future;
@@ -232,6 +232,7 @@ impl Aging for Sqlite {
 }
 
 mod prune;
+mod replay;
 
 /// A key applied, its row aged two days, delivered again; then five 30-day-old rows pruned.
 async fn age_and_prune<DB: Aging>(test: &str) -> Option<()> {

@@ -1,6 +1,6 @@
-//! Processes of the `jobguard` binary: started with their output in files of their own, sent
-//! SIGKILL, SIGSTOP and SIGCONT, waited for with a deadline, and killed when dropped so a
-//! failing test fails instead of hanging.
+//! Processes of the `jobguard` binary and the examples': started with their output in files of
+//! their own, waited for (a line, the exit) with a deadline, sent signals, and killed when
+//! dropped so a failing test fails instead of hanging.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The binary under test, with no database or log settings inherited from the environment:
-/// the one cargo built, or `JOBGUARD_TEST_BIN` when set (checkouts that share one target
-/// directory overwrite each other's `debug/jobguard`; a copy of one's own is stable).
-pub fn jobguard() -> Command {
-    let binary = std::env::var_os("JOBGUARD_TEST_BIN")
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_jobguard").into());
+/// The `jobguard` binary under test, with no database or log settings inherited from the
+/// environment: `built`, the one cargo built (`env!("CARGO_BIN_EXE_jobguard")` in the CLI's
+/// tests), or `JOBGUARD_TEST_BIN` when set (checkouts that share one target directory
+/// overwrite each other's `debug/jobguard`; a copy of one's own is stable).
+pub fn jobguard(built: &str) -> Command {
+    let binary = std::env::var_os("JOBGUARD_TEST_BIN").unwrap_or_else(|| built.into());
     let mut command = Command::new(binary);
     command
         .env_remove("DATABASE_URL")
@@ -35,35 +35,43 @@ pub fn spawn(dir: &Path, name: &str, mut command: Command) -> Proc {
         .get_args()
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect();
+    let program = command.get_program().to_string_lossy().into_owned();
+    let program = program.rsplit('/').next().unwrap_or_default().to_owned();
     let child = command
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&stdout).unwrap())
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
-        .expect("start jobguard");
+        .unwrap_or_else(|error| panic!("cannot start {name}: {error}"));
     Proc {
         child: Some(child),
-        name: format!("`jobguard {}` ({name})", args.join(" ")),
+        name: format!("`{program} {}` ({name})", args.join(" ")),
         stdout,
         stderr,
     }
 }
 
-/// A child process of the binary, killed with SIGKILL when dropped unless it was waited for.
+/// A child process, killed with SIGKILL when dropped unless it was waited for.
 pub struct Proc {
     child: Option<Child>,
+    /// The command line and the name it was started under, for failure messages.
     pub name: String,
+    /// The file its stdout goes to.
     pub stdout: PathBuf,
+    /// The file its stderr goes to.
     pub stderr: PathBuf,
 }
 
-/// How a process of the binary ended.
+/// How a process ended.
 pub struct Exit {
+    /// Its exit status.
     pub status: ExitStatus,
     /// Whether it exited with success.
     pub ok: bool,
+    /// Everything it printed on stdout.
     pub stdout: String,
+    /// Everything it printed on stderr.
     pub stderr: String,
     /// What it printed on stdout, as JSON; `Null` if it was not JSON.
     pub json: Value,
@@ -96,6 +104,7 @@ impl Proc {
         self.child.as_mut().expect("the process is still ours")
     }
 
+    /// The process id, as `kill` takes it.
     pub fn pid(&self) -> String {
         self.child
             .as_ref()
@@ -134,6 +143,34 @@ impl Proc {
             std::fs::read_to_string(&self.stdout).unwrap_or_default(),
             std::fs::read_to_string(&self.stderr).unwrap_or_default(),
         )
+    }
+
+    /// Whether a line the process printed on stdout starts with `prefix`.
+    pub fn printed(&self, prefix: &str) -> bool {
+        self.output().0.lines().any(|line| line.starts_with(prefix))
+    }
+
+    /// Waits up to `timeout` for a line on stdout starting with `prefix`; fails the test when
+    /// the process ends first or the time runs out.
+    pub fn wait_for_line(&mut self, prefix: &str, timeout: Duration) {
+        let started = Instant::now();
+        while !self.printed(prefix) {
+            if let Some(exit) = self.exited() {
+                panic!(
+                    "{} ended ({}) before printing {prefix}: {}",
+                    self.name,
+                    exit.status,
+                    tail(&exit.stderr)
+                );
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "{} printed no {prefix} within {timeout:?}: {}",
+                self.name,
+                tail(&self.output().1)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The exit, if the process has exited.
