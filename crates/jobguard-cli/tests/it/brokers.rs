@@ -29,7 +29,8 @@ mod sqs_fifo;
 
 /// The longest a consumer process may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(60);
-/// What `jobguard consume --crash-after-commit` prints between its commit and its ack.
+/// What `jobguard consume --crash-after-commit` (a `faults` build) prints between its commit
+/// and its ack.
 const CRASH_POINT: &str = "JOBGUARD_CRASH_POINT";
 /// Max deliveries and redelivery delay of every consumer here, and of the queues the tests
 /// declare for them.
@@ -97,32 +98,38 @@ impl Broker {
 /// Stamps out one test per broker over one `async fn` taking the [`Broker`]:
 /// `each_broker!(demo_through)` makes `demo_through::rabbitmq`, `::nats`, `::redis` and
 /// `::sqs` and `::kafka`.
+/// Attributes before a name (an `ignore` without a feature) go on each of its tests.
 macro_rules! each_broker {
-    ($($name:ident),+ $(,)?) => {$(
+    ($($(#[$attr:meta])* $name:ident),+ $(,)?) => {$(
         mod $name {
             use super::Broker;
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$attr])*
             async fn rabbitmq() {
                 super::$name(Broker::Rabbitmq).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$attr])*
             async fn nats() {
                 super::$name(Broker::Nats).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$attr])*
             async fn redis() {
                 super::$name(Broker::Redis).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$attr])*
             async fn sqs() {
                 super::$name(Broker::Sqs).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$attr])*
             async fn kafka() {
                 super::$name(Broker::Kafka).await;
             }
@@ -700,8 +707,11 @@ async fn consumer_serves_its_metrics(broker: Broker) {
 
 each_broker!(
     consumer_serves_its_metrics,
+    #[cfg_attr(not(feature = "faults"), ignore = "needs --features faults")]
     batch_killed_before_commit,
+    #[cfg_attr(not(feature = "faults"), ignore = "needs --features faults")]
     batch_killed_after_commit_before_ack,
+    #[cfg_attr(not(feature = "faults"), ignore = "needs --features faults")]
     killed_after_commit_before_ack,
     three_consumer_processes,
     demo_through,
