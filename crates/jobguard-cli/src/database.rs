@@ -167,9 +167,9 @@ fn is_unreachable(error: &anyhow::Error) -> bool {
         })
 }
 
-/// The URL with its secrets replaced, for output and logs: the library's, shared with the
-/// broker clients.
-pub use jobguard::broker::redact;
+/// The URL with its secrets replaced, for output and logs: jobguard-core's, which the
+/// library's broker clients use too.
+pub use jobguard_core::url::redact;
 
 /// Runs `$body` with `$pool` bound to the pool of whichever backend `$database` holds: the
 /// body's generic code is compiled once per backend.

@@ -2,9 +2,11 @@
 //!
 //! This file parses the command line and dispatches to [`commands`], one file per command.
 //! Below them: [`builtin_jobs`], the jobs `jobguard worker` runs; [`demo`] and [`bench`], which
-//! only the `demo`, `bench` and hidden scenario commands reach; and the helpers every command
+//! only the `demo`, `bench` and `demo-process` commands reach; and the helpers every command
 //! shares: [`args`], [`access`], [`database`], [`broker`], [`exporter`], [`figures`] and
-//! [`report`]; [`console_api`] is the console's HTTP API that `serve` mounts.
+//! [`report`]; [`console_api`] is the console's HTTP API that `serve` mounts; [`crash_point`]
+//! the line a process prints where the process that started it kills it. With the `faults`
+//! feature (the fault tests' build), `faults` adds the crash flags of `consume`.
 
 mod access;
 mod args;
@@ -13,9 +15,12 @@ mod broker;
 mod builtin_jobs;
 mod commands;
 mod console_api;
+mod crash_point;
 mod database;
 mod demo;
 mod exporter;
+#[cfg(feature = "faults")]
+mod faults;
 mod figures;
 mod report;
 
@@ -24,8 +29,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    bench::BenchCommand, dead, demo as demo_command, enqueue, jobs, key, outbox, provider, prune,
-    queue, relay, retention, scenario, serve, stats, steps, worker,
+    bench::BenchCommand, consume, dead, demo as demo_command, demo_process, enqueue, jobs, key,
+    outbox, provider, prune, queue, relay, retention, serve, stats, steps, worker,
 };
 
 /// Exactly-once effects for background jobs delivered at least once.
@@ -45,9 +50,11 @@ enum Command {
     /// Measure what the guard costs.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// One delivery loop of a demo scenario, in its own process.
-    #[command(hide = true)]
-    ScenarioWorker(demo::scenarios::WorkerArgs),
+    /// The processes `jobguard demo` and the fault runs start and kill at a crash point: a
+    /// scenario's worker, the charge demo's worker, a broker demo's consumer. Not for use on
+    /// their own.
+    #[command(subcommand)]
+    DemoProcess(demo_process::DemoProcess),
     /// Run the built-in jobs (credit, noop, fail; charge, charge-keyless and charge-naive against
     /// the payment provider) from the queue until Ctrl-C.
     Worker(worker::WorkerArgs),
@@ -77,7 +84,7 @@ enum Command {
     Retention(retention::RetentionArgs),
     /// Run the built-in jobs from a broker (RabbitMQ, NATS JetStream, Redis Streams, Amazon
     /// SQS, Kafka).
-    Consume(scenario::ConsumeCommand),
+    Consume(consume::ConsumeCommand),
     /// Serve the payment provider the charge jobs call, on 127.0.0.1, until Ctrl-C.
     Provider(provider::ProviderArgs),
     /// Serve /metrics (Prometheus), /health and a dashboard; with --worker, run the built-in
@@ -86,9 +93,6 @@ enum Command {
     /// The dashboard's figures in the terminal: backlog, dead letters, steps needing
     /// attention, the guard's memory horizon, and with --url a server's outcome counts.
     Stats(stats::StatsArgs),
-    /// The charge demo's worker, in its own process.
-    #[command(hide = true)]
-    ChargeWorker(demo::charge::ChargeWorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -113,7 +117,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => demo_command::demo(args).await,
-        Command::ScenarioWorker(args) => scenario::scenario_worker(args).await,
+        Command::DemoProcess(process) => demo_process::demo_process(process).await,
         Command::Bench(command) => commands::bench::bench(command).await,
         Command::Worker(args) => worker::worker(args).await,
         Command::Enqueue(args) => enqueue::enqueue(args).await,
@@ -129,7 +133,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Stats(args) => stats::stats(args).await,
         Command::Prune(args) => prune::prune(args).await,
         Command::Retention(args) => retention::retention(args).await,
-        Command::Consume(args) => scenario::consume(args).await,
-        Command::ChargeWorker(args) => scenario::charge_worker(args).await,
+        Command::Consume(command) => consume::consume(command).await,
     }
 }

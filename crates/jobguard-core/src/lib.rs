@@ -7,7 +7,8 @@
 //! - [`api_key`]: idempotency keys for external APIs, derived from a job key and a step;
 //! - [`retention`]: the horizon a guard retention must cover;
 //! - [`table`]: validated, quoted table names;
-//! - [`sql`]: the guard's statements and DDL per dialect, the very text the Rust guard runs.
+//! - [`sql`]: the guard's statements and DDL per dialect, the very text the Rust guard runs;
+//! - [`url`]: database and broker URLs with their secrets hidden, as messages show them.
 //!
 //! The `jobguard` crate re-exports all of it; the Python package `jobguard` calls it through
 //! PyO3, so a key, a fingerprint or a statement can never differ between the two.
@@ -34,3 +35,4 @@ pub mod key;
 pub mod retention;
 pub mod sql;
 pub mod table;
+pub mod url;

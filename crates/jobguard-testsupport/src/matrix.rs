@@ -74,12 +74,14 @@ macro_rules! backends {
 
 /// Stamps out one test per [`Broker`](crate::Broker) over `async fn name(broker: Broker)`:
 /// `each_broker!(demo_through);` gives `demo_through::rabbitmq`, `::nats`, `::redis`, `::sqs`
-/// and `::kafka`, each on a multi-thread runtime with two workers.
+/// and `::kafka`, each on a multi-thread runtime with two workers. Attributes before a name
+/// (an `ignore` without a feature) go on each of its tests.
 #[macro_export]
 macro_rules! each_broker {
-    ($($name:ident),+ $(,)?) => {$(
+    ($($(#[$attr:meta])* $name:ident),+ $(,)?) => {$(
         $crate::cases!(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$attr])*
             async fn $name {
                 rabbitmq => super::$name($crate::Broker::Rabbitmq),
                 nats => super::$name($crate::Broker::Nats),

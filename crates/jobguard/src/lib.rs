@@ -51,6 +51,7 @@
 //! | `sqs`      | no      | [`broker::sqs`]: the same for Amazon SQS                        |
 //! | `kafka`    | no      | [`broker::kafka`]: offsets stored with the effects, and an outbox sink, for Kafka |
 //! | `testkit`  | no      | [`testkit`]: concurrent-delivery and run-twice checks for tests |
+//! | `fault-injection` | no | jobguard's own fault tests: [`broker::Consumer`] hooks where a test stops a consumer before its commit or its ack |
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -667,8 +667,21 @@ impl<DB: Backend> Queue<DB> {
         Ok(counts)
     }
 
-    /// The statement behind [`counts`](Self::counts), for tests that check its plan.
-    #[doc(hidden)]
+    /// The statement behind [`counts`](Self::counts), to read its plan on your own table with
+    /// `explain`: every state is counted through an index, never by reading the whole table.
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool) -> jobguard::Result<()> {
+    /// let queue = jobguard::Queue::new(pool.clone());
+    /// let explain = format!("explain {}", queue.counts_statement());
+    /// for line in sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(explain))
+    ///     .fetch_all(&pool)
+    ///     .await?
+    /// {
+    ///     println!("{line}");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn counts_statement(&self) -> &str {
         &self.inner.sql.counts
     }

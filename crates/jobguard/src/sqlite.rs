@@ -14,7 +14,7 @@ use sqlx::sqlite::{
 };
 
 use crate::error::Error;
-use crate::store::Backend;
+use crate::store::Store;
 
 /// A [`Guard`](crate::Guard) on SQLite.
 pub type SqliteGuard = crate::Guard<Sqlite>;

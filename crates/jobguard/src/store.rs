@@ -32,10 +32,11 @@ pub(crate) use writer::WriterLock;
 
 /// A database jobguard can guard jobs on: [`sqlx::Postgres`] or [`sqlx::Sqlite`].
 ///
-/// The trait is sealed; its methods are an internal detail.
+/// The trait is sealed: what jobguard calls on a backend is in supertraits private to the
+/// crate.
 pub trait Backend:
     Database
-    + sealed::Sealed
+    + Store
     + self::console::ConsoleStore
     + self::outbox::OutboxStore
     + self::steps::StepStore
@@ -43,19 +44,20 @@ pub trait Backend:
 {
     /// The backend's name as shown to users: `postgres` or `sqlite`.
     const BACKEND: &'static str;
+}
 
+/// What the guard, the queue and the worker call on a backend: the dialect's SQL, how it opens
+/// a guarded transaction, the claim, and which errors are transient. Public in a private
+/// module, so that no other crate can name it: it seals [`Backend`].
+pub trait Store: Database {
     /// Whether the database admits one writing transaction at a time.
-    #[doc(hidden)]
     const SINGLE_WRITER: bool;
 
-    #[doc(hidden)]
     fn guard_sql(table: &TableName) -> crate::Result<GuardSql>;
 
-    #[doc(hidden)]
     fn queue_sql(table: &TableName) -> crate::Result<QueueSql>;
 
     /// Runs `create ... if not exists` statements, one migration of `table` at a time.
-    #[doc(hidden)]
     fn migrate_statements(
         pool: &Pool<Self>,
         table: &TableName,
@@ -63,19 +65,16 @@ pub trait Backend:
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
     /// Opens the transaction a guarded job runs in.
-    #[doc(hidden)]
     fn begin(
         pool: &Pool<Self>,
     ) -> impl Future<Output = sqlx::Result<Transaction<'static, Self>>> + Send;
 
     /// Opens the transaction a guarded job runs in on a connection the caller holds.
-    #[doc(hidden)]
     fn begin_on(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = sqlx::Result<Transaction<'_, Self>>> + Send;
 
     /// Inserts the guard row, or reads the row that holds the key.
-    #[doc(hidden)]
     fn claim(
         conn: &mut Self::Connection,
         sql: &GuardSql,
@@ -84,7 +83,6 @@ pub trait Backend:
 
     /// The worker's statements over its guard and queue tables, built once per worker.
     /// Backends that claim and complete in one statement override this.
-    #[doc(hidden)]
     fn worker_sql(_guard: &GuardSql, _queue: &QueueSql) -> WorkerSql {
         WorkerSql {
             claim_completing: None,
@@ -96,7 +94,6 @@ pub trait Backend:
 
     /// Claims the key and completes the job of `lease`; false when the lease is not held.
     /// Backends that can do both in one statement override this.
-    #[doc(hidden)]
     fn claim_completing(
         conn: &mut Self::Connection,
         sql: (&GuardSql, &QueueSql, &WorkerSql),
@@ -117,7 +114,6 @@ pub trait Backend:
     /// claimed nothing), else what claiming its key found. A key that an earlier job of the
     /// batch claimed is found held by this transaction. Backends that can do it in one
     /// statement override this; the default runs [`Backend::claim_completing`] per job.
-    #[doc(hidden)]
     fn claim_completing_many(
         conn: &mut Self::Connection,
         sql: (&GuardSql, &QueueSql, &WorkerSql),
@@ -133,14 +129,12 @@ pub trait Backend:
         }
     }
 
-    #[doc(hidden)]
     fn fetch_record(
         conn: &mut Self::Connection,
         sql: &GuardSql,
         key: &str,
     ) -> impl Future<Output = sqlx::Result<Option<GuardRecord>>> + Send;
 
-    #[doc(hidden)]
     fn store_result(
         conn: &mut Self::Connection,
         sql: &GuardSql,
@@ -148,14 +142,12 @@ pub trait Backend:
         result: &serde_json::Value,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
-    #[doc(hidden)]
     fn enqueue(
         conn: &mut Self::Connection,
         sql: &QueueSql,
         job: &NewJob,
     ) -> impl Future<Output = sqlx::Result<Option<i64>>> + Send;
 
-    #[doc(hidden)]
     fn live_job(
         conn: &mut Self::Connection,
         sql: &QueueSql,
@@ -164,7 +156,6 @@ pub trait Backend:
 
     /// Inserts `jobs` (distinct keys) in one statement; returns the id and key of each job
     /// inserted, leaving out those whose key a live job holds.
-    #[doc(hidden)]
     fn enqueue_many(
         conn: &mut Self::Connection,
         sql: &QueueSql,
@@ -172,14 +163,12 @@ pub trait Backend:
     ) -> impl Future<Output = sqlx::Result<Vec<(i64, String)>>> + Send;
 
     /// The live jobs holding any of `keys`: id, key, kind and payload.
-    #[doc(hidden)]
     fn live_jobs(
         conn: &mut Self::Connection,
         sql: &QueueSql,
         keys: &[&str],
     ) -> impl Future<Output = sqlx::Result<Vec<LiveJob>>> + Send;
 
-    #[doc(hidden)]
     fn notify(
         conn: &mut Self::Connection,
         statement: &Arc<str>,
@@ -187,7 +176,6 @@ pub trait Backend:
         payload: &str,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
-    #[doc(hidden)]
     fn fetch(
         pool: &Pool<Self>,
         sql: &QueueSql,
@@ -197,7 +185,6 @@ pub trait Backend:
     ) -> impl Future<Output = sqlx::Result<Vec<LeasedJob>>> + Send;
 
     /// Ends or extends a lease; false when the lease is no longer held.
-    #[doc(hidden)]
     fn settle(
         conn: &mut Self::Connection,
         sql: &QueueSql,
@@ -206,7 +193,6 @@ pub trait Backend:
     ) -> impl Future<Output = sqlx::Result<bool>> + Send;
 
     /// Extends every lease of `leases` by `by`; the ids of those still held.
-    #[doc(hidden)]
     fn extend_leases(
         pool: &Pool<Self>,
         sql: &QueueSql,
@@ -216,7 +202,6 @@ pub trait Backend:
 
     /// Rescues expired leases, except those `held` (as `job_id:token`) and those heartbeats
     /// kept outside the table say hold.
-    #[doc(hidden)]
     fn rescue(
         pool: &Pool<Self>,
         sql: &QueueSql,
@@ -226,7 +211,6 @@ pub trait Backend:
 
     /// Records that the holder of `lease` is alive for `by` more without the database's write
     /// lock; `None` when the backend keeps heartbeats in the table.
-    #[doc(hidden)]
     fn beat_aside(
         _pool: &Pool<Self>,
         _sql: &QueueSql,
@@ -237,29 +221,24 @@ pub trait Backend:
     }
 
     /// The leases that heartbeats kept outside the table say still hold, as `job_id:token`.
-    #[doc(hidden)]
     fn held_aside(_pool: &Pool<Self>, _sql: &QueueSql) -> Vec<String> {
         Vec::new()
     }
 
     /// Removes the heartbeat kept outside the table of a lease that ended.
-    #[doc(hidden)]
     fn forget_aside(_pool: &Pool<Self>, _sql: &QueueSql, _lease: Lease) {}
 
-    #[doc(hidden)]
     fn counts(
         pool: &Pool<Self>,
         sql: &QueueSql,
     ) -> impl Future<Output = sqlx::Result<Vec<(String, i64)>>> + Send;
 
     /// Per queue: jobs ready to run, and how long the oldest has been due in microseconds.
-    #[doc(hidden)]
     fn backlog(
         pool: &Pool<Self>,
         sql: &QueueSql,
     ) -> impl Future<Output = sqlx::Result<Vec<(String, i64, i64)>>> + Send;
 
-    #[doc(hidden)]
     fn list(
         pool: &Pool<Self>,
         sql: &QueueSql,
@@ -268,7 +247,6 @@ pub trait Backend:
         limit: u32,
     ) -> impl Future<Output = crate::Result<Vec<JobRow>>> + Send;
 
-    #[doc(hidden)]
     fn replay(
         pool: &Pool<Self>,
         sql: &QueueSql,
@@ -277,17 +255,11 @@ pub trait Backend:
     ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
 
     /// A source of wake-ups for idle workers when jobs are enqueued, if the database has one.
-    #[doc(hidden)]
     fn listen(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<Option<Wakeup>>> + Send;
 
     /// Serialization failures, deadlocks and busy databases: rolling back and running the whole
     /// transaction again may succeed.
-    #[doc(hidden)]
     fn is_transient(error: &sqlx::Error) -> bool;
-}
-
-pub(crate) mod sealed {
-    pub trait Sealed {}
 }
 
 /// The worker's statements over both its guard and its queue table, built once per

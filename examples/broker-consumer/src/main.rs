@@ -13,8 +13,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use futures::FutureExt as _;
-use futures::future;
 use jobguard::broker::redis::{RedisConfig, RedisSink, RedisSource};
 use jobguard::broker::{Consumer, ConsumerConfig, Envelope};
 use jobguard::{Job, JobError, JobKey, KeyError, SqliteGuard};
@@ -117,11 +115,8 @@ async fn main() -> anyhow::Result<()> {
         },
     )
     .register::<Credit>()
-    // Runs after each delivery's transaction, before its entry is acknowledged.
-    .before_ack(|key, outcome| {
-        println!("{key}: {}", outcome.label());
-        future::ready(()).boxed()
-    });
+    // Called after each delivery's transaction, before its entry is acknowledged.
+    .on_outcome(|key, outcome| println!("{key}: {}", outcome.label()));
     consumer.migrate().await?;
     let source = RedisSource::connect(&args.redis_url, config).await?;
     let stats = consumer

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Args;
-use futures::future::BoxFuture;
-use futures::{FutureExt as _, StreamExt as _};
+use futures::StreamExt as _;
 use jobguard::broker::kafka::KafkaSink;
 use jobguard::broker::nats::NatsSink;
 use jobguard::broker::rabbitmq::RabbitSink;
@@ -284,7 +283,7 @@ where
         let settled = Arc::clone(&settled);
         Consumer::with_config(guard, config)
             .register::<BenchCredit>()
-            .before_ack(move |_key: &JobKey, _outcome: &Outcome<()>| settled.one())
+            .on_outcome(move |_key: &JobKey, _outcome: &Outcome<()>| settled.one())
     };
     let all_settled = {
         let settled = Arc::clone(&settled);
@@ -320,12 +319,11 @@ struct Settled {
 }
 
 impl Settled {
-    fn one(&self) -> BoxFuture<'static, ()> {
+    fn one(&self) {
         if self.count.fetch_add(1, Ordering::Relaxed) + 1 == self.expected {
             // Stored if the consumer is not waiting yet.
             self.done.notify_one();
         }
-        std::future::ready(()).boxed()
     }
 }
 

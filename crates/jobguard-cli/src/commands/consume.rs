@@ -2,17 +2,15 @@
 //! Streams, Amazon SQS, Kafka) through the guard until Ctrl-C, or until idle.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use futures::FutureExt as _;
-use futures::future::BoxFuture;
+use jobguard::Guard;
 use jobguard::broker::kafka::{BelowLogStart, PastLogEnd};
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats};
 use jobguard::worker::shutdown_signal;
-use jobguard::{Guard, JobKey, Outcome};
 use serde::Serialize;
 use sqlx::Pool;
 
@@ -24,22 +22,17 @@ use crate::exporter::MetricsArgs;
 use crate::on_pool;
 use crate::report;
 
-/// What runs between a job's commit and its message's acknowledgement.
-pub type BeforeAck = Arc<dyn Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync>;
-
-/// What runs after a transaction's effects and before its commit, with the keys it claimed.
-pub type BeforeCommit = Arc<dyn Fn(Vec<JobKey>) -> BoxFuture<'static, ()> + Send + Sync>;
-
-/// The fault hooks of `consume`: what runs before each commit and before each ack.
-#[derive(Default)]
-pub struct Hooks {
-    /// Between a transaction's effects and its commit.
-    pub before_commit: Option<BeforeCommit>,
-    /// Between a job's commit and its message's acknowledgement.
-    pub before_ack: Option<BeforeAck>,
+/// `jobguard consume`: its arguments, and in a `faults` build the crash flags.
+#[derive(Args, Debug)]
+pub struct ConsumeCommand {
+    #[command(flatten)]
+    args: ConsumeArgs,
+    #[cfg(feature = "faults")]
+    #[command(flatten)]
+    crash: crate::faults::CrashArgs,
 }
 
-/// Arguments of `jobguard consume`.
+/// Arguments of `jobguard consume`, which the demo's consumer process takes too.
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
     /// The broker to consume from.
@@ -194,21 +187,22 @@ impl ConsumeArgs {
     }
 }
 
-/// Runs `jobguard consume`, with the fault hooks of `hooks`.
-pub async fn run(args: ConsumeArgs, hooks: Hooks) -> anyhow::Result<ExitCode> {
+/// Runs `jobguard consume`.
+pub async fn consume(command: ConsumeCommand) -> anyhow::Result<ExitCode> {
+    let args = &command.args;
     let endpoint = args.endpoint()?;
     let database = Startup::new(args.database_url(), args.wait.connect_timeout)
         .connect(args.database_url(), args.connections())
         .await?;
-    on_pool!(database, pool => consume(pool, endpoint, args, hooks).await)
+    on_pool!(database, pool => run(pool, endpoint, command).await)
 }
 
-async fn consume<DB: ExampleDb>(
+async fn run<DB: ExampleDb>(
     pool: Pool<DB>,
     endpoint: Endpoint,
-    args: ConsumeArgs,
-    hooks: Hooks,
+    command: ConsumeCommand,
 ) -> anyhow::Result<ExitCode> {
+    let args = command.args;
     let database = redact(&args.target.database_url);
     let config = ConsumerConfig {
         retry_delay: args.retry_delay,
@@ -217,17 +211,12 @@ async fn consume<DB: ExampleDb>(
         batch_size: args.batch_size as usize,
         batch_linger: args.batch_linger,
     };
-    let mut consumer = Consumer::with_config(Guard::new(pool.clone()), config)
+    let consumer = Consumer::with_config(Guard::new(pool.clone()), config)
         .register::<Credit>()
         .register::<Noop>()
         .register::<Fail>();
-    if let Some(hook) = hooks.before_ack {
-        consumer =
-            consumer.before_ack(move |key: &JobKey, outcome: &Outcome<()>| hook(key, outcome));
-    }
-    if let Some(hook) = hooks.before_commit {
-        consumer = consumer.before_commit(move |keys: Vec<JobKey>| hook(keys));
-    }
+    #[cfg(feature = "faults")]
+    let consumer = command.crash.install(consumer);
     consumer
         .migrate()
         .await

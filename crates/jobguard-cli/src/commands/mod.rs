@@ -4,13 +4,13 @@
 //! `prune`, `retention`, `consume`, `provider`, `serve`, `stats`) use the library, the built-in
 //! jobs and the helpers shared by every command; they import nothing of the demo or the
 //! benchmarks. `demo` and `bench` parse and dispatch to [`crate::demo`] and [`crate::bench`];
-//! `scenario` holds the hidden commands the demo and the fault tests start as processes, with
-//! their fault hooks.
+//! `demo_process` holds the processes the demo starts and kills.
 
 pub mod bench;
 pub mod consume;
 pub mod dead;
 pub mod demo;
+pub mod demo_process;
 pub mod enqueue;
 pub mod jobs;
 pub mod key;
@@ -20,7 +20,6 @@ pub mod prune;
 pub mod queue;
 pub mod relay;
 pub mod retention;
-pub mod scenario;
 pub mod serve;
 pub mod stats;
 pub mod steps;

@@ -1,5 +1,5 @@
-//! `jobguard demo --broker NAME`: the seed's experiment through a real broker, and the demo's
-//! side of the hidden `jobguard consume --demo MODE --crash-after-commit` it starts.
+//! `jobguard demo --broker NAME`: the seed's experiment through a real broker, and the consumer
+//! process it starts and kills, `jobguard demo-process broker-consumer`.
 //!
 //! Each of N credit jobs is published D times to a queue (RabbitMQ, SQS), a stream (NATS
 //! JetStream or Redis) or a topic (Kafka) of the demo's own, as a producer retrying its publishes
@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use futures::future::BoxFuture;
 use futures::{FutureExt as _, TryFutureExt as _};
 use jobguard::broker::kafka::KafkaSink;
 use jobguard::broker::nats::NatsSink;
@@ -31,12 +30,12 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Semaphore;
 
 use super::DemoReport;
-use super::crash_point::{CRASH_POINT, report_line};
 use super::experiment::{self, RunReport, Shape};
 use super::ledger::{self, Ledger, LedgerDb};
 use super::scenarios::Mode;
 use crate::broker::{Broker, BrokerSource, Endpoint, OffsetPolicy, URL_ENV};
 use crate::builtin_jobs::{Credit, Example};
+use crate::crash_point::{CRASH_POINT, report_line};
 use crate::database::{Database, redact};
 use crate::{on_pool, report};
 
@@ -61,48 +60,40 @@ impl<DB: LedgerDb> Job<DB> for DemoCredit {
     }
 }
 
-/// What `jobguard consume --crash-after-commit` runs between a job's commit and its ack: after
-/// the first applied job, it prints [`CRASH_POINT`] and waits there to be killed, never
-/// acknowledging the message.
-pub fn crash_after_commit(key: &JobKey, outcome: &Outcome<()>) -> BoxFuture<'static, ()> {
-    if outcome.is_applied() {
-        report_line(&format!("{CRASH_POINT} {key}"));
-        return std::future::pending().boxed();
-    }
-    std::future::ready(()).boxed()
-}
-
-/// `jobguard consume --demo MODE`: the demo's naive or guarded consumer on `pool`'s demo tables,
-/// from `endpoint`, until Ctrl-C; with `crash`, until killed after its first commit.
-pub async fn consume<DB: LedgerDb>(
+/// `jobguard demo-process broker-consumer`: the demo's naive or guarded consumer on `pool`'s
+/// demo tables, from `endpoint`, until it is killed after its first commit, before the ack.
+pub async fn consumer_process<DB: LedgerDb>(
     pool: &Pool<DB>,
     endpoint: &Endpoint,
     mode: Mode,
-    crash: bool,
 ) -> anyhow::Result<()> {
     match mode {
         Mode::Naive if endpoint.broker == Broker::Kafka => {
-            super::kafka::naive_consumer(pool, endpoint, usize::MAX, crash).await?;
+            super::kafka::naive_consumer(pool, endpoint, usize::MAX, true).await?;
         }
         Mode::Naive => {
             let source = endpoint.subscribe().await?;
-            naive_consumer(pool, source, usize::MAX, crash).await?;
+            naive_consumer(pool, source, usize::MAX, true).await?;
         }
         Mode::Guarded => {
-            let consumer = guarded_consumer(pool, crash, None)?;
+            let consumer = guarded_consumer(pool, Settle::Crash)?;
             endpoint.run(consumer, shutdown_signal()).await?;
         }
     }
     Ok(())
 }
 
-/// The guarded consumer of the demo's credits on `pool`'s demo tables. With `crash`, it prints
-/// [`CRASH_POINT`] after its first commit and waits there to be killed.
-fn guarded_consumer<DB: LedgerDb>(
-    pool: &Pool<DB>,
-    crash: bool,
-    settled: Option<Arc<Settled>>,
-) -> anyhow::Result<Consumer<DB>> {
+/// What the guarded consumer does once a message's transaction committed.
+enum Settle {
+    /// Counts it, and goes on to its ack.
+    Count(Arc<Settled>),
+    /// After the first applied job, prints [`CRASH_POINT`] and waits there, its thread parked,
+    /// to be killed: the message is never acknowledged.
+    Crash,
+}
+
+/// The guarded consumer of the demo's credits on `pool`'s demo tables.
+fn guarded_consumer<DB: LedgerDb>(pool: &Pool<DB>, settle: Settle) -> anyhow::Result<Consumer<DB>> {
     let config = ConsumerConfig {
         retry_delay: Duration::from_millis(100),
         shutdown_timeout: Duration::from_secs(10),
@@ -111,14 +102,19 @@ fn guarded_consumer<DB: LedgerDb>(
     };
     let consumer = Consumer::with_config(ledger::guard_for(pool)?, config)
         .register::<DemoCredit>()
-        .before_ack(move |key: &JobKey, outcome: &Outcome<()>| {
-            if crash {
-                return crash_after_commit(key, outcome);
+        .on_outcome(move |key: &JobKey, outcome: &Outcome<()>| match &settle {
+            Settle::Count(settled) => settled.one(),
+            Settle::Crash if outcome.is_applied() => {
+                report_line(&format!("{CRASH_POINT} {key}"));
+                // The ack comes after this call returns: it never does. The runtime moves
+                // its other tasks off this thread first.
+                tokio::task::block_in_place(|| {
+                    loop {
+                        std::thread::park();
+                    }
+                });
             }
-            if let Some(settled) = &settled {
-                settled.one();
-            }
-            std::future::ready(()).boxed()
+            Settle::Crash => {}
         });
     Ok(consumer)
 }
@@ -316,7 +312,7 @@ async fn run_on<DB: LedgerDb>(
                 // message does not come again.
                 let redelivered = if broker == Broker::Kafka { 0 } else { 1 };
                 let settled = Settled::new(expected - 1 + redelivered);
-                let consumer = guarded_consumer(pool, false, Some(Arc::clone(&settled)))?;
+                let consumer = guarded_consumer(pool, Settle::Count(Arc::clone(&settled)))?;
                 let all = async move { settled.all().await };
                 let consuming = match source {
                     Some(source) => consumer
@@ -369,8 +365,9 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
-/// Starts a consumer process that takes one message, commits its job and prints the crash
-/// point, and kills it there with SIGKILL: its message is never acknowledged.
+/// Starts a consumer process (`jobguard demo-process broker-consumer`) that takes one message,
+/// commits its job and prints the crash point, and kills it there with SIGKILL: its message is
+/// never acknowledged.
 async fn kill_after_commit(
     endpoint: &Endpoint,
     mode: Mode,
@@ -378,14 +375,14 @@ async fn kill_after_commit(
 ) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("find the jobguard executable")?;
     let mut child = tokio::process::Command::new(exe)
-        .args(["consume", "--broker", endpoint.broker.name(), "--url"])
+        .args(["demo-process", "broker-consumer"])
+        .args(["--broker", endpoint.broker.name(), "--url"])
         .arg(&endpoint.url)
         .args(["--queue", &endpoint.queue, "--prefetch", "1"])
         .args(["--max-deliveries", &endpoint.max_deliveries.to_string()])
         .arg("--redelivery")
         .arg(format!("{}ms", endpoint.redelivery.as_millis()))
-        .args(["--database-url", database_url, "--demo", mode_name(mode)])
-        .arg("--crash-after-commit")
+        .args(["--database-url", database_url, "--mode", mode_name(mode)])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

@@ -79,9 +79,10 @@ fn tables() -> (TableName, TableName, PaymentTables) {
     )
 }
 
-/// The hidden `jobguard charge-worker` command: the demo's worker, in its own process.
+/// `jobguard demo-process charge-worker`: the demo's worker, in its own process.
 #[derive(Args, Debug)]
 pub struct ChargeWorkerArgs {
+    /// The database of the demo's charge jobs.
     #[arg(long)]
     database_url: String,
 }
@@ -120,8 +121,8 @@ fn worker<DB: ExampleDb>(
     Ok((queue, worker))
 }
 
-/// `jobguard charge-worker`: runs the demo's charge jobs until none is available, then prints
-/// its counts.
+/// `jobguard demo-process charge-worker`: runs the demo's charge jobs until none is available,
+/// then prints its counts.
 pub async fn worker_process<DB: ExampleDb>(pool: &Pool<DB>) -> anyhow::Result<()> {
     let crash = std::env::var_os(CRASH_DIR_ENV).map(|dir| crash_after_call(PathBuf::from(dir)));
     let (_queue, worker) = worker(pool, crash)?;
@@ -291,7 +292,7 @@ async fn run_workers<DB: ExampleDb>(
     let mut total = Processes::default();
     for _ in 0..500 {
         let mut child = tokio::process::Command::new(&exe)
-            .args(["charge-worker", "--database-url", url])
+            .args(["demo-process", "charge-worker", "--database-url", url])
             .env(PROVIDER_URL_ENV, provider_url)
             .env(CRASH_DIR_ENV, PathBuf::from(crash_dir))
             .stdout(Stdio::piped())

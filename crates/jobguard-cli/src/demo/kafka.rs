@@ -12,10 +12,10 @@ use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::message::Message as _;
 use sqlx::Pool;
 
-use super::crash_point::{CRASH_POINT, report_line};
 use super::ledger::{self, LedgerDb};
 use crate::broker::Endpoint;
 use crate::builtin_jobs::{Credit, Example};
+use crate::crash_point::{CRASH_POINT, report_line};
 
 /// Consumes `endpoint`'s topic in its group, crediting the naive ledger for every message and
 /// committing its offset after; returns after `expected` messages. With `crash`, it prints

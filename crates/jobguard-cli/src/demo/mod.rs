@@ -3,12 +3,11 @@
 //! The experiment itself is in [`experiment`] and its tables in [`ledger`]; the at-least-once
 //! failures made to happen through the job queue in [`scenarios`], the charge jobs against a
 //! payment provider in [`charge`], and the experiment through a real broker in [`broker`].
-//! Their fault hooks (processes killed before an ack or a commit) run only in the hidden
-//! processes these start.
+//! Their crashes (processes killed before an ack or a commit) happen in the processes these
+//! start, `jobguard demo-process` ([`crate::commands::demo_process`]).
 
 pub mod broker;
 pub mod charge;
-pub mod crash_point;
 pub mod experiment;
 mod kafka;
 pub mod ledger;

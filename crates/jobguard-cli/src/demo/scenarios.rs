@@ -76,19 +76,24 @@ impl Scenario {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
+    /// The naive credit job: appends to the ledger on every delivery.
     Naive,
+    /// The guarded credit job: appends once per job key.
     Guarded,
 }
 
-/// The hidden `jobguard scenario-worker` command: one delivery loop in its own process, so the
-/// crash scenario can kill a real process.
+/// `jobguard demo-process scenario-worker`: one delivery loop in its own process, so the crash
+/// scenario can kill a real process.
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
+    /// The database of the demo's jobs and ledgers.
     #[arg(long)]
     database_url: String,
+    /// The naive or the guarded credit job.
     #[arg(long, value_enum)]
     mode: Mode,
-    /// Stop after the effect of every 5th job's first attempt, and wait to be killed.
+    /// After the effect of every 5th job's first attempt, print JOBGUARD_CRASH_POINT and wait
+    /// to be killed, before the ack.
     #[arg(long)]
     crash_before_ack: bool,
 }
@@ -268,6 +273,7 @@ async fn crash_before_ack(url: &str, mode: Mode) -> anyhow::Result<Tally> {
     for _ in 0..1000 {
         let mut child = tokio::process::Command::new(&exe)
             .args([
+                "demo-process",
                 "scenario-worker",
                 "--database-url",
                 url,
@@ -306,7 +312,7 @@ async fn crash_before_ack(url: &str, mode: Mode) -> anyhow::Result<Tally> {
     bail!("the crash scenario did not drain its queue")
 }
 
-/// `jobguard scenario-worker`: one delivery loop, in this process.
+/// `jobguard demo-process scenario-worker`: one delivery loop, in this process.
 pub async fn worker_process<DB: LedgerDb>(
     pool: &Pool<DB>,
     args: &WorkerArgs,

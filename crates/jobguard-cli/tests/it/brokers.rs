@@ -29,7 +29,8 @@ mod sqs_fifo;
 
 /// The longest a consumer process may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(60);
-/// What `jobguard consume --crash-after-commit` prints between its commit and its ack.
+/// What `jobguard consume --crash-after-commit` (a `faults` build) prints between its commit
+/// and its ack.
 const CRASH_POINT: &str = "JOBGUARD_CRASH_POINT";
 /// Max deliveries and redelivery delay of every consumer here, and of the queues the tests
 /// declare for them.
@@ -624,8 +625,11 @@ async fn consumer_serves_its_metrics(broker: Broker) {
 
 each_broker!(
     consumer_serves_its_metrics,
+    #[cfg_attr(not(feature = "faults"), ignore = "needs --features faults")]
     batch_killed_before_commit,
+    #[cfg_attr(not(feature = "faults"), ignore = "needs --features faults")]
     batch_killed_after_commit_before_ack,
+    #[cfg_attr(not(feature = "faults"), ignore = "needs --features faults")]
     killed_after_commit_before_ack,
     three_consumer_processes,
     demo_through,

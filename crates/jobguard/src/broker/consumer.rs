@@ -37,17 +37,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
 mod batch;
+mod faults;
 mod ordered;
 pub(super) mod runnable;
 mod stats;
 
+use self::faults::Faults;
 use self::runnable::Runnable;
 pub use self::stats::ConsumerStats;
 pub(super) use self::stats::Counters;
@@ -216,11 +217,8 @@ impl Default for ConsumerConfig {
     }
 }
 
-/// Called after a job's transaction ended and before its message is acknowledged.
-type BeforeAck = Arc<dyn Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync>;
-
-/// Called with the keys a transaction claimed, after their effects ran and before it commits.
-type BeforeCommit = Arc<dyn Fn(Vec<JobKey>) -> BoxFuture<'static, ()> + Send + Sync>;
+/// Called with each message's key and outcome after its transaction committed.
+type OnOutcome = Arc<dyn Fn(&JobKey, &Outcome<()>) + Send + Sync>;
 
 /// Runs registered [`Job`] kinds from a broker through a [`Guard`]. See the
 /// [module documentation](self) for the order of claim, commit and ack.
@@ -258,8 +256,8 @@ pub struct Consumer<DB: Backend> {
     /// The registered kinds whose [`Job::BATCH`] is true.
     pub(super) batched: HashSet<String>,
     pub(super) config: ConsumerConfig,
-    pub(super) before_ack: Option<BeforeAck>,
-    pub(super) before_commit: Option<BeforeCommit>,
+    pub(super) on_outcome: Option<OnOutcome>,
+    pub(super) faults: Faults,
 }
 
 impl<DB: Backend> Consumer<DB> {
@@ -276,8 +274,8 @@ impl<DB: Backend> Consumer<DB> {
             handlers: Registry::default(),
             batched: HashSet::new(),
             config,
-            before_ack: None,
-            before_commit: None,
+            on_outcome: None,
+            faults: Faults::default(),
         }
     }
 
@@ -295,26 +293,28 @@ impl<DB: Backend> Consumer<DB> {
         self
     }
 
-    /// Calls `hook` after each job's transaction ended with an outcome and before its message
-    /// is acknowledged: the window in which a crash leaves a committed effect and a message the
-    /// broker delivers again. For progress reports and fault-injection tests.
-    pub fn before_ack<F>(mut self, hook: F) -> Self
+    /// Calls `observer` with each message's key and outcome once its transaction committed or
+    /// the guard found the key already applied, before the message is acknowledged (on Kafka,
+    /// before its offset is handed to the client): for progress reports and counts of your own.
+    ///
+    /// Only messages that settled with an [`Outcome`] are observed: a failure given back for
+    /// another delivery or a dead letter is not one (see [`ConsumerStats`] and the logs). An
+    /// acknowledgement can still fail after the call, and the message then comes again, as a
+    /// duplicate. `observer` runs on the message's task: keep it short, and hand anything slow
+    /// to a task of its own.
+    ///
+    /// ```no_run
+    /// # async fn f(consumer: jobguard::broker::Consumer<sqlx::Postgres>) {
+    /// let consumer = consumer.on_outcome(|key, outcome| {
+    ///     println!("{key}: {}", outcome.label());
+    /// });
+    /// # }
+    /// ```
+    pub fn on_outcome<F>(mut self, observer: F) -> Self
     where
-        F: Fn(&JobKey, &Outcome<()>) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+        F: Fn(&JobKey, &Outcome<()>) + Send + Sync + 'static,
     {
-        self.before_ack = Some(Arc::new(hook));
-        self
-    }
-
-    /// Calls `hook` with the keys a transaction claimed, after their effects ran and before
-    /// it commits: one key for a message run alone, the claimed keys of a batch in order. A
-    /// crash there leaves nothing applied and every message to be delivered again. For
-    /// fault-injection tests.
-    pub fn before_commit<F>(mut self, hook: F) -> Self
-    where
-        F: Fn(Vec<JobKey>) -> BoxFuture<'static, ()> + Send + Sync + 'static,
-    {
-        self.before_commit = Some(Arc::new(hook));
+        self.on_outcome = Some(Arc::new(observer));
         self
     }
 
@@ -533,7 +533,7 @@ impl<DB: Backend> Consumer<DB> {
                 self.guard.clone(),
                 envelope.key.clone(),
                 envelope.payload.clone(),
-                self.before_commit.clone(),
+                self.faults.clone(),
             );
             let ran = with_progress(
                 &[&delivery],
@@ -544,9 +544,7 @@ impl<DB: Backend> Consumer<DB> {
             let error = match ran {
                 Ok(Ok(outcome)) => {
                     counters.count(&outcome, &kind, attempt);
-                    if let Some(hook) = &self.before_ack {
-                        hook(&envelope.key, &outcome).await;
-                    }
+                    self.settled(&envelope.key, &outcome).await;
                     if let Err(error) = delivery.ack().await {
                         tracing::warn!(%error, "the ack failed; the message comes again as a duplicate");
                         Counters::add(&counters.unacked);
@@ -580,6 +578,15 @@ impl<DB: Backend> Consumer<DB> {
         }
         .instrument(span)
         .await
+    }
+
+    /// What runs once a message's transaction committed with `outcome`, before its
+    /// acknowledgement: the observer, then the fault-injection point.
+    pub(super) async fn settled(&self, key: &JobKey, outcome: &Outcome<()>) {
+        if let Some(observer) = &self.on_outcome {
+            observer(key, outcome);
+        }
+        self.faults.before_ack(key, outcome).await;
     }
 
     /// Dead-letters a delivery and counts it; false when the broker did not take it.

@@ -55,10 +55,10 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use super::envelope::Envelope;
-use super::redact;
 use crate::error::{Error, Result};
 use crate::outbox::{OutboxMessage, Sink, SinkError};
 use crate::table::TableName;
+use jobguard_core::url::redact;
 
 mod consumer;
 mod dead_letter;

@@ -71,9 +71,9 @@ use futures::StreamExt as _;
 
 use super::consumer::{Delivery, Source};
 use super::envelope::Envelope;
-use super::redact;
 use crate::error::{Error, Result};
 use crate::outbox::{OutboxMessage, Sink, SinkError};
+use jobguard_core::url::redact;
 
 const BROKER: &str = "nats";
 

@@ -44,9 +44,9 @@ use lapin::{
 
 use super::consumer::{Delivery, Source};
 use super::envelope::Envelope;
-use super::redact;
 use crate::error::{Error, Result};
 use crate::outbox::{OutboxMessage, Sink, SinkError};
+use jobguard_core::url::redact;
 
 const BROKER: &str = "rabbitmq";
 

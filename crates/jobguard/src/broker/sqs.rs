@@ -121,8 +121,8 @@ use self::queue::{RedrivePolicy, attribute, queue_url};
 pub use self::queue::{SqsConfig, declare, remove};
 pub use self::sink::{SqsSink, queue_name};
 use super::consumer::{Delivery, Source};
-use super::redact;
 use crate::error::{Error, Result};
+use jobguard_core::url::redact;
 
 const BROKER: &str = "sqs";
 

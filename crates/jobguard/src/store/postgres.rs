@@ -27,13 +27,11 @@ use sqlx::postgres::{PgListener, PgRow};
 use crate::store::queue::{Lease, NewJob, QueueSql};
 
 use super::{
-    Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Wakeup, WakeupSource, WorkerSql,
-    batch_claim_rows, sealed, unclaimed_keys,
+    Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Store, Wakeup, WakeupSource, WorkerSql,
+    batch_claim_rows, unclaimed_keys,
 };
 use crate::table::TableName;
 use jobguard_core::sql::postgres as guard_sql;
-
-impl sealed::Sealed for Postgres {}
 
 /// Names the exact DDL a table was migrated with, stored as the table's comment.
 fn schema_marker(statements: &[Arc<str>]) -> String {
@@ -68,8 +66,11 @@ impl WakeupSource for PgListener {
 }
 
 impl Backend for Postgres {
-    const SINGLE_WRITER: bool = false;
     const BACKEND: &'static str = "postgres";
+}
+
+impl Store for Postgres {
+    const SINGLE_WRITER: bool = false;
 
     crate::store::table_sql!();
 

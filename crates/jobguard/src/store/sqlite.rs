@@ -25,11 +25,9 @@ use sqlx::{AssertSqlSafe, Pool, Transaction};
 
 use super::queue::Lease;
 use super::queue::{NewJob, QueueSql};
-use super::{Backend, ClaimRow, GuardSql, NewClaim, WorkerSql, sealed};
+use super::{Backend, ClaimRow, GuardSql, NewClaim, Store, WorkerSql};
 use crate::error::Error;
 use crate::table::TableName;
-
-impl sealed::Sealed for Sqlite {}
 
 /// Refuses a table name with a schema: SQLite has none.
 fn no_schema(table: &TableName) -> crate::Result<()> {
@@ -43,8 +41,11 @@ fn no_schema(table: &TableName) -> crate::Result<()> {
 }
 
 impl Backend for Sqlite {
-    const SINGLE_WRITER: bool = true;
     const BACKEND: &'static str = "sqlite";
+}
+
+impl Store for Sqlite {
+    const SINGLE_WRITER: bool = true;
 
     crate::store::table_sql!(no_schema);
 

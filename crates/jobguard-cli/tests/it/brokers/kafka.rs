@@ -21,6 +21,7 @@ async fn stored_offsets(db: &Db, topic: &str) -> Vec<(i32, i64)> {
 /// offset commit. The offsets table says the partition's next offset is 1, Kafka was never
 /// told; the next process starts at the stored offset: no duplicate, no gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(feature = "faults"), ignore = "needs --features faults")]
 async fn resumes_from_the_stored_offsets_after_sigkill() {
     let Some((queue, db)) = credits_on_one_partition("resume", 10).await else {
         return;

@@ -216,12 +216,7 @@ impl<DB: Backend> Consumer<DB> {
             unit.rollback().await;
             return Err(reason);
         }
-        let claimed: Vec<JobKey> = unit.claimed().cloned().collect();
-        if !claimed.is_empty()
-            && let Some(hook) = &self.before_commit
-        {
-            hook(claimed).await;
-        }
+        self.faults.before_commit(unit.claimed()).await;
         unit.commit()
             .await
             .map(|()| outcomes)
@@ -241,8 +236,8 @@ impl<DB: Backend> Consumer<DB> {
             let attempt = message.delivery.attempt();
             record_outcome(&kind, outcome.label());
             counters.count(&outcome, &kind, attempt);
-            if let (Some(hook), Ok((envelope, _))) = (&self.before_ack, &message.decoded) {
-                hook(&envelope.key, &outcome).await;
+            if let Ok((envelope, _)) = &message.decoded {
+                self.settled(&envelope.key, &outcome).await;
             }
             deliveries.push(message.delivery);
         }

@@ -6,32 +6,30 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use super::BeforeCommit;
+use super::Faults;
 use crate::error::{JobError, Result};
 use crate::guard::{Guard, Outcome};
 use crate::job::Job;
 use crate::key::{JobKey, KeyError};
 use crate::store::Backend;
 
-/// A job run alone, with the hook before its transaction commits. One value, so that the
-/// guard's closure captures one thing and rustc proves its future `Send`
+/// A job run alone, with the fault-injection point before its transaction commits. One value,
+/// so that the guard's closure captures one thing and rustc proves its future `Send`
 /// (rust-lang/rust#110338).
 struct Held<J> {
     job: Arc<J>,
-    hook: Option<BeforeCommit>,
+    faults: Faults,
     key: JobKey,
 }
 
 impl<J> Held<J> {
-    /// The job's effect on `conn`, then the hook with the job's key.
+    /// The job's effect on `conn`, then the fault-injection point with the job's key.
     async fn run<DB: Backend>(&self, conn: &mut DB::Connection) -> std::result::Result<(), JobError>
     where
         J: Job<DB>,
     {
         self.job.run(conn).await?;
-        if let Some(hook) = &self.hook {
-            hook(vec![self.key.clone()]).await;
-        }
+        self.faults.before_commit(std::iter::once(&self.key)).await;
         Ok(())
     }
 }
@@ -48,7 +46,7 @@ pub(in crate::broker) trait Runnable<DB: Backend>: Send + Sync {
         guard: Guard<DB>,
         key: JobKey,
         payload: Value,
-        before_commit: Option<BeforeCommit>,
+        faults: Faults,
     ) -> BoxFuture<'static, Result<Outcome<()>>>;
 
     /// The job's effect on a transaction of the caller's, for a batch.
@@ -68,12 +66,12 @@ impl<DB: Backend, J: Job<DB>> Runnable<DB> for J {
         guard: Guard<DB>,
         key: JobKey,
         payload: Value,
-        before_commit: Option<BeforeCommit>,
+        faults: Faults,
     ) -> BoxFuture<'static, Result<Outcome<()>>> {
         Box::pin(async move {
             let held = Held {
                 job: self,
-                hook: before_commit,
+                faults,
                 key: key.clone(),
             };
             guard

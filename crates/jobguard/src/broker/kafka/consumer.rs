@@ -30,7 +30,6 @@ use crate::broker::offsets::{Offsets, Position};
 use crate::dispatch::log_join;
 use crate::error::{Error, Result, effect_error};
 use crate::guard::{Claim, Failure, Outcome, UnitOfWork, duplicate_of, fingerprint_of};
-use crate::key::JobKey;
 use crate::spikes::record_outcome;
 use crate::store::Backend;
 
@@ -164,8 +163,8 @@ impl<DB: Backend> Consumer<DB> {
     /// each partition's in order, each transaction claiming the keys, applying the effects and
     /// storing the partition's next offset (see the [`kafka`](crate::broker::kafka) module).
     ///
-    /// The consumer's [`before_commit`](Self::before_commit) hook runs before each commit and
-    /// [`before_ack`](Self::before_ack) after it, before the offset is handed to Kafka.
+    /// The consumer's [`on_outcome`](Self::on_outcome) observer runs after each commit, before
+    /// the offset is handed to Kafka.
     pub async fn run_kafka(
         self,
         source: KafkaSource<DB>,
@@ -662,7 +661,7 @@ impl<DB: Backend> Consumer<DB> {
 
     /// One transaction for `messages`, consecutive in `partition`: each key claimed and its
     /// effect run when fresh, then the offset after the last one stored, then the commit.
-    /// After the commit, each outcome is counted and the `before_ack` hook runs.
+    /// After the commit, each outcome is counted and observed.
     async fn transaction(
         &self,
         shared: &Shared<DB>,
@@ -681,7 +680,7 @@ impl<DB: Backend> Consumer<DB> {
         // One unit of work: each key claimed and its effect run when fresh, then the offset
         // after the last message, then one commit. On SQLite, this process's turn to write
         // before the connection, as every writer; both given back at the commit, before the
-        // hooks.
+        // outcomes are observed.
         let outcomes = {
             let _turn = guard.write_turn().await;
             let mut conn = guard.pool().acquire().await?;
@@ -736,12 +735,7 @@ impl<DB: Backend> Consumer<DB> {
                     return Err(failure.into_error());
                 }
             };
-            let claimed: Vec<JobKey> = unit.claimed().cloned().collect();
-            if !claimed.is_empty()
-                && let Some(hook) = &self.before_commit
-            {
-                hook(claimed).await;
-            }
+            self.faults.before_commit(unit.claimed()).await;
             unit.commit().await.map_err(Failure::into_error)?;
             outcomes
         };
@@ -754,8 +748,8 @@ impl<DB: Backend> Consumer<DB> {
             };
             record_outcome(&kind, outcome.label());
             shared.counters.count(&outcome, &kind, attempt);
-            if let (Some(hook), Ok((envelope, _))) = (&self.before_ack, &message.decoded) {
-                hook(&envelope.key, &outcome).await;
+            if let Ok((envelope, _)) = &message.decoded {
+                self.settled(&envelope.key, &outcome).await;
             }
         }
         Ok(())

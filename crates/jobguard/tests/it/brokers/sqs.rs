@@ -337,7 +337,6 @@ impl<DB: crate::common::TestDb> jobguard::Job<DB> for Step {
 async fn sqs_fifo_groups_run_one_at_a_time_in_order<DB: crate::common::TestDb>() {
     use std::sync::{Arc, Mutex};
 
-    use futures::FutureExt as _;
     use jobguard::Outcome;
     use jobguard::broker::ConsumerConfig;
 
@@ -393,11 +392,10 @@ async fn sqs_fifo_groups_run_one_at_a_time_in_order<DB: crate::common::TestDb>()
             },
         )
         .register::<Step>()
-        .before_ack(move |key, outcome| {
+        .on_outcome(move |key, outcome| {
             if matches!(outcome, Outcome::Applied(())) {
                 committed.lock().unwrap().push(key.to_string());
             }
-            async {}.boxed()
         })
     };
     consumer.migrate().await.unwrap();
