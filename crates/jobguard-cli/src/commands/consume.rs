@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use futures::FutureExt as _;
+use futures::future::{BoxFuture, Shared};
 use jobguard::Guard;
 use jobguard::broker::kafka::{BelowLogStart, PastLogEnd};
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats};
@@ -191,16 +192,26 @@ impl ConsumeArgs {
 pub async fn consume(command: ConsumeCommand) -> anyhow::Result<ExitCode> {
     let args = &command.args;
     let endpoint = args.endpoint()?;
-    let database = Startup::new(args.database_url(), args.wait.connect_timeout)
-        .connect(args.database_url(), args.connections())
-        .await?;
-    on_pool!(database, pool => run(pool, endpoint, command).await)
+    // Ctrl-C and SIGTERM are caught from here on, one signal for the whole run: a stop asked
+    // while the consumer still starts ends it cleanly instead of killing it.
+    let signal = shutdown_signal().boxed().shared();
+    let _ = signal.clone().now_or_never();
+    let startup = Startup::new(args.database_url(), args.wait.connect_timeout);
+    let database = tokio::select! {
+        database = startup.connect(args.database_url(), args.connections()) => database?,
+        () = signal.clone() => {
+            eprintln!("jobguard consume: stopped while starting; no message was taken");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    on_pool!(database, pool => run(pool, endpoint, command, signal).await)
 }
 
 async fn run<DB: ExampleDb>(
     pool: Pool<DB>,
     endpoint: Endpoint,
     command: ConsumeCommand,
+    signal: Shared<BoxFuture<'static, ()>>,
 ) -> anyhow::Result<ExitCode> {
     let args = command.args;
     let database = redact(&args.target.database_url);
@@ -244,7 +255,6 @@ async fn run<DB: ExampleDb>(
             }
         );
     }
-    let signal = shutdown_signal().boxed().shared();
     // Before the first message, so that every outcome is counted.
     if let Some(endpoint) = args.metrics.start(pool.clone(), signal.clone()).await? {
         eprintln!(
