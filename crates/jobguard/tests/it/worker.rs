@@ -559,6 +559,15 @@ async fn postgres_notification_wakes_an_idle_worker() {
         }
     }
 
+    /// Waits up to 10 s for the ledger to hold `rows` rows; `what` names the wake-up missed.
+    async fn wait_for_ledger(pool: &sqlx::PgPool, rows: i64, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while crate::common::ledger_rows(pool).await < rows {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     let Some(pool) = Postgres::open("worker_notify", 6).await else {
         return;
     };
@@ -583,14 +592,7 @@ async fn postgres_notification_wakes_an_idle_worker() {
         .enqueue(&NewJob::from_job::<Postgres, _>(&Ping { n: 1 }).unwrap())
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while crate::common::ledger_rows(&pool).await == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the worker slept through the enqueue"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_ledger(&pool, 1, "the worker slept through the enqueue").await;
     // A job enqueued in a transaction right after another is not announced on its own (at most
     // one notification per queue every 20 ms from inside transactions), but at the end of that
     // window. Here the announced job rolls back with its notification, so only the window's
@@ -604,14 +606,12 @@ async fn postgres_notification_wakes_an_idle_worker() {
     second.commit().await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     first.rollback().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while crate::common::ledger_rows(&pool).await < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the worker slept through an enqueue inside the notification window"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_ledger(
+        &pool,
+        2,
+        "the worker slept through an enqueue inside the notification window",
+    )
+    .await;
     // Enqueues that commit on their own are announced after their commit, at most once per
     // queue every millisecond; a job inside that window is announced when it ends.
     for n in [4, 5, 6] {
@@ -620,14 +620,12 @@ async fn postgres_notification_wakes_an_idle_worker() {
             .await
             .unwrap();
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while crate::common::ledger_rows(&pool).await < 5 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the worker slept through enqueues made back to back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_ledger(
+        &pool,
+        5,
+        "the worker slept through enqueues made back to back",
+    )
+    .await;
     stop.send(()).unwrap();
     let stats = running.await.unwrap().unwrap();
     assert_eq!(stats.applied, 5);
