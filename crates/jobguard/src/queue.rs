@@ -51,13 +51,13 @@ struct QueueInner<DB: Backend> {
     pool: Pool<DB>,
     sql: QueueSql,
     writer: WriterLock,
-    /// When each queue name was last announced, per [`Announce`], so that a queue gets at most
-    /// one notification of each kind per window.
-    last_notify: Mutex<HashMap<(String, Announce), Announced>>,
+    /// When each queue name was last announced, one map per [`Announce`] (indexed by it), so
+    /// that a queue gets at most one notification of each kind per window.
+    last_notify: Mutex<[HashMap<String, Announced>; 2]>,
 }
 
 /// Where a notification is sent from, which sets how often it may go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Announce {
     /// Inside the caller's transaction, delivered when it commits. PostgreSQL serialises the
     /// commits of transactions that notify, each holding a lock through its WAL flush, so these
@@ -417,7 +417,8 @@ impl<DB: Backend> Queue<DB> {
         let every = announce.every();
         {
             let mut last = self.inner.last_notify.lock().expect("not poisoned");
-            match last.get_mut(&(queue.to_owned(), announce)) {
+            let last = &mut last[announce as usize];
+            match last.get_mut(queue) {
                 Some(announced) if now.duration_since(announced.at) < every => {
                     if !announced.trailing {
                         announced.trailing = true;
@@ -431,7 +432,7 @@ impl<DB: Backend> Queue<DB> {
                         at: now,
                         trailing: false,
                     };
-                    last.insert((queue.to_owned(), announce), announced);
+                    last.insert(queue.to_owned(), announced);
                 }
             }
         }
@@ -445,11 +446,8 @@ impl<DB: Backend> Queue<DB> {
         let (queue, inner) = (queue.to_owned(), Arc::clone(&self.inner));
         tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
-            if let Some(announced) = inner
-                .last_notify
-                .lock()
-                .expect("not poisoned")
-                .get_mut(&(queue.clone(), announce))
+            if let Some(announced) =
+                inner.last_notify.lock().expect("not poisoned")[announce as usize].get_mut(&queue)
             {
                 announced.at = Instant::now();
                 announced.trailing = false;
