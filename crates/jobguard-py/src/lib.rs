@@ -37,6 +37,14 @@ fn parse_key(encoded: &str) -> PyResult<(String, Vec<String>)> {
     Ok((key.kind().to_owned(), key.parts()))
 }
 
+/// The kind of an encoded key (`credit` for `credit:order-8812`), the whole key checked: what
+/// the guard needs of a key on every claim, without building its parts.
+#[pyfunction]
+fn kind_of(encoded: &str) -> PyResult<String> {
+    let key = JobKey::parse(encoded).map_err(value_error)?;
+    Ok(key.kind().to_owned())
+}
+
 /// The 32 bytes of the fingerprint of a payload given as JSON text, as the guard table keeps it.
 #[pyfunction]
 fn fingerprint<'py>(py: Python<'py>, json: &str) -> PyResult<Bound<'py, PyBytes>> {
@@ -137,6 +145,7 @@ fn guard_sql<'py>(
             )?;
             out.set_item("create", create)?;
             out.set_item("claim", sql::postgres::claim(&name))?;
+            out.set_item("claim_bare", sql::postgres::claim_bare(&name))?;
             out.set_item("record", sql::postgres::record(&name))?;
             out.set_item("store_result", sql::postgres::store_result(&name))?;
             out.set_item("migrated", sql::postgres::MIGRATED)?;
@@ -152,6 +161,8 @@ fn guard_sql<'py>(
             }
             out.set_item("create", sql::sqlite::create(&name))?;
             out.set_item("claim", sql::sqlite::claim(&name))?;
+            // SQLite's claim is already the bare insert; the row is read in a second statement.
+            out.set_item("claim_bare", sql::sqlite::claim(&name))?;
             out.set_item("record", sql::sqlite::record(&name))?;
             out.set_item("store_result", sql::sqlite::store_result(&name))?;
         }
@@ -210,6 +221,7 @@ fn queue_sql<'py>(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(key, m)?)?;
     m.add_function(wrap_pyfunction!(parse_key, m)?)?;
+    m.add_function(wrap_pyfunction!(kind_of, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(api_key, m)?)?;
     m.add_function(wrap_pyfunction!(horizon, m)?)?;

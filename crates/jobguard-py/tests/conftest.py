@@ -71,6 +71,11 @@ class Client:
             return await g.__aenter__()
         return await asyncio.to_thread(g.__enter__)
 
+    async def held(self, g: jobguard.Guard) -> Any:
+        if self.is_async:
+            return await g.held()
+        return await asyncio.to_thread(g.held)
+
     async def exit(self, g: jobguard.Guard, error: BaseException | None = None) -> None:
         args = (type(error), error, None) if error else (None, None, None)
         if self.is_async:

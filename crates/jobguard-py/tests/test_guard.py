@@ -33,6 +33,35 @@ async def test_applies_once_and_a_redelivery_is_a_duplicate_with_the_stored_resu
     assert await ledger_rows(c, key) == 1
 
 
+async def test_without_a_payload_a_duplicate_reads_what_the_first_delivery_left_on_demand(connect):
+    c = await connect()
+    key = jobguard.key("credit", "order-held")
+    await c.begin()
+    g = await c.enter(key)
+    assert await c.held(g) is None
+    assert g.first_applied_at is None and g.result is None
+    await c.effect(key)
+    g.set_result({"ledger": 1})
+    await c.exit(g)
+    await c.commit()
+
+    await c.begin()
+    again = await c.enter(key)
+    assert again.duplicate
+    if c.is_async:
+        # An attribute cannot await: the read is asked for, and the error says how.
+        with pytest.raises(jobguard.HeldNotRead, match="await g.held"):
+            again.result
+    held = await c.held(again)
+    assert isinstance(held, jobguard.Duplicate)
+    assert held.result == {"ledger": 1} and held.first_applied_at is not None
+    assert again.result == {"ledger": 1} and again.first_applied_at == held.first_applied_at
+    assert await c.held(again) is held  # read once
+    await c.exit(again)
+    await c.commit()
+    assert await ledger_rows(c, key) == 1
+
+
 async def test_rollback_leaves_no_guard_row_and_the_retry_applies(connect):
     c = await connect()
     key = jobguard.key("credit", "order-2")

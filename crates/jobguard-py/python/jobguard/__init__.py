@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from ._enqueue import DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_sync
 from ._guard import DEFAULT_TABLE, Guard, guard, guard_sync, migrate, migrate_sync
-from ._guarded import Applied, Duplicate, guarded
+from ._guarded import guarded
+from ._outcome import Applied, Duplicate
 from ._keys import (
     MAX_KEY_LEN,
     MAX_KIND_LEN,
@@ -35,6 +36,7 @@ from .errors import (
     ConnectionClosed,
     Error,
     GuardVanished,
+    HeldNotRead,
     InSavepoint,
     InvalidFormat,
     InvalidKey,
@@ -64,6 +66,7 @@ __all__ = [
     "Error",
     "Guard",
     "GuardVanished",
+    "HeldNotRead",
     "Horizon",
     "InSavepoint",
     "InvalidFormat",

@@ -6,37 +6,13 @@ transaction's connection as its first argument; on a duplicate it is not called 
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as _dt
 import functools
 import inspect
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable
 
 from ._guard import DEFAULT_TABLE, guard, guard_sync
+from ._outcome import Applied, Duplicate
 from .errors import UnsupportedConnection
-
-T = TypeVar("T")
-
-
-@dataclasses.dataclass(frozen=True)
-class Applied(Generic[T]):
-    """This delivery applied the key; ``value`` is what the function returned (also stored
-    as the key's result when it is not None)."""
-
-    value: T
-    applied = True
-    duplicate = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Duplicate:
-    """An earlier delivery applied the key; the function was not called."""
-
-    first_applied_at: _dt.datetime | None
-    result: Any
-    applied = False
-    duplicate = True
-
 
 def _resolve(spec: Any, args: tuple, kwargs: dict) -> Any:
     return spec(*args, **kwargs) if callable(spec) else spec
@@ -134,7 +110,7 @@ def guarded(
                 async def body(conn: Any) -> Applied | Duplicate:
                     async with guard(conn, job_key, body_payload, table=table) as g:
                         if g.duplicate:
-                            return Duplicate(g.first_applied_at, g.result)
+                            return await g.held()
                         value = await fn(conn, *args, **kwargs)
                         if value is not None:
                             g.set_result(value)
@@ -154,7 +130,7 @@ def guarded(
             def body(conn: Any) -> Applied | Duplicate:
                 with guard_sync(conn, job_key, body_payload, table=table) as g:
                     if g.duplicate:
-                        return Duplicate(g.first_applied_at, g.result)
+                        return g.held()
                     value = fn(conn, *args, **kwargs)
                     if value is not None:
                         g.set_result(value)

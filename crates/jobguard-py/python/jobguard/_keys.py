@@ -49,8 +49,11 @@ def parse_key(encoded: str) -> tuple[str, list[str]]:
 
 
 def kind_of(encoded: str) -> str:
-    """The kind of an encoded key (``credit`` for ``credit:order-8812``), checked."""
-    return parse_key(encoded)[0]
+    """The kind of an encoded key (``credit`` for ``credit:order-8812``), the whole key checked."""
+    try:
+        return _native.kind_of(encoded)
+    except (ValueError, TypeError) as error:
+        raise InvalidKey(str(error)) from None
 
 
 def to_json(value: Any, what: str = "payload") -> str:

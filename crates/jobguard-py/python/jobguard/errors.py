@@ -65,6 +65,12 @@ class GuardVanished(Error):
     """
 
 
+class HeldNotRead(Error):
+    """A duplicate's ``first_applied_at`` or ``result`` was read on an async connection before
+    ``await g.held()``: what the first delivery left is read on demand, and an attribute cannot
+    await."""
+
+
 class KeyReused(Error):
     """The key was first applied with another payload.
 
