@@ -5,6 +5,10 @@
 //! the report reads both tables' rows, live and dead tuples, and heap and index bytes. With a
 //! retention of seconds instead of days, many prune cycles fit into minutes: the retention is
 //! far below the horizon a real deployment needs, on purpose, and only here.
+//!
+//! Pruning deletes; autovacuum makes the space reusable. On a server with `autovacuum = off`
+//! the soak vacuums both tables after each prune itself, as autovacuum would, and says so:
+//! without either, dead tuples pile up whatever the pruner does.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -81,6 +85,9 @@ pub struct SoakReport {
     pub rate: u32,
     pub keep_s: f64,
     pub prune_every_s: f64,
+    /// Whether the server runs autovacuum; when it does not, the soak vacuums the two tables
+    /// after each prune.
+    pub autovacuum: bool,
     pub cycles: Vec<Cycle>,
     /// The largest total bytes (both tables, heap and indexes) of the second half of the
     /// cycles over the largest of the first half: about 1 when the sizes level off.
@@ -165,11 +172,25 @@ async fn soak(pool: &PgPool, args: &BenchSoakArgs) -> anyhow::Result<SoakReport>
     }));
     let producer = tokio::spawn(produce(queue.clone(), args.rate, stopped));
 
+    let autovacuum: String = sqlx::query_scalar("show autovacuum")
+        .fetch_one(pool)
+        .await?;
+    let autovacuum = autovacuum == "on";
+    if !autovacuum && !args.json {
+        eprintln!(
+            "autovacuum is off on this server: the soak vacuums both tables after each prune"
+        );
+    }
     let started = Instant::now();
     let mut cycles = Vec::new();
     while started.elapsed() < args.duration {
         tokio::time::sleep(args.prune_every).await;
         let report = pruner.run().await?;
+        if !autovacuum {
+            sqlx::query(sqlx::AssertSqlSafe(format!("vacuum {JOBS}, {GUARD}")))
+                .execute(pool)
+                .await?;
+        }
         let (guard_rows, jobs) = report.map_or((0, 0), |r| (r.guard_rows, r.completed_jobs));
         let cycle = Cycle {
             seconds: started.elapsed().as_secs_f64(),
@@ -208,6 +229,7 @@ async fn soak(pool: &PgPool, args: &BenchSoakArgs) -> anyhow::Result<SoakReport>
         rate: args.rate,
         keep_s: args.keep.as_secs_f64(),
         prune_every_s: args.prune_every.as_secs_f64(),
+        autovacuum,
         levels_off: growth <= 1.25,
         growth,
         cycles,
@@ -289,8 +311,16 @@ fn render_cycle(cycle: &Cycle) -> String {
 /// The human-readable report.
 pub fn render(report: &SoakReport) -> String {
     let mut out = format!(
-        "{} jobs/s on {}, retention {:.0} s, a prune every {:.0} s (heap + index MB)\n",
-        report.rate, report.database, report.keep_s, report.prune_every_s
+        "{} jobs/s on {}, retention {:.0} s, a prune every {:.0} s{} (heap + index MB)\n",
+        report.rate,
+        report.database,
+        report.keep_s,
+        report.prune_every_s,
+        if report.autovacuum {
+            ""
+        } else {
+            ", each followed by a vacuum (autovacuum is off)"
+        }
     );
     for cycle in &report.cycles {
         out.push_str(&render_cycle(cycle));

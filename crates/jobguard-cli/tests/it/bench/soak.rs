@@ -53,4 +53,6 @@ fn bench_soak_reports_every_cycle() {
     );
     assert!(report["growth"].as_f64().is_some(), "{report}");
     assert!(report["levels_off"].is_boolean(), "{report}");
+    // Where the server does not vacuum, the soak does after each prune, and says so.
+    assert!(report["autovacuum"].is_boolean(), "{report}");
 }
