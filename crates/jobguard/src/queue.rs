@@ -40,7 +40,7 @@ pub use crate::store::queue::{
     Backlog, Counts, DEFAULT_QUEUE, Enqueued, JobRow, JobState, Lease, LeasedJob, NOTIFY_CHANNEL,
     NewJob, Replay, TERMINAL_COUNT_CAP,
 };
-pub(crate) use crate::store::queue::{QueueSql, Settle};
+pub(crate) use crate::store::queue::{Fetch, QueueSql, Settle, StateCount};
 
 /// The job queue. Cheap to clone.
 pub struct Queue<DB: Backend> {
@@ -200,14 +200,14 @@ impl<DB: Backend> Queue<DB> {
                 self.notify(conn, &job.queue, announce).await?;
                 return Ok(Enqueued { id, inserted: true });
             }
-            if let Some((id, kind, payload)) = DB::live_job(conn, sql, job.key.as_str()).await? {
-                if kind != job.kind || payload != job.payload {
+            if let Some(live) = DB::live_job(conn, sql, job.key.as_str()).await? {
+                if live.kind != job.kind || live.payload != job.payload {
                     return Err(Error::KeyReused {
                         key: job.key.to_string(),
                     });
                 }
                 return Ok(Enqueued {
-                    id,
+                    id: live.id,
                     inserted: false,
                 });
             }
@@ -310,9 +310,12 @@ impl<DB: Backend> Queue<DB> {
                 .iter()
                 .map(|&slot| (distinct[slot].key.as_str(), slot))
                 .collect();
-            for (id, key) in DB::enqueue_many(&mut tx, sql, &batch).await? {
-                if let Some(slot) = waiting.remove(key.as_str()) {
-                    results[slot] = Some(Enqueued { id, inserted: true });
+            for inserted in DB::enqueue_many(&mut tx, sql, &batch).await? {
+                if let Some(slot) = waiting.remove(inserted.key.as_str()) {
+                    results[slot] = Some(Enqueued {
+                        id: inserted.id,
+                        inserted: true,
+                    });
                 }
             }
             if waiting.is_empty() {
@@ -320,17 +323,17 @@ impl<DB: Backend> Queue<DB> {
                 break;
             }
             let keys: Vec<&str> = waiting.keys().copied().collect();
-            for (id, key, kind, payload) in DB::live_jobs(&mut tx, sql, &keys).await? {
-                let Some(slot) = waiting.remove(key.as_str()) else {
+            for live in DB::live_jobs(&mut tx, sql, &keys).await? {
+                let Some(slot) = waiting.remove(live.key.as_str()) else {
                     continue;
                 };
                 let job = distinct[slot];
-                if kind != job.kind || payload != job.payload {
+                if live.kind != job.kind || live.payload != job.payload {
                     // Dropping the transaction rolls the batch back.
-                    return Err(Error::KeyReused { key });
+                    return Err(Error::KeyReused { key: live.key });
                 }
                 results[slot] = Some(Enqueued {
-                    id,
+                    id: live.id,
                     inserted: false,
                 });
             }
@@ -469,7 +472,12 @@ impl<DB: Backend> Queue<DB> {
     /// of `lease` by the database clock.
     pub async fn fetch(&self, queue: &str, limit: u32, lease: Duration) -> Result<Vec<LeasedJob>> {
         let _writer = self.inner.writer.acquire().await;
-        let mut jobs = DB::fetch(&self.inner.pool, &self.inner.sql, queue, limit, lease).await?;
+        let fetch = Fetch {
+            queue,
+            limit,
+            lease,
+        };
+        let mut jobs = DB::fetch(&self.inner.pool, &self.inner.sql, fetch).await?;
         jobs.sort_by_key(|job| job.lease.job_id);
         Ok(jobs)
     }
@@ -635,7 +643,7 @@ impl<DB: Backend> Queue<DB> {
     pub async fn counts(&self) -> Result<Counts> {
         let mut counts = Counts::default();
         let mut total = -1;
-        for (state, n) in DB::counts(&self.inner.pool, &self.inner.sql).await? {
+        for StateCount { state, count: n } in DB::counts(&self.inner.pool, &self.inner.sql).await? {
             if state == "estimated total" {
                 total = n;
                 continue;
@@ -719,15 +727,7 @@ impl<DB: Backend> Queue<DB> {
     /// workers do not keep up. Jobs scheduled for later (a delay, a retry's backoff) are not
     /// counted until their time comes.
     pub async fn backlog(&self) -> Result<Vec<Backlog>> {
-        let rows = DB::backlog(&self.inner.pool, &self.inner.sql).await?;
-        Ok(rows
-            .into_iter()
-            .map(|(queue, ready, oldest_micros)| Backlog {
-                queue,
-                ready,
-                oldest_wait: Duration::from_micros(oldest_micros.max(0) as u64),
-            })
-            .collect())
+        Ok(DB::backlog(&self.inner.pool, &self.inner.sql).await?)
     }
 
     /// The newest jobs, optionally of one state and kind.

@@ -2,6 +2,7 @@
 
 use sqlx::postgres::Postgres;
 
+use super::queue::{job_row_columns, micros};
 use crate::store::console::{ConsoleSql, ConsoleStore, ConsoleTables};
 use crate::store::queue::queue_states;
 
@@ -13,27 +14,17 @@ impl ConsoleStore for Postgres {
     crate::store::console::console_statements!();
 }
 
-/// Microseconds since the Unix epoch of a `timestamptz` column.
-fn micros(column: &str) -> String {
-    format!("(extract(epoch from {column}) * 1000000)::int8")
-}
-
 fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     let t = tables.jobs.quoted();
     let live = "state in ('available', 'running')";
-    let summary = format!(
-        "id, kind, job_key, queue, state, attempt, max_attempts, {}, last_error, {}, {}",
-        micros("run_at"),
-        micros("created_at"),
-        micros("finished_at"),
-    );
+    let columns = job_row_columns();
     ConsoleSql {
         // Each filter has an index that hands rows out newest first: the primary key for none,
         // `(state, id)`, `(kind, id)`, `(queue, id)` and `(job_key, id)` for one (see the
         // queue's migration); with several, the planner walks the most selective.
-        list: format!("select {summary} from {t}"),
+        list: format!("select {columns} from {t}"),
         job: format!(
-            "select {summary}, payload, {}, lease_token from {t} where id = $1",
+            "select {columns}, {}, lease_token from {t} where id = $1",
             micros("leased_until")
         )
         .into(),

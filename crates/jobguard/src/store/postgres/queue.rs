@@ -5,13 +5,33 @@ use jobguard_core::sql::postgres::queue as core;
 use sqlx::AssertSqlSafe;
 use sqlx::types::Json;
 
-use crate::store::LiveJob;
-use crate::store::queue::{NewJob, QueueSql, job_indexes, queue_states};
+use sqlx::postgres::Postgres;
+
+use crate::store::queue::{
+    InsertedJob, LiveJob, NewJob, QueueSql, QueueStore, job_indexes, queue_states,
+};
 use crate::table::TableName;
 use crate::time::duration_micros;
 
+/// Microseconds since the Unix epoch of a `timestamptz` column.
+pub(super) fn micros(column: &str) -> String {
+    format!("(extract(epoch from {column}) * 1000000)::int8")
+}
+
+/// The columns of a listed job, as [`JobRow::from_row`](crate::store::queue::JobRow::from_row)
+/// decodes them: for `Queue::list` and the console.
+pub(super) fn job_row_columns() -> String {
+    format!(
+        "id, kind, job_key, queue, state, attempt, max_attempts, {}, last_error, {}, {}, payload",
+        micros("run_at"),
+        micros("created_at"),
+        micros("finished_at"),
+    )
+}
+
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
+    let columns = job_row_columns();
     let paused_table = queue_states(table);
     let live = "state in ('available', 'running')";
     let micros = "* interval '1 microsecond'";
@@ -180,10 +200,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         list: format!(
-            "select id, kind, job_key, queue, state, attempt, max_attempts,
-                    (extract(epoch from run_at) * 1000000)::int8, last_error,
-                    (extract(epoch from created_at) * 1000000)::int8, payload
-             from {t}
+            "select {columns} from {t}
              where ($1::text is null or state = $1) and ($2::text is null or kind = $2)
              order by id desc limit $3"
         )
@@ -232,42 +249,44 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     }
 }
 
-/// Binds a batch for the `enqueue_many` statement: one array per column.
-pub(super) async fn enqueue_many(
-    conn: &mut sqlx::PgConnection,
-    sql: &QueueSql,
-    jobs: &[&NewJob],
-) -> sqlx::Result<Vec<(i64, String)>> {
-    let kinds: Vec<&str> = jobs.iter().map(|job| job.kind.as_str()).collect();
-    let keys: Vec<&str> = jobs.iter().map(|job| job.key.as_str()).collect();
-    let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
-    let payloads: Vec<String> = jobs.iter().map(|job| job.payload.to_string()).collect();
-    let attempts: Vec<i32> = jobs.iter().map(|job| job.max_attempts as i32).collect();
-    let delays: Vec<i64> = jobs.iter().map(|job| duration_micros(job.delay)).collect();
-    sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
-        .bind(kinds)
-        .bind(keys)
-        .bind(queues)
-        .bind(payloads)
-        .bind(attempts)
-        .bind(delays)
-        .fetch_all(conn)
-        .await
-}
+impl QueueStore for Postgres {
+    crate::store::queue::queue_statements!();
 
-/// The live jobs holding any of `keys`.
-pub(super) async fn live_jobs(
-    conn: &mut sqlx::PgConnection,
-    sql: &QueueSql,
-    keys: &[&str],
-) -> sqlx::Result<Vec<LiveJob>> {
-    let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
-        sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
+    /// Binds a batch for the `enqueue_many` statement: one array per column.
+    async fn enqueue_many(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        jobs: &[&NewJob],
+    ) -> sqlx::Result<Vec<InsertedJob>> {
+        let kinds: Vec<&str> = jobs.iter().map(|job| job.kind.as_str()).collect();
+        let keys: Vec<&str> = jobs.iter().map(|job| job.key.as_str()).collect();
+        let queues: Vec<&str> = jobs.iter().map(|job| job.queue.as_str()).collect();
+        let payloads: Vec<String> = jobs.iter().map(|job| job.payload.to_string()).collect();
+        let attempts: Vec<i32> = jobs.iter().map(|job| job.max_attempts as i32).collect();
+        let delays: Vec<i64> = jobs.iter().map(|job| duration_micros(job.delay)).collect();
+        let rows: Vec<(i64, String)> = sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
+            .bind(kinds)
             .bind(keys)
+            .bind(queues)
+            .bind(payloads)
+            .bind(attempts)
+            .bind(delays)
             .fetch_all(conn)
             .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, key, kind, payload)| (id, key, kind, payload.0))
-        .collect())
+        Ok(rows.into_iter().map(InsertedJob::from).collect())
+    }
+
+    /// The live jobs holding any of `keys`.
+    async fn live_jobs(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        keys: &[&str],
+    ) -> sqlx::Result<Vec<LiveJob>> {
+        let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
+            sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
+                .bind(keys)
+                .fetch_all(conn)
+                .await?;
+        Ok(rows.into_iter().map(LiveJob::from).collect())
+    }
 }

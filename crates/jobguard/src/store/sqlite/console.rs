@@ -17,14 +17,12 @@ impl ConsoleStore for Sqlite {
 fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     let t = tables.jobs.quoted();
     let live = "state in ('available', 'running')";
-    let summary = "id, kind, job_key, queue, state, attempt, max_attempts, run_at, last_error, \
-                   created_at, finished_at";
+    let columns = super::queue::JOB_ROW_COLUMNS;
     ConsoleSql {
         // Each filter has an index that hands rows out newest first (see the queue's
         // migration).
-        list: format!("select {summary} from {t}"),
-        job: format!("select {summary}, payload, leased_until, lease_token from {t} where id = $1")
-            .into(),
+        list: format!("select {columns} from {t}"),
+        job: format!("select {columns}, leased_until, lease_token from {t} where id = $1").into(),
         state_of: format!("select state, job_key from {t} where id = $1").into(),
         live_holder: format!("select id from {t} where job_key = $1 and {live} and id <> $2")
             .into(),

@@ -3,13 +3,24 @@
 
 use super::guard::NOW_MICROS as NOW;
 use jobguard_core::sql::sqlite::queue as core;
-use sqlx::AssertSqlSafe;
-use sqlx::types::Json;
+use std::time::Duration;
 
-use crate::store::LiveJob;
-use crate::store::queue::{NewJob, QueueSql, job_indexes, queue_states};
+use super::heartbeat;
+use sqlx::types::Json;
+use sqlx::{AssertSqlSafe, Pool};
+
+use sqlx::sqlite::Sqlite;
+
+use crate::store::queue::{
+    InsertedJob, Lease, LiveJob, NewJob, QueueSql, QueueStore, job_indexes, queue_states,
+};
 use crate::table::TableName;
 use crate::time::duration_micros;
+
+/// The columns of a listed job, as [`JobRow::from_row`](crate::store::queue::JobRow::from_row)
+/// decodes them: for `Queue::list` and the console.
+pub(super) const JOB_ROW_COLUMNS: &str = "id, kind, job_key, queue, state, attempt, max_attempts, \
+     run_at, last_error, created_at, finished_at, payload";
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
@@ -166,9 +177,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
         )
         .into(),
         list: format!(
-            "select id, kind, job_key, queue, state, attempt, max_attempts, run_at, last_error,
-                    created_at, payload
-             from {t}
+            "select {JOB_ROW_COLUMNS} from {t}
              where ($1 is null or state = $1) and ($2 is null or kind = $2)
              order by id desc limit $3"
         )
@@ -207,46 +216,70 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     }
 }
 
-/// Binds a batch for the `enqueue_many` statement: one JSON array of rows.
-pub(super) async fn enqueue_many(
-    conn: &mut sqlx::SqliteConnection,
-    sql: &QueueSql,
-    jobs: &[&NewJob],
-) -> sqlx::Result<Vec<(i64, String)>> {
-    let rows: Vec<_> = jobs
-        .iter()
-        .map(|job| {
-            (
-                &job.kind,
-                job.key.as_str(),
-                &job.queue,
-                job.payload.to_string(),
-                job.max_attempts as i32,
-                duration_micros(job.delay),
-            )
-        })
-        .collect();
-    let rows = serde_json::to_string(&rows).expect("strings and numbers serialize");
-    sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
-        .bind(rows)
-        .fetch_all(conn)
-        .await
-}
+impl QueueStore for Sqlite {
+    crate::store::queue::queue_statements!();
 
-/// The live jobs holding any of `keys`.
-pub(super) async fn live_jobs(
-    conn: &mut sqlx::SqliteConnection,
-    sql: &QueueSql,
-    keys: &[&str],
-) -> sqlx::Result<Vec<LiveJob>> {
-    let keys = serde_json::to_string(keys).expect("strings serialize");
-    let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
-        sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
-            .bind(keys)
+    /// Binds a batch for the `enqueue_many` statement: one JSON array of rows.
+    async fn enqueue_many(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        jobs: &[&NewJob],
+    ) -> sqlx::Result<Vec<InsertedJob>> {
+        let rows: Vec<_> = jobs
+            .iter()
+            .map(|job| {
+                (
+                    &job.kind,
+                    job.key.as_str(),
+                    &job.queue,
+                    job.payload.to_string(),
+                    job.max_attempts as i32,
+                    duration_micros(job.delay),
+                )
+            })
+            .collect();
+        let rows = serde_json::to_string(&rows).expect("strings and numbers serialize");
+        let rows: Vec<(i64, String)> = sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
+            .bind(rows)
             .fetch_all(conn)
             .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, key, kind, payload)| (id, key, kind, payload.0))
-        .collect())
+        Ok(rows.into_iter().map(InsertedJob::from).collect())
+    }
+
+    /// The live jobs holding any of `keys`.
+    async fn live_jobs(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        keys: &[&str],
+    ) -> sqlx::Result<Vec<LiveJob>> {
+        let keys = serde_json::to_string(keys).expect("strings serialize");
+        let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
+            sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
+                .bind(keys)
+                .fetch_all(conn)
+                .await?;
+        Ok(rows.into_iter().map(LiveJob::from).collect())
+    }
+
+    fn beat_aside(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        lease: Lease,
+        by: Duration,
+    ) -> Option<std::io::Result<()>> {
+        let until = std::time::SystemTime::now() + by;
+        heartbeat::Heartbeats::of(pool, &sql.table).map(|files| files.beat(lease, until))
+    }
+
+    fn held_aside(pool: &Pool<Self>, sql: &QueueSql) -> Vec<String> {
+        heartbeat::Heartbeats::of(pool, &sql.table)
+            .map(|files| files.holding(std::time::SystemTime::now()))
+            .unwrap_or_default()
+    }
+
+    fn forget_aside(pool: &Pool<Self>, sql: &QueueSql, lease: Lease) {
+        if let Some(files) = heartbeat::Heartbeats::of(pool, &sql.table) {
+            files.forget(lease);
+        }
+    }
 }
