@@ -201,12 +201,7 @@ pub fn render_job(job: &JobDetail) -> String {
     let row = &job.job;
     let mut out = format!(
         "job {} ({}) on queue `{}`: {}, attempt {}/{}\n",
-        row.id,
-        row.kind,
-        row.queue,
-        row.state,
-        row.attempt,
-        row.max_attempts
+        row.id, row.kind, row.queue, row.state, row.attempt, row.max_attempts
     );
     out += &format!("key:         {}\n", row.key);
     out += &format!("enqueued:    {}\n", time(row.created_at));
