@@ -18,6 +18,7 @@ use crate::payload::payload_problem;
 use crate::store::guard::GuardStore;
 use crate::table::TableName;
 
+pub(crate) mod sql;
 mod statements;
 
 pub(crate) use statements::queue_statements;

@@ -2,9 +2,10 @@
 
 use sqlx::postgres::Postgres;
 
-use super::queue::{job_row_columns, micros};
+use super::queue::micros;
 use crate::store::console::{ConsoleSql, ConsoleStore, ConsoleTables};
 use crate::store::queue::queue_states;
+use crate::store::queue::sql::job_row_columns;
 
 impl ConsoleStore for Postgres {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
@@ -17,7 +18,7 @@ impl ConsoleStore for Postgres {
 fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     let t = tables.jobs.quoted();
     let live = "state in ('available', 'running')";
-    let columns = job_row_columns();
+    let columns = job_row_columns(&super::queue::DIALECT);
     ConsoleSql {
         // Each filter has an index that hands rows out newest first: the primary key for none,
         // `(state, id)`, `(kind, id)`, `(queue, id)` and `(job_key, id)` for one (see the

@@ -5,6 +5,7 @@ use sqlx::sqlite::Sqlite;
 use super::guard::NOW_MICROS as NOW;
 use crate::store::console::{ConsoleSql, ConsoleStore, ConsoleTables};
 use crate::store::queue::queue_states;
+use crate::store::queue::sql::job_row_columns;
 
 impl ConsoleStore for Sqlite {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
@@ -17,7 +18,7 @@ impl ConsoleStore for Sqlite {
 fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     let t = tables.jobs.quoted();
     let live = "state in ('available', 'running')";
-    let columns = super::queue::JOB_ROW_COLUMNS;
+    let columns = job_row_columns(&super::queue::DIALECT);
     ConsoleSql {
         // Each filter has an index that hands rows out newest first (see the queue's
         // migration).
