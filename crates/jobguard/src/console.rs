@@ -153,7 +153,7 @@ impl<DB: Backend> Console<DB> {
         let prefix = format!("{}/", crate::store::outbox::encode_key(key));
         let end = format!("{}0", &prefix[..prefix.len() - 1]);
         let messages = or_absent(
-            DB::console_key_messages(pool, &self.sql, (&prefix, &end)).await,
+            DB::console_key_messages(pool, &self.sql, prefix.as_str()..end.as_str()).await,
             Vec::new(),
         )?
         .into_iter()

@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::guard::{Guard, GuardConfig};
 use crate::store::Backend;
 use crate::store::WriterLock;
+use crate::store::prune::{PruneBatch, Pruned};
 use crate::table::TableName;
 
 mod enqueue;
@@ -40,11 +41,12 @@ mod enqueue;
 pub(crate) use self::enqueue::Announce;
 use self::enqueue::Announced;
 pub use crate::payload::MAX_PAYLOAD_BYTES;
+pub(crate) use crate::store::StateCount;
 pub use crate::store::queue::{
     Backlog, Counts, DEFAULT_QUEUE, Enqueued, JobRow, JobState, Lease, LeasedJob, NOTIFY_CHANNEL,
     NewJob, Replay, TERMINAL_COUNT_CAP,
 };
-pub(crate) use crate::store::queue::{Fetch, QueueSql, Settle, StateCount};
+pub(crate) use crate::store::queue::{Fetch, QueueSql, Settle};
 
 /// The job queue. Cheap to clone.
 pub struct Queue<DB: Backend> {
@@ -359,26 +361,15 @@ impl<DB: Backend> Queue<DB> {
         &self.inner.sql.counts
     }
 
-    /// Deletes up to `limit` of the oldest jobs in `state` (completed or dead) that finished
-    /// before `cutoff` and not before `after` (microseconds since the Unix epoch, by the
-    /// database clock), taking the writer's turn on SQLite; returns how many, and the latest
-    /// finish time among them. For the [`Pruner`](crate::retention::Pruner).
+    /// Deletes a batch of the oldest jobs in `state` (completed or dead) by their finish time,
+    /// taking the writer's turn on SQLite. For the [`Pruner`](crate::retention::Pruner).
     pub(crate) async fn prune_finished(
         &self,
         state: JobState,
-        cutoff: i64,
-        after: i64,
-        limit: u32,
-    ) -> Result<(u64, Option<i64>)> {
+        batch: PruneBatch,
+    ) -> Result<Pruned> {
         let _writer = self.inner.writer.acquire().await;
-        Ok(DB::prune_jobs(
-            &self.inner.pool,
-            &self.inner.sql,
-            state.as_str(),
-            (cutoff, after),
-            limit,
-        )
-        .await?)
+        Ok(DB::prune_jobs(&self.inner.pool, &self.inner.sql, state.as_str(), batch).await?)
     }
 
     /// How many jobs in `state` finished before `cutoff`: what a prune would delete.

@@ -84,6 +84,19 @@ pub trait Store: Database {
     fn is_transient(error: &sqlx::Error) -> bool;
 }
 
+/// How many rows of a table are in one state, as the queue's and the outbox's counts read them.
+#[derive(Debug)]
+pub struct StateCount {
+    pub(crate) state: String,
+    pub(crate) count: i64,
+}
+
+impl From<(String, i64)> for StateCount {
+    fn from((state, count): (String, i64)) -> Self {
+        StateCount { state, count }
+    }
+}
+
 /// Wakes an idle worker when a job is enqueued (PostgreSQL's LISTEN/NOTIFY).
 pub struct Wakeup(pub(crate) Box<dyn WakeupSource>);
 

@@ -180,7 +180,8 @@ pub(crate) struct Completing<'a> {
 /// The worker's statements with its guard's.
 fn statements<'s, DB: Backend>(
     guard: &'s Guard<DB>,
-    (queue, worker): (&'s QueueSql, &'s WorkerSql),
+    queue: &'s QueueSql,
+    worker: &'s WorkerSql,
 ) -> WorkerStatements<'s> {
     WorkerStatements {
         guard: &guard.inner.sql,
@@ -259,7 +260,8 @@ impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
     /// can; [`Failure::Fenced`] when the lease is no longer held (nothing was claimed then).
     pub(crate) async fn claim_completing(
         &mut self,
-        sql: (&QueueSql, &WorkerSql),
+        queue: &QueueSql,
+        worker: &WorkerSql,
         job: Completing<'_>,
     ) -> Result<Claim, Failure> {
         let token = ClaimToken::new();
@@ -272,7 +274,7 @@ impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
             },
             lease: job.lease,
         };
-        let row = DB::claim_completing(&mut self.tx, statements(self.guard, sql), &claim)
+        let row = DB::claim_completing(&mut self.tx, statements(self.guard, queue, worker), &claim)
             .await
             .map_err(Failure::database::<DB>)?;
         let Some(row) = row else {
@@ -286,7 +288,8 @@ impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
     /// earlier job of the batch is a duplicate.
     pub(crate) async fn claim_completing_many(
         &mut self,
-        sql: (&QueueSql, &WorkerSql),
+        queue: &QueueSql,
+        worker: &WorkerSql,
         jobs: &[Completing<'_>],
     ) -> Result<Vec<Option<Claim>>, Failure> {
         let tokens: Vec<ClaimToken> = jobs.iter().map(|_| ClaimToken::new()).collect();
@@ -303,9 +306,10 @@ impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
                 lease: job.lease,
             })
             .collect();
-        let rows = DB::claim_completing_many(&mut self.tx, statements(self.guard, sql), &claims)
-            .await
-            .map_err(Failure::database::<DB>)?;
+        let rows =
+            DB::claim_completing_many(&mut self.tx, statements(self.guard, queue, worker), &claims)
+                .await
+                .map_err(Failure::database::<DB>)?;
         drop(claims);
         let mut claims = Vec::with_capacity(jobs.len());
         for ((job, row), token) in jobs.iter().zip(rows).zip(tokens) {

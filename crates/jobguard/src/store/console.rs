@@ -4,6 +4,7 @@
 //! `console.rs`. `jobguard::console` re-exports the types users name.
 
 use std::future::Future;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -178,6 +179,13 @@ pub struct QueueState {
     pub ready: i64,
 }
 
+/// A job's state, as stored, and its key: what an action refused explains itself with.
+#[derive(Debug)]
+pub struct JobStateOf {
+    pub(crate) state: String,
+    pub(crate) key: String,
+}
+
 /// The console's statements, built once from the validated names of the tables it reads.
 #[derive(Debug)]
 pub struct ConsoleSql {
@@ -234,7 +242,7 @@ pub trait ConsoleStore: sqlx::Database {
         pool: &Pool<Self>,
         sql: &ConsoleSql,
         id: i64,
-    ) -> impl Future<Output = sqlx::Result<Option<(String, String)>>> + Send;
+    ) -> impl Future<Output = sqlx::Result<Option<JobStateOf>>> + Send;
 
     fn console_live_holder(
         pool: &Pool<Self>,
@@ -260,11 +268,11 @@ pub trait ConsoleStore: sqlx::Database {
         paused: bool,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
-    /// Every queue paused or resumed once: name, paused, when (microseconds).
+    /// Every queue paused or resumed once (`ready` left at 0).
     fn console_queues(
         pool: &Pool<Self>,
         sql: &ConsoleSql,
-    ) -> impl Future<Output = sqlx::Result<Vec<(String, bool, i64)>>> + Send;
+    ) -> impl Future<Output = sqlx::Result<Vec<QueueState>>> + Send;
 
     fn console_key_record(
         pool: &Pool<Self>,
@@ -278,10 +286,11 @@ pub trait ConsoleStore: sqlx::Database {
         key: &str,
     ) -> impl Future<Output = sqlx::Result<Vec<KeyStep>>> + Send;
 
+    /// The outbox messages whose id lies in `ids`.
     fn console_key_messages(
         pool: &Pool<Self>,
         sql: &ConsoleSql,
-        range: (&str, &str),
+        ids: Range<&str>,
     ) -> impl Future<Output = sqlx::Result<Vec<KeyMessage>>> + Send;
 }
 
@@ -341,11 +350,13 @@ macro_rules! console_statements {
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::console::ConsoleSql,
             id: i64,
-        ) -> sqlx::Result<Option<(String, String)>> {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.state_of.clone()))
-                .bind(id)
-                .fetch_optional(pool)
-                .await
+        ) -> sqlx::Result<Option<$crate::store::console::JobStateOf>> {
+            let row: Option<(String, String)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql.state_of.clone()))
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?;
+            Ok(row.map(|(state, key)| $crate::store::console::JobStateOf { state, key }))
         }
 
         async fn console_live_holder(
@@ -391,10 +402,22 @@ macro_rules! console_statements {
         async fn console_queues(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::console::ConsoleSql,
-        ) -> sqlx::Result<Vec<(String, bool, i64)>> {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.queues.clone()))
-                .fetch_all(pool)
-                .await
+        ) -> sqlx::Result<Vec<$crate::store::console::QueueState>> {
+            let rows: Vec<(String, bool, i64)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql.queues.clone()))
+                    .fetch_all(pool)
+                    .await?;
+            Ok(rows
+                .into_iter()
+                .map(
+                    |(name, paused, changed_at)| $crate::store::console::QueueState {
+                        name,
+                        paused,
+                        changed_at: Some($crate::time::micros_to_time(changed_at)),
+                        ready: 0,
+                    },
+                )
+                .collect())
         }
 
         async fn console_key_record(
@@ -452,12 +475,12 @@ macro_rules! console_statements {
         async fn console_key_messages(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::console::ConsoleSql,
-            range: (&str, &str),
+            ids: std::ops::Range<&str>,
         ) -> sqlx::Result<Vec<$crate::store::console::KeyMessage>> {
             use sqlx::Row as _;
             let rows = sqlx::query(sqlx::AssertSqlSafe(sql.key_messages.clone()))
-                .bind(range.0)
-                .bind(range.1)
+                .bind(ids.start)
+                .bind(ids.end)
                 .fetch_all(pool)
                 .await?;
             rows.into_iter()

@@ -15,6 +15,7 @@ use sqlx::Pool;
 
 use crate::error::{Error, Result};
 use crate::key::JobKey;
+use crate::store::StateCount;
 use crate::table::TableName;
 
 /// The longest topic accepted, in bytes.
@@ -354,7 +355,7 @@ pub trait OutboxStore: sqlx::Database {
     fn outbox_counts(
         pool: &Pool<Self>,
         sql: &OutboxSql,
-    ) -> impl Future<Output = sqlx::Result<Vec<(String, i64)>>> + Send;
+    ) -> impl Future<Output = sqlx::Result<Vec<StateCount>>> + Send;
 
     fn outbox_list(
         pool: &Pool<Self>,
@@ -518,10 +519,14 @@ macro_rules! outbox_statements {
         async fn outbox_counts(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::outbox::OutboxSql,
-        ) -> sqlx::Result<Vec<(String, i64)>> {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
+        ) -> sqlx::Result<Vec<$crate::store::StateCount>> {
+            let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
                 .fetch_all(pool)
-                .await
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map($crate::store::StateCount::from)
+                .collect())
         }
 
         async fn outbox_list(

@@ -15,6 +15,7 @@ use sqlx::Pool;
 use crate::error::{Error, Result};
 use crate::key::{JobKey, check_kind};
 use crate::payload::payload_problem;
+use crate::store::StateCount;
 use crate::store::guard::GuardStore;
 use crate::table::TableName;
 
@@ -587,13 +588,6 @@ pub struct LiveJob {
 pub struct InsertedJob {
     pub(crate) id: i64,
     pub(crate) key: String,
-}
-
-/// How many jobs are in one state, as [`QueueStore::counts`] reads them.
-#[derive(Debug)]
-pub struct StateCount {
-    pub(crate) state: String,
-    pub(crate) count: i64,
 }
 
 impl From<(i64, String)> for InsertedJob {

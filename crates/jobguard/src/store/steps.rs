@@ -86,6 +86,14 @@ pub enum StepUpdate<'a> {
     ResolveNotDone,
 }
 
+/// A stale step and the claim token of the attempt that left it, which a sweep takes it over
+/// from.
+#[derive(Debug)]
+pub struct StaleClaim {
+    pub(crate) step: StaleStep,
+    pub(crate) token: Vec<u8>,
+}
+
 /// The step ledger's statements each backend implements. Every store also prunes, its own
 /// `done` steps and the guard table they go with.
 pub trait StepStore: sqlx::Database + super::prune::PruneStore {
@@ -120,7 +128,7 @@ pub trait StepStore: sqlx::Database + super::prune::PruneStore {
         pool: &Pool<Self>,
         sql: &StepSql,
         limit: u32,
-    ) -> impl Future<Output = sqlx::Result<Vec<(StaleStep, Vec<u8>)>>> + Send;
+    ) -> impl Future<Output = sqlx::Result<Vec<StaleClaim>>> + Send;
 
     fn step_attention(
         pool: &Pool<Self>,
@@ -258,7 +266,7 @@ macro_rules! step_statements {
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::steps::StepSql,
             limit: u32,
-        ) -> sqlx::Result<Vec<($crate::store::steps::StaleStep, Vec<u8>)>> {
+        ) -> sqlx::Result<Vec<$crate::store::steps::StaleClaim>> {
             let rows: Vec<(String, String, i32, Vec<u8>)> =
                 sqlx::query_as(sqlx::AssertSqlSafe(sql.stale.clone()))
                     .bind(i64::from(limit))
@@ -266,16 +274,16 @@ macro_rules! step_statements {
                     .await?;
             Ok(rows
                 .into_iter()
-                .map(|(key, step, attempts, token)| {
-                    (
-                        $crate::store::steps::StaleStep {
+                .map(
+                    |(key, step, attempts, token)| $crate::store::steps::StaleClaim {
+                        step: $crate::store::steps::StaleStep {
                             key,
                             step,
                             attempts,
                         },
                         token,
-                    )
-                })
+                    },
+                )
                 .collect())
         }
 

@@ -163,14 +163,11 @@ macro_rules! queue_statements {
         async fn counts(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::queue::QueueSql,
-        ) -> sqlx::Result<Vec<$crate::store::queue::StateCount>> {
+        ) -> sqlx::Result<Vec<$crate::store::StateCount>> {
             let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
                 .fetch_all(pool)
                 .await?;
-            Ok(rows
-                .into_iter()
-                .map(|(state, count)| $crate::store::queue::StateCount { state, count })
-                .collect())
+            Ok(rows.into_iter().map($crate::store::StateCount::from).collect())
         }
 
         async fn backlog(
