@@ -220,6 +220,31 @@ pub struct ConsoleTables {
     pub(crate) outbox: TableName,
 }
 
+// The console's statements that every dialect writes alike, on the jobs table `t` (quoted);
+// each backend's `console_sql` takes them from here.
+
+/// Jobs as listed, newest first: `columns` are the dialect's `job_row_columns`, and
+/// [`JobFilter::clause`] completes the statement.
+pub(crate) fn list(t: &str, columns: &str) -> String {
+    format!("select {columns} from {t}")
+}
+
+pub(crate) fn state_of(t: &str) -> String {
+    format!("select state, job_key from {t} where id = $1")
+}
+
+pub(crate) fn live_holder(t: &str) -> String {
+    format!(
+        "select id from {t} where job_key = $1 and {} and id <> $2",
+        jobguard_core::sql::LIVE_STATES
+    )
+}
+
+/// Only a job no worker holds.
+pub(crate) fn delete(t: &str) -> String {
+    format!("delete from {t} where id = $1 and state <> 'running' returning queue")
+}
+
 /// The console's statements each backend implements.
 pub trait ConsoleStore: sqlx::Database {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql;

@@ -377,6 +377,21 @@ pub trait OutboxStore: sqlx::Database {
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 }
 
+// The outbox's statements that every dialect writes alike, on the outbox table `t` or its
+// relay's lease table (quoted); each backend's `outbox_sql` takes them from here.
+
+pub(crate) fn fingerprint(t: &str) -> String {
+    format!("select fingerprint from {t} where id = $1")
+}
+
+pub(crate) fn release_lease(lease: &str) -> String {
+    format!("delete from {lease} where name = 'relay' and holder = $1")
+}
+
+pub(crate) fn counts(t: &str) -> String {
+    format!("select state, count(*) from {t} group by state")
+}
+
 /// Dead-letters a pending message, the same in both dialects: `$1` its seq, `$2` the error.
 pub(crate) fn dead_sql(t: &str) -> String {
     format!(

@@ -180,6 +180,24 @@ pub(crate) const HELD: &str =
 /// The one step a statement reads or writes.
 pub(crate) const KEY: &str = "where job_key = $1 and step = $2";
 
+// The ledger's statements that every dialect writes alike, on the steps table `t` (quoted);
+// each backend's `step_sql` takes them from here.
+
+pub(crate) fn forget(t: &str) -> String {
+    format!("delete from {t} {HELD}")
+}
+
+pub(crate) fn resolve_not_done(t: &str) -> String {
+    format!("delete from {t} {KEY} and state = 'attention'")
+}
+
+pub(crate) fn list_attention(t: &str) -> String {
+    format!(
+        "select job_key, step, reason from {t} where state = 'attention'
+         order by updated_at limit $1"
+    )
+}
+
 /// The binding and decoding of the step statements, the same on every backend; expanded in
 /// each backend's `impl StepStore`, where its types are concrete.
 macro_rules! step_statements {

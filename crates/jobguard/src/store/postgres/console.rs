@@ -3,7 +3,7 @@
 use sqlx::postgres::Postgres;
 
 use super::queue::micros;
-use crate::store::console::{ConsoleSql, ConsoleStore, ConsoleTables};
+use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
 use crate::store::queue::queue_states;
 use crate::store::queue::sql::job_row_columns;
 
@@ -23,15 +23,14 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
         // Each filter has an index that hands rows out newest first: the primary key for none,
         // `(state, id)`, `(kind, id)`, `(queue, id)` and `(job_key, id)` for one (see the
         // queue's migration); with several, the planner walks the most selective.
-        list: format!("select {columns} from {t}"),
+        list: console::list(&t, &columns),
         job: format!(
             "select {columns}, {}, lease_token from {t} where id = $1",
             micros("leased_until")
         )
         .into(),
-        state_of: format!("select state, job_key from {t} where id = $1").into(),
-        live_holder: format!("select id from {t} where job_key = $1 and {live} and id <> $2")
-            .into(),
+        state_of: console::state_of(&t).into(),
+        live_holder: console::live_holder(&t).into(),
         // A dead job comes back with fresh attempts, as a replay; a failed job waiting for its
         // backoff runs now. Never while another live job holds the key: the live-key index
         // would refuse it, and that job is the one to watch.
@@ -56,8 +55,7 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
              returning queue"
         )
         .into(),
-        delete: format!("delete from {t} where id = $1 and state <> 'running' returning queue")
-            .into(),
+        delete: console::delete(&t).into(),
         set_paused: format!(
             "insert into {q} (name, paused, changed_at) values ($1, $2, now())
              on conflict (name) do update set paused = excluded.paused, changed_at = now()",
