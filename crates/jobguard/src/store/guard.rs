@@ -62,6 +62,27 @@ pub struct NewClaim<'a> {
     pub(crate) token: &'a ClaimToken,
 }
 
+impl NewClaim<'_> {
+    /// Binds the row's values in the order every claim statement takes them: `$1` key, `$2`
+    /// kind, `$3` fingerprint, `$4` claim token.
+    pub(crate) fn bind<'q, DB>(
+        &self,
+        query: sqlx::query::Query<'q, DB, DB::Arguments>,
+    ) -> sqlx::query::Query<'q, DB, DB::Arguments>
+    where
+        DB: sqlx::Database,
+        for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> Option<&'t [u8]>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> &'t [u8]: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    {
+        query
+            .bind(self.key)
+            .bind(self.kind)
+            .bind(self.fingerprint.map(|f| f.as_bytes().as_slice()))
+            .bind(self.token.0.as_slice())
+    }
+}
+
 /// What inserting a guard row found.
 #[derive(Debug)]
 pub enum ClaimRow {

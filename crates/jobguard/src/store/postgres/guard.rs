@@ -31,11 +31,8 @@ impl GuardStore for Postgres {
         sql: &GuardSql,
         claim: &NewClaim<'_>,
     ) -> sqlx::Result<ClaimRow> {
-        let row = sqlx::query(AssertSqlSafe(sql.claim.clone()))
-            .bind(claim.key)
-            .bind(claim.kind)
-            .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
-            .bind(claim.token.0.as_slice())
+        let row = claim
+            .bind(sqlx::query(AssertSqlSafe(sql.claim.clone())))
             .fetch_optional(conn)
             .await?;
         match row {

@@ -30,11 +30,8 @@ impl WorkerStore for Postgres {
     ) -> sqlx::Result<Option<ClaimRow>> {
         let (claim, lease) = (&job.claim, job.lease);
         let statement = WorkerSql::built(&sql.worker.claim_completing);
-        let row = sqlx::query(AssertSqlSafe(statement))
-            .bind(claim.key)
-            .bind(claim.kind)
-            .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
-            .bind(claim.token.0.as_slice())
+        let row = claim
+            .bind(sqlx::query(AssertSqlSafe(statement)))
             .bind(lease.job_id)
             .bind(lease.token)
             .fetch_optional(conn)

@@ -19,11 +19,8 @@ impl GuardStore for Sqlite {
         sql: &GuardSql,
         claim: &NewClaim<'_>,
     ) -> sqlx::Result<ClaimRow> {
-        let row = sqlx::query(AssertSqlSafe(sql.claim.clone()))
-            .bind(claim.key)
-            .bind(claim.kind)
-            .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
-            .bind(claim.token.0.as_slice())
+        let row = claim
+            .bind(sqlx::query(AssertSqlSafe(sql.claim.clone())))
             .fetch_optional(&mut *conn)
             .await?;
         if row.is_some() {
