@@ -79,7 +79,6 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             create,
             // The single enqueue is shared with the Python package: one text for both.
             enqueue: core::enqueue(table),
-            live_job: core::live_job(table),
             // A batch in one statement: one array per column, unnested into rows, so the statement
             // is the same for any batch size. `on conflict ... do nothing` against the live-key
             // index leaves out, without an error, each key a live job already holds (or that a

@@ -1,6 +1,6 @@
 //! The queue's statements: the text both dialects share, written once here over a
 //! [`QueueDialect`] of the fragments in which they differ, joined by [`QueueSql::new`] with the
-//! statements each dialect writes whole ([`DialectStatements`]: the table, the enqueues shared
+//! statements each dialect writes whole ([`DialectStatements`]: the table, the enqueue shared
 //! with the Python package, the batches, the fetch, the heartbeats of many leases, the rescue
 //! and the prune, whose locking or parameters differ).
 
@@ -29,7 +29,6 @@ pub(crate) struct QueueDialect {
 pub(crate) struct DialectStatements {
     pub create: Vec<String>,
     pub enqueue: String,
-    pub live_job: String,
     pub enqueue_many: String,
     pub live_jobs: String,
     pub fetch: String,
@@ -72,7 +71,8 @@ impl QueueSql {
             table: table.clone(),
             create: own.create.into_iter().map(Into::into).collect(),
             enqueue: own.enqueue.into(),
-            live_job: own.live_job.into(),
+            // The Python package's text too, the same in every dialect.
+            live_job: jobguard_core::sql::live_job(table).into(),
             enqueue_many: own.enqueue_many.into(),
             live_jobs: own.live_jobs.into(),
             fetch: own.fetch.into(),

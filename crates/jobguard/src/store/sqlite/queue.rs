@@ -72,7 +72,6 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             create,
             // The single enqueue is shared with the Python package: one text for both.
             enqueue: core::enqueue(table),
-            live_job: core::live_job(table),
             // A batch in one statement and one bound parameter: a JSON array of
             // `[kind, key, queue, payload, max_attempts, delay]` rows, so neither the statement nor
             // SQLite's limit on bound parameters depends on the batch size. The payload travels as
