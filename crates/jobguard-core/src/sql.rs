@@ -1,4 +1,4 @@
-//! The guard's SQL text per dialect, built from a validated [`TableName`](crate::table::TableName).
+//! The guard's SQL text per dialect, built from a validated [`TableName`].
 //!
 //! The Rust guard and the Python package run these same statements, so both libraries create
 //! the same table and claim a key the same way, and can share one database.

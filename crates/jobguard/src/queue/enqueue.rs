@@ -1,4 +1,4 @@
-//! Enqueueing, in one place: one job or a batch, a [`NewJob`] or a [`Job`](crate::Job) value,
+//! Enqueueing, in one place: one job or a batch, a [`NewJob`] or a [`Job`] value,
 //! on the queue's own connection or inside the caller's transaction, and the notification that
 //! wakes idle workers. Every other way in (the worker's `enqueue_job`, the CLI's `enqueue`, the
 //! console's retry) calls these.
@@ -278,14 +278,14 @@ impl<DB: Backend> Queue<DB> {
             .collect())
     }
 
-    /// Enqueues many [`Job`](crate::Job) values; see [`enqueue_many`](Self::enqueue_many). A
+    /// Enqueues many [`Job`] values; see [`enqueue_many`](Self::enqueue_many). A
     /// value whose key or payload cannot be enqueued fails the batch with
     /// [`Error::InvalidBatchJob`] naming its index, before anything is written.
     pub async fn enqueue_jobs<J: crate::Job<DB>>(&self, jobs: &[J]) -> Result<Vec<Enqueued>> {
         self.enqueue_many(&Self::new_jobs(jobs)?).await
     }
 
-    /// Enqueues many [`Job`](crate::Job) values inside the caller's transaction; see
+    /// Enqueues many [`Job`] values inside the caller's transaction; see
     /// [`enqueue_many_tx`](Self::enqueue_many_tx). Workers see them when the transaction
     /// **commits**; on **rollback** none was enqueued.
     pub async fn enqueue_jobs_tx<J: crate::Job<DB>>(
