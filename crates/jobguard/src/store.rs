@@ -4,14 +4,10 @@
 //! only knows its SQL dialect, how to open a transaction that queues writers instead of failing
 //! them, and which of its errors are worth retrying.
 
-use std::future::Future;
-use std::sync::Arc;
-
-use sqlx::{Database, Pool, Transaction};
-
-use crate::table::TableName;
+use sqlx::Database;
 
 pub(crate) mod console;
+pub(crate) mod database;
 pub(crate) mod guard;
 pub(crate) mod offsets;
 pub(crate) mod outbox;
@@ -26,6 +22,8 @@ pub(crate) mod worker;
 
 mod writer;
 
+pub use self::database::Wakeup;
+pub(crate) use self::database::{StateCount, Store};
 pub use self::guard::GuardRecord;
 pub(crate) use self::guard::{ClaimRow, ClaimToken, GuardSql, GuardStore, NewClaim};
 pub(crate) use self::queue::QueueStore;
@@ -49,60 +47,6 @@ pub trait Backend:
 {
     /// The backend's name as shown to users: `postgres` or `sqlite`.
     const BACKEND: &'static str;
-}
-
-/// What is backend-wide, under every concept's store trait: how the backend runs migrations,
-/// opens a guarded transaction, wakes idle workers and tells transient errors. Public in a
-/// private module, so that no other crate can name it: with the concepts' traits (guard,
-/// queue, worker, console, outbox, steps, offsets) it seals [`Backend`].
-pub trait Store: Database {
-    /// Whether the database admits one writing transaction at a time.
-    const SINGLE_WRITER: bool;
-
-    /// Runs `create ... if not exists` statements, one migration of `table` at a time.
-    fn migrate_statements(
-        pool: &Pool<Self>,
-        table: &TableName,
-        statements: &[Arc<str>],
-    ) -> impl Future<Output = sqlx::Result<()>> + Send;
-
-    /// Opens the transaction a guarded job runs in.
-    fn begin(
-        pool: &Pool<Self>,
-    ) -> impl Future<Output = sqlx::Result<Transaction<'static, Self>>> + Send;
-
-    /// Opens the transaction a guarded job runs in on a connection the caller holds.
-    fn begin_on(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = sqlx::Result<Transaction<'_, Self>>> + Send;
-
-    /// A source of wake-ups for idle workers when jobs are enqueued, if the database has one.
-    fn listen(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<Option<Wakeup>>> + Send;
-
-    /// Serialization failures, deadlocks and busy databases: rolling back and running the whole
-    /// transaction again may succeed.
-    fn is_transient(error: &sqlx::Error) -> bool;
-}
-
-/// How many rows of a table are in one state, as the queue's and the outbox's counts read them.
-#[derive(Debug)]
-pub struct StateCount {
-    pub(crate) state: String,
-    pub(crate) count: i64,
-}
-
-impl From<(String, i64)> for StateCount {
-    fn from((state, count): (String, i64)) -> Self {
-        StateCount { state, count }
-    }
-}
-
-/// Wakes an idle worker when a job is enqueued (PostgreSQL's LISTEN/NOTIFY).
-pub struct Wakeup(pub(crate) Box<dyn WakeupSource>);
-
-pub(crate) trait WakeupSource: Send {
-    /// Resolves at the next notification, or after an error has been logged and waited out.
-    fn next(&mut self) -> futures::future::BoxFuture<'_, ()>;
 }
 
 /// Whether an error means the connection itself is gone, so it must not be used again.

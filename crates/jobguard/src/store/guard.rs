@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::fingerprint::Fingerprint;
-use crate::store::Store;
+use crate::store::database::Store;
 use crate::table::TableName;
 use crate::time::micros_to_time;
 

@@ -15,7 +15,7 @@ use sqlx::Pool;
 
 use crate::error::{Error, Result};
 use crate::key::JobKey;
-use crate::store::StateCount;
+use crate::store::database::StateCount;
 use crate::table::TableName;
 
 /// The longest topic accepted, in bytes.
@@ -534,13 +534,13 @@ macro_rules! outbox_statements {
         async fn outbox_counts(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::outbox::OutboxSql,
-        ) -> sqlx::Result<Vec<$crate::store::StateCount>> {
+        ) -> sqlx::Result<Vec<$crate::store::database::StateCount>> {
             let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
                 .fetch_all(pool)
                 .await?;
             Ok(rows
                 .into_iter()
-                .map($crate::store::StateCount::from)
+                .map($crate::store::database::StateCount::from)
                 .collect())
         }
 

@@ -22,7 +22,8 @@ use futures::future::BoxFuture;
 use sqlx::postgres::{PgListener, Postgres};
 use sqlx::{AssertSqlSafe, Pool, Transaction};
 
-use super::{Backend, Store, Wakeup, WakeupSource};
+use super::Backend;
+use super::database::{Store, Wakeup, WakeupSource};
 use crate::table::TableName;
 use jobguard_core::sql::postgres as guard_sql;
 

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use super::GuardSql;
 use super::queue::QueueSql;
+use crate::store::guard::GuardSql;
 use crate::table::TableName;
 
 /// [`JobPruneStore::count_prunable_jobs`], the same count in both dialects.
@@ -44,7 +44,7 @@ macro_rules! guard_prune_reads {
     () => {
         async fn count_guard(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::store::GuardSql,
+            sql: &$crate::store::guard::GuardSql,
             cutoff: i64,
         ) -> sqlx::Result<u64> {
             let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.count_prunable.clone()))
@@ -56,7 +56,7 @@ macro_rules! guard_prune_reads {
 
         async fn oldest_guard_age(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::store::GuardSql,
+            sql: &$crate::store::guard::GuardSql,
         ) -> sqlx::Result<Option<std::time::Duration>> {
             let age: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.oldest_age.clone()))
                 .fetch_one(pool)

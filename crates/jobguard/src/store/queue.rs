@@ -15,7 +15,7 @@ use sqlx::Pool;
 use crate::error::{Error, Result};
 use crate::key::{JobKey, check_kind};
 use crate::payload::payload_problem;
-use crate::store::StateCount;
+use crate::store::database::StateCount;
 use crate::store::guard::GuardStore;
 use crate::table::TableName;
 

@@ -23,7 +23,8 @@ use std::sync::Arc;
 use sqlx::sqlite::Sqlite;
 use sqlx::{AssertSqlSafe, Pool, Transaction};
 
-use super::{Backend, Store};
+use super::Backend;
+use super::database::Store;
 use crate::error::Error;
 use crate::table::TableName;
 
@@ -70,7 +71,7 @@ impl Store for Sqlite {
         sqlx::Connection::begin_with(conn, "begin immediate").await
     }
 
-    async fn listen(_pool: &Pool<Self>) -> sqlx::Result<Option<super::Wakeup>> {
+    async fn listen(_pool: &Pool<Self>) -> sqlx::Result<Option<super::database::Wakeup>> {
         Ok(None)
     }
 

@@ -148,7 +148,7 @@ macro_rules! queue_statements {
             // The heartbeats kept outside the table are read once the transaction holds the
             // write lock (SQLite's `begin immediate`): read before, they would miss the
             // heartbeats written while the rescue waited for the lock, however long that was.
-            let mut tx = <Self as $crate::store::Store>::begin(pool).await?;
+            let mut tx = <Self as $crate::store::database::Store>::begin(pool).await?;
             held.extend(Self::held_aside(pool, sql));
             let held = serde_json::to_string(&held).expect("strings serialize");
             let done = sqlx::query(sqlx::AssertSqlSafe(sql.rescue.clone()))
@@ -163,11 +163,11 @@ macro_rules! queue_statements {
         async fn counts(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::queue::QueueSql,
-        ) -> sqlx::Result<Vec<$crate::store::StateCount>> {
+        ) -> sqlx::Result<Vec<$crate::store::database::StateCount>> {
             let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
                 .fetch_all(pool)
                 .await?;
-            Ok(rows.into_iter().map($crate::store::StateCount::from).collect())
+            Ok(rows.into_iter().map($crate::store::database::StateCount::from).collect())
         }
 
         async fn backlog(

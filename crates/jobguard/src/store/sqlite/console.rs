@@ -2,10 +2,10 @@
 
 use sqlx::sqlite::Sqlite;
 
-use super::guard::NOW_MICROS as NOW;
 use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
 use crate::store::queue::queue_states;
 use crate::store::queue::sql::job_row_columns;
+use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
 impl ConsoleStore for Sqlite {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql {

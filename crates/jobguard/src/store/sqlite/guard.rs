@@ -9,8 +9,6 @@ use super::prune;
 use crate::store::guard::{ClaimRow, GuardSql, GuardStore, NewClaim};
 use jobguard_core::sql::sqlite as core;
 
-pub(crate) use jobguard_core::sql::sqlite::NOW_MICROS;
-
 impl GuardStore for Sqlite {
     crate::store::guard::guard_statements!(core, prune, no_schema);
 

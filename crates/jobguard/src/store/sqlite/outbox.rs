@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use sqlx::sqlite::Sqlite;
 
-use super::guard::NOW_MICROS as NOW;
 use crate::error::Error;
 use crate::store::outbox::{self, OutboxSql, OutboxStore};
 use crate::table::TableName;
+use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
 impl OutboxStore for Sqlite {
     fn outbox_sql(table: &TableName) -> crate::Result<OutboxSql> {

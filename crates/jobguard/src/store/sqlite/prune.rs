@@ -9,11 +9,11 @@ use std::time::Duration;
 use sqlx::sqlite::Sqlite;
 use sqlx::{AssertSqlSafe, Pool};
 
-use super::guard::NOW_MICROS;
 use crate::store::GuardSql;
 use crate::store::prune::{PruneBatch, PruneStore, Pruned};
 use crate::table::TableName;
 use crate::time::duration_micros;
+use jobguard_core::sql::sqlite::NOW_MICROS;
 
 /// One batch of a prune: up to `$3` of the oldest rows applied at or after `$2` and before the
 /// cutoff `$1`, found through the `applied_at` index and deleted by rowid. It runs under the

@@ -1,7 +1,7 @@
 //! The job queue's SQL for SQLite. Times are integer microseconds since the Unix epoch by the
 //! database clock; durations arrive as microseconds.
 
-use super::guard::NOW_MICROS as NOW;
+use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 use jobguard_core::sql::sqlite::queue as core;
 use std::time::Duration;
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use sqlx::sqlite::Sqlite;
 
-use super::guard::NOW_MICROS as NOW;
 use crate::store::steps::{self, StepSql, StepStore};
 use crate::table::TableName;
+use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
 impl StepStore for Sqlite {
     fn step_sql(table: &TableName) -> StepSql {

@@ -9,7 +9,6 @@ use std::collections::HashSet;
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::Sqlite;
 
-use super::guard::NOW_MICROS;
 use crate::store::guard::{ClaimRow, GuardSql, NewClaim};
 use crate::store::queue::QueueSql;
 use crate::store::worker::{
@@ -17,6 +16,7 @@ use crate::store::worker::{
     unclaimed_keys,
 };
 use crate::table::TableName;
+use jobguard_core::sql::sqlite::NOW_MICROS;
 
 /// Completes the jobs (`$1`, a JSON array of `[id, lease token]`) whose lease still holds;
 /// returns their ids. A job whose lease was taken over is left alone: fenced.
