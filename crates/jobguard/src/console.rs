@@ -49,9 +49,9 @@ use crate::store::console::{ConsoleSql, ConsoleTables};
 use crate::table::TableName;
 
 pub use crate::store::console::{
-    JobDetail, JobFilter, JobSummary, KeyMessage, KeyRecord, KeyReport, KeyStep, MAX_PAGE,
-    QueueState,
+    JobDetail, JobFilter, KeyMessage, KeyRecord, KeyReport, KeyStep, MAX_PAGE, QueueState,
 };
+pub use crate::store::queue::JobRow;
 
 /// How many jobs of one key [`Console::key`] lists, newest first.
 pub const KEY_JOBS_SHOWN: u32 = 100;
@@ -112,7 +112,7 @@ impl<DB: Backend> Console<DB> {
 
     /// Jobs matching every filter given, newest first, at most `filter.limit` (1 to
     /// [`MAX_PAGE`]). The next page: the same filter with `before` set to the last id.
-    pub async fn jobs(&self, filter: &JobFilter) -> Result<Vec<JobSummary>> {
+    pub async fn jobs(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
         DB::console_jobs(self.queue.pool(), &self.sql, filter).await
     }
 
@@ -120,22 +120,14 @@ impl<DB: Backend> Console<DB> {
     /// unknown id is [`Error::JobNotFound`].
     pub async fn job(&self, id: i64) -> Result<JobDetail> {
         let pool = self.queue.pool();
-        let Some((summary, payload, leased_until, lease_token)) =
-            DB::console_job(pool, &self.sql, id).await?
-        else {
+        let Some(mut detail) = DB::console_job(pool, &self.sql, id).await? else {
             return Err(Error::JobNotFound { id });
         };
-        let guard = or_absent(
-            DB::console_key_record(pool, &self.sql, &summary.key).await,
+        detail.guard = or_absent(
+            DB::console_key_record(pool, &self.sql, &detail.job.key).await,
             None,
         )?;
-        Ok(JobDetail {
-            summary,
-            payload,
-            leased_until,
-            lease_token,
-            guard,
-        })
+        Ok(detail)
     }
 
     /// Everything stored about `key`: its guard row (`None` when it was never applied, or was
@@ -161,7 +153,7 @@ impl<DB: Backend> Console<DB> {
         let prefix = format!("{}/", crate::store::outbox::encode_key(key));
         let end = format!("{}0", &prefix[..prefix.len() - 1]);
         let messages = or_absent(
-            DB::console_key_messages(pool, &self.sql, (&prefix, &end)).await,
+            DB::console_key_messages(pool, &self.sql, prefix.as_str()..end.as_str()).await,
             Vec::new(),
         )?
         .into_iter()

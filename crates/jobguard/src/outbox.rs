@@ -83,7 +83,7 @@ use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
 use crate::payload::payload_problem;
-use crate::store::Backend;
+use crate::store::{Backend, StateCount};
 use crate::table::TableName;
 
 pub use crate::store::outbox::{
@@ -243,7 +243,9 @@ impl<DB: Backend> Outbox<DB> {
     /// Message counts by state.
     pub async fn counts(&self) -> Result<OutboxCounts> {
         let mut counts = OutboxCounts::default();
-        for (state, n) in DB::outbox_counts(&self.inner.pool, &self.inner.sql).await? {
+        for StateCount { state, count: n } in
+            DB::outbox_counts(&self.inner.pool, &self.inner.sql).await?
+        {
             match state.parse()? {
                 MessageState::Pending => counts.pending = n,
                 MessageState::Sent => counts.sent = n,

@@ -58,7 +58,7 @@ use sqlx::Pool;
 
 use crate::error::{Error, JobError, Result, effect_error};
 use crate::key::{JobKey, check_kind};
-use crate::store::steps::{StepSql, StepStart, StepUpdate};
+use crate::store::steps::{StaleClaim, StepSql, StepStart, StepUpdate};
 use crate::store::{Backend, ClaimToken};
 use crate::table::TableName;
 
@@ -277,7 +277,11 @@ impl<DB: Backend> Steps<DB> {
         Fut: Future<Output = Result<Reconciled<serde_json::Value>, JobError>>,
     {
         let mut report = SweepReport::default();
-        for (stale, old_token) in DB::step_stale(&self.pool, &self.sql, limit).await? {
+        for StaleClaim {
+            step: stale,
+            token: old_token,
+        } in DB::step_stale(&self.pool, &self.sql, limit).await?
+        {
             let token = ClaimToken::new();
             let (key, step) = (stale.key.clone(), stale.step.clone());
             if !self

@@ -92,68 +92,13 @@ use crate::dispatch::Registry;
 use crate::error::Result;
 use crate::external::ExternalJob;
 use crate::guard::{Guard, GuardConfig};
-use crate::queue::{DEFAULT_QUEUE, Enqueued, NewJob, Queue};
+use crate::queue::{DEFAULT_QUEUE, Queue};
 use crate::retention::{PruneConfig, Retention, RetentionConfig};
 use crate::retry::RetryPolicy;
 use crate::store::{Backend, WorkerSql};
 
 pub use self::shutdown::shutdown_signal;
 pub use crate::job::Job;
-
-impl NewJob {
-    /// The job for a [`Job`] value: its kind, key and payload.
-    pub fn from_job<DB: Backend, J: Job<DB>>(job: &J) -> Result<Self> {
-        NewJob::new(job.key()?, job)?.kind(J::KIND)
-    }
-
-    /// The job for an [`ExternalJob`] value: its kind, key and payload.
-    pub fn from_external<DB: Backend, J: ExternalJob<DB>>(job: &J) -> Result<Self> {
-        NewJob::new(job.key()?, job)?.kind(J::KIND)
-    }
-}
-
-impl<DB: Backend> Queue<DB> {
-    /// Enqueues a [`Job`] value; see [`enqueue`](Queue::enqueue).
-    pub async fn enqueue_job<J: Job<DB>>(&self, job: &J) -> Result<Enqueued> {
-        self.enqueue(&NewJob::from_job::<DB, J>(job)?).await
-    }
-
-    /// Enqueues a [`Job`] value inside the caller's transaction; see
-    /// [`enqueue_tx`](Queue::enqueue_tx). Workers see it when the transaction **commits**; on
-    /// **rollback** it was never enqueued.
-    ///
-    /// ```no_run
-    /// # use jobguard::{Job, JobError, JobKey, KeyError, Queue};
-    /// # #[derive(serde::Serialize, serde::Deserialize)]
-    /// # struct Credit { order: String }
-    /// # impl Job<sqlx::Postgres> for Credit {
-    /// #     const KIND: &'static str = "credit";
-    /// #     fn key(&self) -> Result<JobKey, KeyError> { JobKey::new("credit", [&self.order]) }
-    /// #     async fn run(&self, _: &mut sqlx::PgConnection) -> Result<(), JobError> { Ok(()) }
-    /// # }
-    /// # async fn f(pool: sqlx::PgPool, queue: Queue<sqlx::Postgres>) -> jobguard::Result<()> {
-    /// let mut tx = pool.begin().await?;
-    /// sqlx::query("update orders set state = 'paid' where id = 'order-8812'")
-    ///     .execute(&mut *tx)
-    ///     .await?;
-    /// queue.enqueue_job_tx(&mut tx, &Credit { order: "order-8812".into() }).await?;
-    /// tx.commit().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn enqueue_job_tx<J: Job<DB>>(
-        &self,
-        conn: &mut DB::Connection,
-        job: &J,
-    ) -> Result<Enqueued> {
-        self.enqueue_tx(conn, &NewJob::from_job::<DB, J>(job)?)
-            .await
-    }
-
-    /// Enqueues an [`ExternalJob`] value; see [`enqueue`](Queue::enqueue).
-    pub async fn enqueue_external<J: ExternalJob<DB>>(&self, job: &J) -> Result<Enqueued> {
-        self.enqueue(&NewJob::from_external::<DB, J>(job)?).await
-    }
-}
 
 /// Connections a [`Worker`] leaves its pool beyond one per running job: for fetching and
 /// rescuing, and for heartbeats.

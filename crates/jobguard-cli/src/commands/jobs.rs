@@ -190,10 +190,7 @@ async fn act<DB: Backend>(
     pool.close().await;
     let acted = Acted { id, done, job };
     report::print(&acted, args.target.json, |acted| match &acted.job {
-        Some(job) => format!(
-            "job {} {}: now {}\n",
-            acted.id, acted.done, job.summary.state
-        ),
+        Some(job) => format!("job {} {}: now {}\n", acted.id, acted.done, job.job.state),
         None => format!("job {} {}\n", acted.id, acted.done),
     })?;
     Ok(ExitCode::SUCCESS)
@@ -201,29 +198,24 @@ async fn act<DB: Backend>(
 
 /// One job in full, for the terminal.
 pub fn render_job(job: &JobDetail) -> String {
-    let summary = &job.summary;
+    let row = &job.job;
     let mut out = format!(
         "job {} ({}) on queue `{}`: {}, attempt {}/{}\n",
-        summary.id,
-        summary.kind,
-        summary.queue,
-        summary.state,
-        summary.attempt,
-        summary.max_attempts
+        row.id, row.kind, row.queue, row.state, row.attempt, row.max_attempts
     );
-    out += &format!("key:         {}\n", summary.key);
-    out += &format!("enqueued:    {}\n", time(summary.created_at));
-    out += &format!("runs/ran at: {}\n", time(summary.run_at));
-    if let Some(finished) = summary.finished_at {
+    out += &format!("key:         {}\n", row.key);
+    out += &format!("enqueued:    {}\n", time(row.created_at));
+    out += &format!("runs/ran at: {}\n", time(row.run_at));
+    if let Some(finished) = row.finished_at {
         out += &format!("finished:    {}\n", time(finished));
     }
     if let Some(until) = job.leased_until {
         out += &format!("leased until {} (token {})\n", time(until), job.lease_token);
     }
-    if let Some(error) = &summary.last_error {
+    if let Some(error) = &row.last_error {
         out += &format!("last error:  {error}\n");
     }
-    out += &format!("payload:     {}\n", job.payload);
+    out += &format!("payload:     {}\n", row.payload);
     out += &match &job.guard {
         Some(guard) => format!(
             "guard:       key applied at {} by kind `{}`{}\n",

@@ -104,8 +104,7 @@ impl<DB: Backend> Offsets<DB> {
     /// The stored next offset of each partition of `topic` for `group`.
     pub async fn read(&self, group: &str, topic: &str) -> Result<BTreeMap<i32, i64>> {
         let mut conn = self.pool.acquire().await?;
-        let rows = DB::read_offsets(&mut conn, &self.sql, group, topic).await?;
-        Ok(rows.into_iter().collect())
+        Ok(DB::read_offsets(&mut conn, &self.sql, group, topic).await?)
     }
 
     /// Deletes the stored offsets of `group` in `topic`, and the attempts counted there, so
@@ -131,9 +130,9 @@ impl<DB: Backend> Offsets<DB> {
                         .map_err(sqlx::Error::Io)?;
                     runtime.block_on(async {
                         let mut conn = options.connect().await?;
-                        let rows = DB::read_offsets(&mut conn, sql, group, topic).await;
+                        let offsets = DB::read_offsets(&mut conn, sql, group, topic).await;
                         let _ = conn.close().await;
-                        Ok(rows?.into_iter().collect())
+                        Ok(offsets?)
                     })
                 })
                 .join()

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::key::check_kind;
 use crate::queue::JobState;
 use crate::store::Backend;
-use crate::store::console::QueueState;
+use crate::store::console::{JobStateOf, QueueState};
 
 use super::{Console, is_missing_table};
 
@@ -90,7 +90,7 @@ impl<DB: Backend> Console<DB> {
     /// Why `action` changed nothing on job `id`.
     async fn refusal(&self, action: Action, id: i64) -> Result<Error> {
         let pool = self.queue.pool();
-        let Some((state, key)) = DB::console_state(pool, &self.sql, id).await? else {
+        let Some(JobStateOf { state, key }) = DB::console_state(pool, &self.sql, id).await? else {
             return Ok(Error::JobNotFound { id });
         };
         let state: JobState = state.parse()?;
@@ -169,15 +169,7 @@ impl<DB: Backend> Console<DB> {
         };
         let mut queues: std::collections::BTreeMap<String, QueueState> = states
             .into_iter()
-            .map(|(name, paused, changed_at)| {
-                let state = QueueState {
-                    name: name.clone(),
-                    paused,
-                    changed_at: Some(crate::time::micros_to_time(changed_at)),
-                    ready: 0,
-                };
-                (name, state)
-            })
+            .map(|state| (state.name.clone(), state))
             .collect();
         for backlog in backlog {
             queues

@@ -22,8 +22,10 @@ use crate::fingerprint::Fingerprint;
 use crate::key::JobKey;
 use crate::retry::contention_backoff;
 use crate::store::queue::{Lease, QueueSql};
+use crate::store::worker::CompletingClaim;
 use crate::store::{
-    Backend, ClaimRow, ClaimToken, GuardRecord, NewClaim, WorkerSql, is_connection_error,
+    Backend, ClaimRow, ClaimToken, GuardRecord, NewClaim, WorkerSql, WorkerStatements,
+    is_connection_error,
 };
 
 /// Why a unit did not commit, or could not say that it did.
@@ -175,6 +177,19 @@ pub(crate) struct Completing<'a> {
     pub(crate) lease: Lease,
 }
 
+/// The worker's statements with its guard's.
+fn statements<'s, DB: Backend>(
+    guard: &'s Guard<DB>,
+    queue: &'s QueueSql,
+    worker: &'s WorkerSql,
+) -> WorkerStatements<'s> {
+    WorkerStatements {
+        guard: &guard.inner.sql,
+        queue,
+        worker,
+    }
+}
+
 /// One guarded transaction; see the [module documentation](self).
 pub(crate) struct UnitOfWork<'g, 'c, DB: Backend> {
     guard: &'g Guard<DB>,
@@ -245,23 +260,26 @@ impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
     /// can; [`Failure::Fenced`] when the lease is no longer held (nothing was claimed then).
     pub(crate) async fn claim_completing(
         &mut self,
-        sql: (&QueueSql, &WorkerSql),
+        queue: &QueueSql,
+        worker: &WorkerSql,
         job: Completing<'_>,
     ) -> Result<Claim, Failure> {
         let token = ClaimToken::new();
-        let new = NewClaim {
-            key: job.key.as_str(),
-            kind: job.key.kind(),
-            fingerprint: job.fingerprint,
-            token: &token,
+        let claim = CompletingClaim {
+            claim: NewClaim {
+                key: job.key.as_str(),
+                kind: job.key.kind(),
+                fingerprint: job.fingerprint,
+                token: &token,
+            },
+            lease: job.lease,
         };
-        let statements = (&self.guard.inner.sql, sql.0, sql.1);
-        let (row, completed) = DB::claim_completing(&mut self.tx, statements, &new, job.lease)
+        let row = DB::claim_completing(&mut self.tx, statements(self.guard, queue, worker), &claim)
             .await
             .map_err(Failure::database::<DB>)?;
-        if !completed {
+        let Some(row) = row else {
             return Err(Failure::Fenced);
-        }
+        };
         self.checked(job.key, job.fingerprint, row, token)
     }
 
@@ -270,27 +288,28 @@ impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
     /// earlier job of the batch is a duplicate.
     pub(crate) async fn claim_completing_many(
         &mut self,
-        sql: (&QueueSql, &WorkerSql),
+        queue: &QueueSql,
+        worker: &WorkerSql,
         jobs: &[Completing<'_>],
     ) -> Result<Vec<Option<Claim>>, Failure> {
         let tokens: Vec<ClaimToken> = jobs.iter().map(|_| ClaimToken::new()).collect();
-        let claims: Vec<(NewClaim<'_>, Lease)> = jobs
+        let claims: Vec<CompletingClaim<'_>> = jobs
             .iter()
             .zip(&tokens)
-            .map(|(job, token)| {
-                let claim = NewClaim {
+            .map(|(job, token)| CompletingClaim {
+                claim: NewClaim {
                     key: job.key.as_str(),
                     kind: job.key.kind(),
                     fingerprint: job.fingerprint,
                     token,
-                };
-                (claim, job.lease)
+                },
+                lease: job.lease,
             })
             .collect();
-        let statements = (&self.guard.inner.sql, sql.0, sql.1);
-        let rows = DB::claim_completing_many(&mut self.tx, statements, &claims)
-            .await
-            .map_err(Failure::database::<DB>)?;
+        let rows =
+            DB::claim_completing_many(&mut self.tx, statements(self.guard, queue, worker), &claims)
+                .await
+                .map_err(Failure::database::<DB>)?;
         drop(claims);
         let mut claims = Vec::with_capacity(jobs.len());
         for ((job, row), token) in jobs.iter().zip(rows).zip(tokens) {

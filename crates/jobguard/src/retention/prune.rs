@@ -11,6 +11,7 @@ use crate::metrics::{record_oldest_age, record_pruned};
 use crate::queue::{JobState, Queue};
 use crate::steps::Steps;
 use crate::store::Backend;
+use crate::store::prune::{PruneBatch, Pruned};
 
 /// A time before any guard row, in microseconds since the Unix epoch (the year 1): where the
 /// first batch starts.
@@ -263,9 +264,14 @@ impl<DB: Backend> Pruner<DB> {
         let mut after = FAR_PAST_MICROS;
         loop {
             let batch_started = Instant::now();
-            let (deleted, last) = {
+            let batch = PruneBatch {
+                cutoff,
+                after,
+                limit: self.batch,
+            };
+            let Pruned { deleted, last } = {
                 let _writer = self.guard.write_turn().await;
-                DB::prune_guard(pool, self.guard.sql(), cutoff, after, self.batch).await?
+                DB::prune_guard(pool, self.guard.sql(), batch).await?
             };
             let took = batch_started.elapsed();
             after = last.unwrap_or(after);
@@ -312,9 +318,12 @@ impl<DB: Backend> Pruner<DB> {
             loop {
                 let batch_started = Instant::now();
                 // The queue takes the writer's turn itself.
-                let (deleted, last) = queue
-                    .prune_finished(state, cutoff, after, self.batch)
-                    .await?;
+                let batch = PruneBatch {
+                    cutoff,
+                    after,
+                    limit: self.batch,
+                };
+                let Pruned { deleted, last } = queue.prune_finished(state, batch).await?;
                 let took = batch_started.elapsed();
                 after = last.unwrap_or(after);
                 record_pruned(&jobs_label, deleted);

@@ -4,6 +4,7 @@
 //! `console.rs`. `jobguard::console` re-exports the types users name.
 
 use std::future::Future;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -11,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::Pool;
 
-use crate::store::queue::{JobState, serialize_optional_time, serialize_time};
+use crate::store::queue::{JobRow, JobState, serialize_optional_time, serialize_time};
 use crate::table::TableName;
 
 /// The most jobs one page of [`Console::jobs`](crate::console::Console::jobs) returns.
@@ -75,44 +76,12 @@ impl JobFilter {
     }
 }
 
-/// A job as listed: everything but its payload.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct JobSummary {
-    /// The job's id.
-    pub id: i64,
-    /// The handler it runs with.
-    pub kind: String,
-    /// The job key.
-    pub key: String,
-    /// The queue it is on.
-    pub queue: String,
-    /// Where it is in its life.
-    pub state: JobState,
-    /// Attempts made so far.
-    pub attempt: i32,
-    /// Attempts allowed.
-    pub max_attempts: i32,
-    /// When it runs, or ran last (milliseconds since the Unix epoch in JSON).
-    #[serde(serialize_with = "serialize_time")]
-    pub run_at: SystemTime,
-    /// The error of the last failed attempt.
-    pub last_error: Option<String>,
-    /// When it was enqueued.
-    #[serde(serialize_with = "serialize_time")]
-    pub created_at: SystemTime,
-    /// When it completed or died.
-    #[serde(serialize_with = "serialize_optional_time")]
-    pub finished_at: Option<SystemTime>,
-}
-
 /// One job in full: [`Console::job`](crate::console::Console::job).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct JobDetail {
-    /// What the listing shows.
+    /// What the listing shows, payload included.
     #[serde(flatten)]
-    pub summary: JobSummary,
-    /// The payload.
-    pub payload: Value,
+    pub job: JobRow,
     /// Until when its current attempt's lease holds, while it runs.
     #[serde(serialize_with = "serialize_optional_time")]
     pub leased_until: Option<SystemTime>,
@@ -189,7 +158,7 @@ pub struct KeyReport {
     pub guard: Option<KeyRecord>,
     /// The jobs that carried it, newest first: the one that applied it and its duplicates
     /// alike.
-    pub jobs: Vec<JobSummary>,
+    pub jobs: Vec<JobRow>,
     /// Its external steps.
     pub steps: Vec<KeyStep>,
     /// The outbox messages its job published.
@@ -210,12 +179,20 @@ pub struct QueueState {
     pub ready: i64,
 }
 
+/// A job's state, as stored, and its key: what an action refused explains itself with.
+#[derive(Debug)]
+pub struct JobStateOf {
+    pub(crate) state: String,
+    pub(crate) key: String,
+}
+
 /// The console's statements, built once from the validated names of the tables it reads.
 #[derive(Debug)]
 pub struct ConsoleSql {
-    /// `select <summary columns> from <jobs>`, which [`JobFilter::clause`] completes.
+    /// `select <job row columns> from <jobs>`, which [`JobFilter::clause`] completes: the
+    /// columns [`JobRow::from_row`] decodes.
     pub(crate) list: String,
-    /// One job by id (`$1`), with its payload, lease and token.
+    /// One job by id (`$1`): its row's columns, then its lease and token.
     pub(crate) job: Arc<str>,
     /// A job's state and key by id.
     pub(crate) state_of: Arc<str>,
@@ -243,8 +220,30 @@ pub struct ConsoleTables {
     pub(crate) outbox: TableName,
 }
 
-/// A job's row as the console decodes it, before its guard row is read.
-pub(crate) type JobRowDetail = (JobSummary, Value, Option<SystemTime>, i64);
+// The console's statements that every dialect writes alike, on the jobs table `t` (quoted);
+// each backend's `console_sql` takes them from here.
+
+/// Jobs as listed, newest first: `columns` are the dialect's `job_row_columns`, and
+/// [`JobFilter::clause`] completes the statement.
+pub(crate) fn list(t: &str, columns: &str) -> String {
+    format!("select {columns} from {t}")
+}
+
+pub(crate) fn state_of(t: &str) -> String {
+    format!("select state, job_key from {t} where id = $1")
+}
+
+pub(crate) fn live_holder(t: &str) -> String {
+    format!(
+        "select id from {t} where job_key = $1 and {} and id <> $2",
+        jobguard_core::sql::LIVE_STATES
+    )
+}
+
+/// Only a job no worker holds.
+pub(crate) fn delete(t: &str) -> String {
+    format!("delete from {t} where id = $1 and state <> 'running' returning queue")
+}
 
 /// The console's statements each backend implements.
 pub trait ConsoleStore: sqlx::Database {
@@ -254,20 +253,21 @@ pub trait ConsoleStore: sqlx::Database {
         pool: &Pool<Self>,
         sql: &ConsoleSql,
         filter: &JobFilter,
-    ) -> impl Future<Output = crate::Result<Vec<JobSummary>>> + Send;
+    ) -> impl Future<Output = crate::Result<Vec<JobRow>>> + Send;
 
+    /// Job `id` in full, but for its key's guard row (`guard` is `None`).
     fn console_job(
         pool: &Pool<Self>,
         sql: &ConsoleSql,
         id: i64,
-    ) -> impl Future<Output = crate::Result<Option<JobRowDetail>>> + Send;
+    ) -> impl Future<Output = crate::Result<Option<JobDetail>>> + Send;
 
     /// The state and key of job `id`.
     fn console_state(
         pool: &Pool<Self>,
         sql: &ConsoleSql,
         id: i64,
-    ) -> impl Future<Output = sqlx::Result<Option<(String, String)>>> + Send;
+    ) -> impl Future<Output = sqlx::Result<Option<JobStateOf>>> + Send;
 
     fn console_live_holder(
         pool: &Pool<Self>,
@@ -293,11 +293,11 @@ pub trait ConsoleStore: sqlx::Database {
         paused: bool,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
-    /// Every queue paused or resumed once: name, paused, when (microseconds).
+    /// Every queue paused or resumed once (`ready` left at 0).
     fn console_queues(
         pool: &Pool<Self>,
         sql: &ConsoleSql,
-    ) -> impl Future<Output = sqlx::Result<Vec<(String, bool, i64)>>> + Send;
+    ) -> impl Future<Output = sqlx::Result<Vec<QueueState>>> + Send;
 
     fn console_key_record(
         pool: &Pool<Self>,
@@ -311,39 +311,12 @@ pub trait ConsoleStore: sqlx::Database {
         key: &str,
     ) -> impl Future<Output = sqlx::Result<Vec<KeyStep>>> + Send;
 
+    /// The outbox messages whose id lies in `ids`.
     fn console_key_messages(
         pool: &Pool<Self>,
         sql: &ConsoleSql,
-        range: (&str, &str),
+        ids: Range<&str>,
     ) -> impl Future<Output = sqlx::Result<Vec<KeyMessage>>> + Send;
-}
-
-/// The summary columns every backend selects, in this order: id, kind, key, queue, state,
-/// attempt, max attempts, then run, creation and finish times in microseconds. The job's own
-/// statement adds payload, lease and token.
-pub(crate) fn decode_summary<R>(row: &R) -> crate::Result<JobSummary>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    use crate::time::micros_to_time;
-    let state: String = row.try_get(4)?;
-    Ok(JobSummary {
-        id: row.try_get(0)?,
-        kind: row.try_get(1)?,
-        key: row.try_get(2)?,
-        queue: row.try_get(3)?,
-        state: state.parse()?,
-        attempt: row.try_get(5)?,
-        max_attempts: row.try_get(6)?,
-        run_at: micros_to_time(row.try_get(7)?),
-        last_error: row.try_get(8)?,
-        created_at: micros_to_time(row.try_get(9)?),
-        finished_at: row.try_get::<Option<i64>, _>(10)?.map(micros_to_time),
-    })
 }
 
 /// The console statements whose binding and decoding are the same on every backend: only their
@@ -355,7 +328,7 @@ macro_rules! console_statements {
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::console::ConsoleSql,
             filter: &$crate::store::console::JobFilter,
-        ) -> $crate::Result<Vec<$crate::store::console::JobSummary>> {
+        ) -> $crate::Result<Vec<$crate::store::queue::JobRow>> {
             let statement = format!("{} {}", sql.list, filter.clause());
             let mut query = sqlx::query(sqlx::AssertSqlSafe(statement));
             if let Some(state) = filter.state {
@@ -372,7 +345,7 @@ macro_rules! console_statements {
             }
             let rows = query.bind(filter.page()).fetch_all(pool).await?;
             rows.iter()
-                .map($crate::store::console::decode_summary)
+                .map($crate::store::queue::JobRow::from_row)
                 .collect()
         }
 
@@ -380,7 +353,7 @@ macro_rules! console_statements {
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::console::ConsoleSql,
             id: i64,
-        ) -> $crate::Result<Option<$crate::store::console::JobRowDetail>> {
+        ) -> $crate::Result<Option<$crate::store::console::JobDetail>> {
             use sqlx::Row as _;
             let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql.job.clone()))
                 .bind(id)
@@ -389,26 +362,26 @@ macro_rules! console_statements {
             else {
                 return Ok(None);
             };
-            let summary = $crate::store::console::decode_summary(&row)?;
-            let payload: sqlx::types::Json<serde_json::Value> = row.try_get(11)?;
             let leased_until: Option<i64> = row.try_get(12)?;
-            Ok(Some((
-                summary,
-                payload.0,
-                leased_until.map($crate::time::micros_to_time),
-                row.try_get(13)?,
-            )))
+            Ok(Some($crate::store::console::JobDetail {
+                job: $crate::store::queue::JobRow::from_row(&row)?,
+                leased_until: leased_until.map($crate::time::micros_to_time),
+                lease_token: row.try_get(13)?,
+                guard: None,
+            }))
         }
 
         async fn console_state(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::console::ConsoleSql,
             id: i64,
-        ) -> sqlx::Result<Option<(String, String)>> {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.state_of.clone()))
-                .bind(id)
-                .fetch_optional(pool)
-                .await
+        ) -> sqlx::Result<Option<$crate::store::console::JobStateOf>> {
+            let row: Option<(String, String)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql.state_of.clone()))
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?;
+            Ok(row.map(|(state, key)| $crate::store::console::JobStateOf { state, key }))
         }
 
         async fn console_live_holder(
@@ -454,10 +427,22 @@ macro_rules! console_statements {
         async fn console_queues(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::console::ConsoleSql,
-        ) -> sqlx::Result<Vec<(String, bool, i64)>> {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.queues.clone()))
-                .fetch_all(pool)
-                .await
+        ) -> sqlx::Result<Vec<$crate::store::console::QueueState>> {
+            let rows: Vec<(String, bool, i64)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql.queues.clone()))
+                    .fetch_all(pool)
+                    .await?;
+            Ok(rows
+                .into_iter()
+                .map(
+                    |(name, paused, changed_at)| $crate::store::console::QueueState {
+                        name,
+                        paused,
+                        changed_at: Some($crate::time::micros_to_time(changed_at)),
+                        ready: 0,
+                    },
+                )
+                .collect())
         }
 
         async fn console_key_record(
@@ -515,12 +500,12 @@ macro_rules! console_statements {
         async fn console_key_messages(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::console::ConsoleSql,
-            range: (&str, &str),
+            ids: std::ops::Range<&str>,
         ) -> sqlx::Result<Vec<$crate::store::console::KeyMessage>> {
             use sqlx::Row as _;
             let rows = sqlx::query(sqlx::AssertSqlSafe(sql.key_messages.clone()))
-                .bind(range.0)
-                .bind(range.1)
+                .bind(ids.start)
+                .bind(ids.end)
                 .fetch_all(pool)
                 .await?;
             rows.into_iter()

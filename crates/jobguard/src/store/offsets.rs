@@ -5,6 +5,7 @@
 //! the binding and decoding, the same on every backend, are written once in
 //! [`offset_statements`].
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -139,13 +140,13 @@ pub trait OffsetStore: sqlx::Database {
         position: &Position<'_>,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
-    /// The stored next offsets of `group` in `topic`, by partition.
+    /// The stored next offset of each partition of `topic` for `group`.
     fn read_offsets(
         conn: &mut Self::Connection,
         sql: &OffsetSql,
         group: &str,
         topic: &str,
-    ) -> impl Future<Output = sqlx::Result<Vec<(i32, i64)>>> + Send;
+    ) -> impl Future<Output = sqlx::Result<BTreeMap<i32, i64>>> + Send;
 
     /// Counts one run started of the message at `position.next_offset`, on the caller's
     /// connection (in a transaction of its own, committed before the message runs): the runs
@@ -244,12 +245,13 @@ macro_rules! offset_statements {
             sql: &$crate::store::offsets::OffsetSql,
             group: &str,
             topic: &str,
-        ) -> sqlx::Result<Vec<(i32, i64)>> {
-            sqlx::query_as(sqlx::AssertSqlSafe(&*sql.read))
+        ) -> sqlx::Result<std::collections::BTreeMap<i32, i64>> {
+            let rows: Vec<(i32, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&*sql.read))
                 .bind(group)
                 .bind(topic)
                 .fetch_all(conn)
-                .await
+                .await?;
+            Ok(rows.into_iter().collect())
         }
 
         async fn forget_offsets(

@@ -15,6 +15,7 @@ use sqlx::Pool;
 
 use crate::error::{Error, Result};
 use crate::key::JobKey;
+use crate::store::database::StateCount;
 use crate::table::TableName;
 
 /// The longest topic accepted, in bytes.
@@ -354,7 +355,7 @@ pub trait OutboxStore: sqlx::Database {
     fn outbox_counts(
         pool: &Pool<Self>,
         sql: &OutboxSql,
-    ) -> impl Future<Output = sqlx::Result<Vec<(String, i64)>>> + Send;
+    ) -> impl Future<Output = sqlx::Result<Vec<StateCount>>> + Send;
 
     fn outbox_list(
         pool: &Pool<Self>,
@@ -374,6 +375,21 @@ pub trait OutboxStore: sqlx::Database {
         sql: &OutboxSql,
         older_than: Duration,
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+}
+
+// The outbox's statements that every dialect writes alike, on the outbox table `t` or its
+// relay's lease table (quoted); each backend's `outbox_sql` takes them from here.
+
+pub(crate) fn fingerprint(t: &str) -> String {
+    format!("select fingerprint from {t} where id = $1")
+}
+
+pub(crate) fn release_lease(lease: &str) -> String {
+    format!("delete from {lease} where name = 'relay' and holder = $1")
+}
+
+pub(crate) fn counts(t: &str) -> String {
+    format!("select state, count(*) from {t} group by state")
 }
 
 /// Dead-letters a pending message, the same in both dialects: `$1` its seq, `$2` the error.
@@ -518,10 +534,14 @@ macro_rules! outbox_statements {
         async fn outbox_counts(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::outbox::OutboxSql,
-        ) -> sqlx::Result<Vec<(String, i64)>> {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
+        ) -> sqlx::Result<Vec<$crate::store::database::StateCount>> {
+            let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
                 .fetch_all(pool)
-                .await
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map($crate::store::database::StateCount::from)
+                .collect())
         }
 
         async fn outbox_list(

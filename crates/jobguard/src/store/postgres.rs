@@ -1,5 +1,6 @@
-//! The PostgreSQL dialect of the store: the [`Backend`] implementation, with its statements
-//! named by concept in `postgres/` (guard, queue, outbox, steps), each built once per table.
+//! The PostgreSQL dialect of the store: [`Backend`] and the backend-wide [`Store`]; each
+//! concept's store trait is implemented beside its statements in `postgres/` (guard, queue,
+//! worker, outbox, steps, offsets, prune, console), each statement built once per table.
 //!
 //! Guarded jobs run in `read committed`, PostgreSQL's default: the guard row's primary key
 //! makes concurrent deliveries of one key wait for each other, so no stronger isolation is
@@ -17,39 +18,18 @@ mod worker;
 
 use std::sync::Arc;
 
-use sqlx::postgres::Postgres;
-use sqlx::types::Json;
-use sqlx::{AssertSqlSafe, Pool, Row, Transaction};
-
 use futures::future::BoxFuture;
-use sqlx::postgres::{PgListener, PgRow};
+use sqlx::postgres::{PgListener, Postgres};
+use sqlx::{AssertSqlSafe, Pool, Transaction};
 
-use crate::store::queue::{Lease, NewJob, QueueSql};
-
-use super::{
-    Backend, ClaimRow, GuardRecord, GuardSql, NewClaim, Store, Wakeup, WakeupSource, WorkerSql,
-    batch_claim_rows, unclaimed_keys,
-};
+use super::Backend;
+use super::database::{Store, Wakeup, WakeupSource};
 use crate::table::TableName;
 use jobguard_core::sql::postgres as guard_sql;
 
 /// Names the exact DDL a table was migrated with, stored as the table's comment.
 fn schema_marker(statements: &[Arc<str>]) -> String {
     jobguard_core::sql::schema_marker(statements)
-}
-
-/// Decodes a row of the claim function: `claimed`, then the row that holds the key.
-fn claim_row(row: &PgRow) -> sqlx::Result<ClaimRow> {
-    if row.try_get::<bool, _>(0)? {
-        return Ok(ClaimRow::Claimed);
-    }
-    let result: Option<Json<serde_json::Value>> = row.try_get(3)?;
-    Ok(ClaimRow::Held(GuardRecord::from_columns(
-        row.try_get(1)?,
-        row.try_get(2)?,
-        result.map(|json| json.0),
-        row.try_get(4)?,
-    )))
 }
 
 impl WakeupSource for PgListener {
@@ -71,8 +51,6 @@ impl Backend for Postgres {
 
 impl Store for Postgres {
     const SINGLE_WRITER: bool = false;
-
-    crate::store::table_sql!();
 
     async fn migrate_statements(
         pool: &Pool<Self>,
@@ -128,128 +106,6 @@ impl Store for Postgres {
 
     async fn begin_on(conn: &mut Self::Connection) -> sqlx::Result<Transaction<'_, Self>> {
         sqlx::Connection::begin(conn).await
-    }
-
-    async fn claim(
-        conn: &mut Self::Connection,
-        sql: &GuardSql,
-        claim: &NewClaim<'_>,
-    ) -> sqlx::Result<ClaimRow> {
-        let row = sqlx::query(AssertSqlSafe(sql.claim.clone()))
-            .bind(claim.key)
-            .bind(claim.kind)
-            .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
-            .bind(claim.token.0.as_slice())
-            .fetch_optional(conn)
-            .await?;
-        match row {
-            Some(row) => claim_row(&row),
-            None => Ok(ClaimRow::Vanished),
-        }
-    }
-
-    fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
-        WorkerSql {
-            claim_completing: Some(worker::claim_completing(&guard.table, &queue.table).into()),
-            claim_completing_many: Some(
-                worker::claim_completing_many(&guard.table, &queue.table).into(),
-            ),
-            complete_many: None,
-            held: Some(worker::held(&guard.table).into()),
-        }
-    }
-
-    async fn claim_completing(
-        conn: &mut Self::Connection,
-        sql: (&GuardSql, &QueueSql, &WorkerSql),
-        claim: &NewClaim<'_>,
-        lease: Lease,
-    ) -> sqlx::Result<(ClaimRow, bool)> {
-        let statement = sql
-            .2
-            .claim_completing
-            .as_deref()
-            .expect("built by Postgres::worker_sql");
-        let row = sqlx::query(AssertSqlSafe(statement))
-            .bind(claim.key)
-            .bind(claim.kind)
-            .bind(claim.fingerprint.map(|f| f.as_bytes().as_slice()))
-            .bind(claim.token.0.as_slice())
-            .bind(lease.job_id)
-            .bind(lease.token)
-            .fetch_optional(conn)
-            .await?;
-        // No row: the lease is not held. A null `claimed`: the key's row vanished.
-        let Some(row) = row else {
-            return Ok((ClaimRow::Vanished, false));
-        };
-        if row.try_get::<Option<bool>, _>(0)?.is_none() {
-            return Ok((ClaimRow::Vanished, true));
-        }
-        Ok((claim_row(&row)?, true))
-    }
-
-    async fn claim_completing_many(
-        conn: &mut Self::Connection,
-        sql: (&GuardSql, &QueueSql, &WorkerSql),
-        claims: &[(NewClaim<'_>, Lease)],
-    ) -> sqlx::Result<Vec<Option<ClaimRow>>> {
-        let statements = sql.2;
-        let many = statements
-            .claim_completing_many
-            .as_deref()
-            .expect("built by Postgres::worker_sql");
-        let rows: Vec<(bool, bool)> = sqlx::query_as(AssertSqlSafe(many))
-            .bind(claims.iter().map(|(_, l)| l.job_id).collect::<Vec<i64>>())
-            .bind(claims.iter().map(|(_, l)| l.token).collect::<Vec<i64>>())
-            .bind(claims.iter().map(|(c, _)| c.key).collect::<Vec<&str>>())
-            .bind(claims.iter().map(|(c, _)| c.kind).collect::<Vec<&str>>())
-            .bind(
-                claims
-                    .iter()
-                    .map(|(c, _)| c.fingerprint.map(|f| f.as_bytes().as_slice()))
-                    .collect::<Vec<Option<&[u8]>>>(),
-            )
-            .bind(
-                claims
-                    .iter()
-                    .map(|(c, _)| c.token.0.as_slice())
-                    .collect::<Vec<&[u8]>>(),
-            )
-            .fetch_all(&mut *conn)
-            .await?;
-        // Keys the batch completed a job for but did not claim: read who holds them.
-        let unclaimed = unclaimed_keys(claims, &rows);
-        let mut held = Vec::new();
-        if !unclaimed.is_empty() {
-            let statement = statements
-                .held
-                .as_deref()
-                .expect("built by Postgres::worker_sql");
-            held = sqlx::query_as(AssertSqlSafe(statement))
-                .bind(unclaimed)
-                .fetch_all(&mut *conn)
-                .await?;
-        }
-        Ok(batch_claim_rows(claims, &rows, held))
-    }
-
-    crate::store::shared_statements!();
-
-    async fn enqueue_many(
-        conn: &mut Self::Connection,
-        sql: &QueueSql,
-        jobs: &[&NewJob],
-    ) -> sqlx::Result<Vec<(i64, String)>> {
-        queue::enqueue_many(conn, sql, jobs).await
-    }
-
-    async fn live_jobs(
-        conn: &mut Self::Connection,
-        sql: &QueueSql,
-        keys: &[&str],
-    ) -> sqlx::Result<Vec<crate::store::LiveJob>> {
-        queue::live_jobs(conn, sql, keys).await
     }
 
     async fn listen(pool: &Pool<Self>) -> sqlx::Result<Option<Wakeup>> {

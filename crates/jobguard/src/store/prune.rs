@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use super::GuardSql;
 use super::queue::QueueSql;
+use crate::store::guard::GuardSql;
 use crate::table::TableName;
 
 /// [`JobPruneStore::count_prunable_jobs`], the same count in both dialects.
@@ -44,7 +44,7 @@ macro_rules! guard_prune_reads {
     () => {
         async fn count_guard(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::store::GuardSql,
+            sql: &$crate::store::guard::GuardSql,
             cutoff: i64,
         ) -> sqlx::Result<u64> {
             let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.count_prunable.clone()))
@@ -56,7 +56,7 @@ macro_rules! guard_prune_reads {
 
         async fn oldest_guard_age(
             pool: &sqlx::Pool<Self>,
-            sql: &$crate::store::GuardSql,
+            sql: &$crate::store::guard::GuardSql,
         ) -> sqlx::Result<Option<std::time::Duration>> {
             let age: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.oldest_age.clone()))
                 .fetch_one(pool)
@@ -67,18 +67,51 @@ macro_rules! guard_prune_reads {
 }
 pub(crate) use guard_prune_reads;
 
+/// One batch of a prune: up to `limit` of the oldest rows from `after` on and before `cutoff`
+/// (microseconds since the Unix epoch, by the database clock).
+#[derive(Clone, Copy, Debug)]
+pub struct PruneBatch {
+    pub(crate) cutoff: i64,
+    pub(crate) after: i64,
+    pub(crate) limit: u32,
+}
+
+/// What one batch of a prune deleted: how many rows, and the latest time among them, where the
+/// next batch starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pruned {
+    pub(crate) deleted: u64,
+    pub(crate) last: Option<i64>,
+}
+
+impl Pruned {
+    /// From a statement that returns its count and latest time (PostgreSQL's).
+    pub(crate) fn counted(deleted: i64, last: Option<i64>) -> Self {
+        Pruned {
+            deleted: deleted.max(0) as u64,
+            last,
+        }
+    }
+
+    /// From a statement that returns the time of every row it deleted (SQLite's).
+    pub(crate) fn of_times(times: Vec<i64>) -> Self {
+        Pruned {
+            deleted: times.len() as u64,
+            last: times.into_iter().max(),
+        }
+    }
+}
+
 /// The statements that prune finished jobs, which each backend implements.
 pub trait JobPruneStore: sqlx::Database {
-    /// Deletes up to `limit` of the oldest jobs in `state` that finished before `cutoff` and
-    /// not before `after` (microseconds since the Unix epoch); returns how many, and the latest
-    /// finish time among them.
+    /// Deletes a batch of the oldest jobs in `state` by their finish time; the latest finish
+    /// time among them is where the next batch starts.
     fn prune_jobs(
         pool: &Pool<Self>,
         sql: &QueueSql,
         state: &'static str,
-        cutoff_after: (i64, i64),
-        limit: u32,
-    ) -> impl Future<Output = sqlx::Result<(u64, Option<i64>)>> + Send;
+        batch: PruneBatch,
+    ) -> impl Future<Output = sqlx::Result<Pruned>> + Send;
 
     /// How many jobs in `state` finished before `cutoff`.
     fn count_prunable_jobs(
@@ -101,15 +134,13 @@ pub trait PruneStore: sqlx::Database + JobPruneStore {
         keep: Duration,
     ) -> impl Future<Output = sqlx::Result<i64>> + Send;
 
-    /// Deletes up to `limit` of the oldest guard rows applied at or after `after` and before
-    /// `cutoff`; returns how many, and the newest `applied_at` among them.
+    /// Deletes a batch of the oldest guard rows by `applied_at`; the newest `applied_at` among
+    /// them is where the next batch starts.
     fn prune_guard(
         pool: &Pool<Self>,
         sql: &GuardSql,
-        cutoff: i64,
-        after: i64,
-        limit: u32,
-    ) -> impl Future<Output = sqlx::Result<(u64, Option<i64>)>> + Send;
+        batch: PruneBatch,
+    ) -> impl Future<Output = sqlx::Result<Pruned>> + Send;
 
     fn count_guard(
         pool: &Pool<Self>,
@@ -137,18 +168,17 @@ impl JobPruneStore for sqlx::Postgres {
         pool: &Pool<Self>,
         sql: &QueueSql,
         state: &'static str,
-        (cutoff, after): (i64, i64),
-        limit: u32,
-    ) -> sqlx::Result<(u64, Option<i64>)> {
+        batch: PruneBatch,
+    ) -> sqlx::Result<Pruned> {
         let (deleted, last): (i64, Option<i64>) =
             sqlx::query_as(sqlx::AssertSqlSafe(sql.prune_jobs.clone()))
                 .bind(state)
-                .bind(cutoff)
-                .bind(i64::from(limit))
-                .bind(after)
+                .bind(batch.cutoff)
+                .bind(i64::from(batch.limit))
+                .bind(batch.after)
                 .fetch_one(pool)
                 .await?;
-        Ok((deleted.max(0) as u64, last))
+        Ok(Pruned::counted(deleted, last))
     }
 
     count_prunable_jobs!();
@@ -160,17 +190,16 @@ impl JobPruneStore for sqlx::Sqlite {
         pool: &Pool<Self>,
         sql: &QueueSql,
         state: &'static str,
-        (cutoff, after): (i64, i64),
-        limit: u32,
-    ) -> sqlx::Result<(u64, Option<i64>)> {
+        batch: PruneBatch,
+    ) -> sqlx::Result<Pruned> {
         let finished: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.prune_jobs.clone()))
             .bind(state)
-            .bind(cutoff)
-            .bind(i64::from(limit))
-            .bind(after)
+            .bind(batch.cutoff)
+            .bind(i64::from(batch.limit))
+            .bind(batch.after)
             .fetch_all(pool)
             .await?;
-        Ok((finished.len() as u64, finished.into_iter().max()))
+        Ok(Pruned::of_times(finished))
     }
 
     count_prunable_jobs!();

@@ -3,17 +3,26 @@
 //! users name.
 
 use std::fmt;
+use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sqlx::Pool;
 
 use crate::error::{Error, Result};
 use crate::key::{JobKey, check_kind};
 use crate::payload::payload_problem;
+use crate::store::database::StateCount;
+use crate::store::guard::GuardStore;
 use crate::table::TableName;
+
+pub(crate) mod sql;
+mod statements;
+
+pub(crate) use statements::queue_statements;
 
 /// The queue a job goes to unless told otherwise.
 pub const DEFAULT_QUEUE: &str = "default";
@@ -243,7 +252,8 @@ impl FromStr for JobState {
     }
 }
 
-/// A job as listed by [`Queue::list`](crate::Queue::list).
+/// A job as listed: by [`Queue::list`](crate::Queue::list) and, a page at a time, by the
+/// console ([`Console::jobs`](crate::console::Console::jobs)).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct JobRow {
     /// The job's id.
@@ -260,7 +270,7 @@ pub struct JobRow {
     pub attempt: i32,
     /// Attempts allowed.
     pub max_attempts: i32,
-    /// When it runs, or ran last.
+    /// When it runs, or ran last (milliseconds since the Unix epoch in JSON).
     #[serde(serialize_with = "serialize_time")]
     pub run_at: SystemTime,
     /// The error of the last failed attempt.
@@ -268,8 +278,44 @@ pub struct JobRow {
     /// When it was enqueued.
     #[serde(serialize_with = "serialize_time")]
     pub created_at: SystemTime,
+    /// When it completed or died.
+    #[serde(serialize_with = "serialize_optional_time")]
+    pub finished_at: Option<SystemTime>,
     /// The payload.
     pub payload: Value,
+}
+
+impl JobRow {
+    /// Decodes the columns every listing selects, in this order: id, kind, key, queue, state,
+    /// attempt, max attempts, run time (microseconds), last error, creation and finish times
+    /// (microseconds), payload. A statement may select more after them.
+    pub(crate) fn from_row<R>(row: &R) -> Result<Self>
+    where
+        R: sqlx::Row,
+        usize: sqlx::ColumnIndex<R>,
+        i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        sqlx::types::Json<Value>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        use crate::time::micros_to_time;
+        let state: String = row.try_get(4)?;
+        let payload: sqlx::types::Json<Value> = row.try_get(11)?;
+        Ok(JobRow {
+            id: row.try_get(0)?,
+            kind: row.try_get(1)?,
+            key: row.try_get(2)?,
+            queue: row.try_get(3)?,
+            state: state.parse()?,
+            attempt: row.try_get(5)?,
+            max_attempts: row.try_get(6)?,
+            run_at: micros_to_time(row.try_get(7)?),
+            last_error: row.try_get(8)?,
+            created_at: micros_to_time(row.try_get(9)?),
+            finished_at: row.try_get::<Option<i64>, _>(10)?.map(micros_to_time),
+            payload: payload.0,
+        })
+    }
 }
 
 /// A time as milliseconds since the Unix epoch, as the JSON of every report has them.
@@ -395,4 +441,169 @@ pub enum Settle<'a> {
     Dead { error: &'a str },
     Release,
     Extend { lease: Duration },
+}
+
+/// What the queue calls on a backend: enqueue one job or a batch, lease, settle, rescue and
+/// read. Most methods come from [`queue_statements`]; a backend writes `queue_sql` (a function
+/// of that name in scope), `enqueue_many` and `live_jobs` (their batches bind differently), and
+/// the heartbeats kept outside the table where it keeps them there.
+pub trait QueueStore: GuardStore {
+    fn queue_sql(table: &TableName) -> Result<QueueSql>;
+
+    /// Inserts `job`; its id, or `None` when a live job holds its key.
+    fn enqueue(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        job: &NewJob,
+    ) -> impl Future<Output = sqlx::Result<Option<i64>>> + Send;
+
+    /// The live job holding `key`, if any.
+    fn live_job(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        key: &str,
+    ) -> impl Future<Output = sqlx::Result<Option<LiveJob>>> + Send;
+
+    /// Inserts `jobs` (distinct keys) in one statement; returns the jobs inserted, leaving out
+    /// those whose key a live job holds.
+    fn enqueue_many(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        jobs: &[&NewJob],
+    ) -> impl Future<Output = sqlx::Result<Vec<InsertedJob>>> + Send;
+
+    /// The live jobs holding any of `keys`.
+    fn live_jobs(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        keys: &[&str],
+    ) -> impl Future<Output = sqlx::Result<Vec<LiveJob>>> + Send;
+
+    /// Sends `payload` on `channel` with the backend's `statement` ([`QueueSql::notify`]).
+    fn notify(
+        conn: &mut Self::Connection,
+        statement: &Arc<str>,
+        channel: &str,
+        payload: &str,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    fn fetch(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        fetch: Fetch<'_>,
+    ) -> impl Future<Output = sqlx::Result<Vec<LeasedJob>>> + Send;
+
+    /// Ends or extends a lease; false when the lease is no longer held.
+    fn settle(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        lease: Lease,
+        how: Settle<'_>,
+    ) -> impl Future<Output = sqlx::Result<bool>> + Send;
+
+    /// Extends every lease of `leases` by `by`; the ids of those still held.
+    fn extend_leases(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        leases: &[Lease],
+        by: Duration,
+    ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
+
+    /// Rescues expired leases, except those `held` (as `job_id:token`) and those heartbeats
+    /// kept outside the table say hold.
+    fn rescue(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        max_attempts: i32,
+        held: Vec<String>,
+    ) -> impl Future<Output = sqlx::Result<u64>> + Send;
+
+    /// Records that the holder of `lease` is alive for `by` more without the database's write
+    /// lock; `None` when the backend keeps heartbeats in the table.
+    fn beat_aside(
+        _pool: &Pool<Self>,
+        _sql: &QueueSql,
+        _lease: Lease,
+        _by: Duration,
+    ) -> Option<std::io::Result<()>> {
+        None
+    }
+
+    /// The leases that heartbeats kept outside the table say still hold, as `job_id:token`.
+    fn held_aside(_pool: &Pool<Self>, _sql: &QueueSql) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Removes the heartbeat kept outside the table of a lease that ended.
+    fn forget_aside(_pool: &Pool<Self>, _sql: &QueueSql, _lease: Lease) {}
+
+    /// Jobs per state, and the `estimated total` the finished states above the cap are
+    /// estimated from.
+    fn counts(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+    ) -> impl Future<Output = sqlx::Result<Vec<StateCount>>> + Send;
+
+    /// Per queue: jobs ready to run, and how long the oldest has been due.
+    fn backlog(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+    ) -> impl Future<Output = sqlx::Result<Vec<Backlog>>> + Send;
+
+    fn list(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        state: Option<&str>,
+        kind: Option<&str>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<JobRow>>> + Send;
+
+    fn replay(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        id: Option<i64>,
+        kind: Option<&str>,
+    ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
+}
+
+/// What [`QueueStore::fetch`] takes: up to `limit` jobs of `queue`, each leased for `lease`.
+#[derive(Clone, Copy, Debug)]
+pub struct Fetch<'a> {
+    pub(crate) queue: &'a str,
+    pub(crate) limit: u32,
+    pub(crate) lease: Duration,
+}
+
+/// A live job (available or running) as found holding its key.
+#[derive(Debug)]
+pub struct LiveJob {
+    pub(crate) id: i64,
+    pub(crate) key: String,
+    pub(crate) kind: String,
+    pub(crate) payload: Value,
+}
+
+/// A job [`QueueStore::enqueue_many`] inserted.
+#[derive(Debug)]
+pub struct InsertedJob {
+    pub(crate) id: i64,
+    pub(crate) key: String,
+}
+
+impl From<(i64, String)> for InsertedJob {
+    fn from((id, key): (i64, String)) -> Self {
+        InsertedJob { id, key }
+    }
+}
+
+impl From<(i64, String, String, sqlx::types::Json<Value>)> for LiveJob {
+    /// The columns of [`QueueSql::live_jobs`]: id, key, kind, payload.
+    fn from((id, key, kind, payload): (i64, String, String, sqlx::types::Json<Value>)) -> Self {
+        LiveJob {
+            id,
+            key,
+            kind,
+            payload: payload.0,
+        }
+    }
 }

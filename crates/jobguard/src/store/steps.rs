@@ -86,6 +86,14 @@ pub enum StepUpdate<'a> {
     ResolveNotDone,
 }
 
+/// A stale step and the claim token of the attempt that left it, which a sweep takes it over
+/// from.
+#[derive(Debug)]
+pub struct StaleClaim {
+    pub(crate) step: StaleStep,
+    pub(crate) token: Vec<u8>,
+}
+
 /// The step ledger's statements each backend implements. Every store also prunes, its own
 /// `done` steps and the guard table they go with.
 pub trait StepStore: sqlx::Database + super::prune::PruneStore {
@@ -120,7 +128,7 @@ pub trait StepStore: sqlx::Database + super::prune::PruneStore {
         pool: &Pool<Self>,
         sql: &StepSql,
         limit: u32,
-    ) -> impl Future<Output = sqlx::Result<Vec<(StaleStep, Vec<u8>)>>> + Send;
+    ) -> impl Future<Output = sqlx::Result<Vec<StaleClaim>>> + Send;
 
     fn step_attention(
         pool: &Pool<Self>,
@@ -171,6 +179,24 @@ pub(crate) const HELD: &str =
     "where job_key = $1 and step = $2 and token = $3 and state = 'started'";
 /// The one step a statement reads or writes.
 pub(crate) const KEY: &str = "where job_key = $1 and step = $2";
+
+// The ledger's statements that every dialect writes alike, on the steps table `t` (quoted);
+// each backend's `step_sql` takes them from here.
+
+pub(crate) fn forget(t: &str) -> String {
+    format!("delete from {t} {HELD}")
+}
+
+pub(crate) fn resolve_not_done(t: &str) -> String {
+    format!("delete from {t} {KEY} and state = 'attention'")
+}
+
+pub(crate) fn list_attention(t: &str) -> String {
+    format!(
+        "select job_key, step, reason from {t} where state = 'attention'
+         order by updated_at limit $1"
+    )
+}
 
 /// The binding and decoding of the step statements, the same on every backend; expanded in
 /// each backend's `impl StepStore`, where its types are concrete.
@@ -258,7 +284,7 @@ macro_rules! step_statements {
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::steps::StepSql,
             limit: u32,
-        ) -> sqlx::Result<Vec<($crate::store::steps::StaleStep, Vec<u8>)>> {
+        ) -> sqlx::Result<Vec<$crate::store::steps::StaleClaim>> {
             let rows: Vec<(String, String, i32, Vec<u8>)> =
                 sqlx::query_as(sqlx::AssertSqlSafe(sql.stale.clone()))
                     .bind(i64::from(limit))
@@ -266,16 +292,16 @@ macro_rules! step_statements {
                     .await?;
             Ok(rows
                 .into_iter()
-                .map(|(key, step, attempts, token)| {
-                    (
-                        $crate::store::steps::StaleStep {
+                .map(
+                    |(key, step, attempts, token)| $crate::store::steps::StaleClaim {
+                        step: $crate::store::steps::StaleStep {
                             key,
                             step,
                             attempts,
                         },
                         token,
-                    )
-                })
+                    },
+                )
                 .collect())
         }
 

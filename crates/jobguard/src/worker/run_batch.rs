@@ -172,7 +172,7 @@ impl<DB: Backend> Worker<DB> {
             .await
             .map_err(|failure| Rollback::of("opening the batch's transaction", &failure))?;
         let claims = match unit
-            .claim_completing_many((self.queue.sql(), &self.sql), &completing)
+            .claim_completing_many(self.queue.sql(), &self.sql, &completing)
             .await
         {
             Ok(claims) => claims,

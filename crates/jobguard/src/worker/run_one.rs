@@ -195,7 +195,7 @@ impl<DB: Backend> Worker<DB> {
         // commit together, and a worker whose lease was taken over stops here. From here no
         // other worker can fetch or rescue the job, so its lease needs no more heartbeats.
         let claim = match unit
-            .claim_completing((self.queue.sql(), &self.sql), completing)
+            .claim_completing(self.queue.sql(), &self.sql, completing)
             .await
         {
             Ok(claim) => claim,

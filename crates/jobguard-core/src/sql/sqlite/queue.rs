@@ -3,6 +3,7 @@
 //! Unix epoch by the database clock.
 
 use crate::sql::LIVE_STATES;
+pub use crate::sql::live_job;
 use crate::sql::sqlite::NOW_MICROS as NOW;
 use crate::table::TableName;
 
@@ -17,13 +18,5 @@ pub fn enqueue(table: &TableName) -> String {
              on conflict (job_key) where {LIVE_STATES} do nothing
              returning id",
         t = table.quoted()
-    )
-}
-
-/// The live job holding the key `$1`: id, kind, payload.
-pub fn live_job(table: &TableName) -> String {
-    format!(
-        "select id, kind, payload from {} where job_key = $1 and {LIVE_STATES}",
-        table.quoted()
     )
 }

@@ -2,8 +2,10 @@
 
 use sqlx::postgres::Postgres;
 
-use crate::store::console::{ConsoleSql, ConsoleStore, ConsoleTables};
+use super::queue::micros;
+use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
 use crate::store::queue::queue_states;
+use crate::store::queue::sql::job_row_columns;
 
 impl ConsoleStore for Postgres {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
@@ -13,33 +15,22 @@ impl ConsoleStore for Postgres {
     crate::store::console::console_statements!();
 }
 
-/// Microseconds since the Unix epoch of a `timestamptz` column.
-fn micros(column: &str) -> String {
-    format!("(extract(epoch from {column}) * 1000000)::int8")
-}
-
 fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     let t = tables.jobs.quoted();
     let live = "state in ('available', 'running')";
-    let summary = format!(
-        "id, kind, job_key, queue, state, attempt, max_attempts, {}, last_error, {}, {}",
-        micros("run_at"),
-        micros("created_at"),
-        micros("finished_at"),
-    );
+    let columns = job_row_columns(&super::queue::DIALECT);
     ConsoleSql {
         // Each filter has an index that hands rows out newest first: the primary key for none,
         // `(state, id)`, `(kind, id)`, `(queue, id)` and `(job_key, id)` for one (see the
         // queue's migration); with several, the planner walks the most selective.
-        list: format!("select {summary} from {t}"),
+        list: console::list(&t, &columns),
         job: format!(
-            "select {summary}, payload, {}, lease_token from {t} where id = $1",
+            "select {columns}, {}, lease_token from {t} where id = $1",
             micros("leased_until")
         )
         .into(),
-        state_of: format!("select state, job_key from {t} where id = $1").into(),
-        live_holder: format!("select id from {t} where job_key = $1 and {live} and id <> $2")
-            .into(),
+        state_of: console::state_of(&t).into(),
+        live_holder: console::live_holder(&t).into(),
         // A dead job comes back with fresh attempts, as a replay; a failed job waiting for its
         // backoff runs now. Never while another live job holds the key: the live-key index
         // would refuse it, and that job is the one to watch.
@@ -64,8 +55,7 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
              returning queue"
         )
         .into(),
-        delete: format!("delete from {t} where id = $1 and state <> 'running' returning queue")
-            .into(),
+        delete: console::delete(&t).into(),
         set_paused: format!(
             "insert into {q} (name, paused, changed_at) values ($1, $2, now())
              on conflict (name) do update set paused = excluded.paused, changed_at = now()",

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::Postgres;
 
-use crate::store::outbox::{OutboxSql, OutboxStore};
+use crate::store::outbox::{self, OutboxSql, OutboxStore};
 use crate::table::TableName;
 
 impl OutboxStore for Postgres {
@@ -68,7 +68,7 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
         )
         .into(),
         // A new statement after the conflict: under read committed it sees the committed row.
-        fingerprint: format!("select fingerprint from {t} where id = $1").into(),
+        fingerprint: outbox::fingerprint(&t).into(),
         // In order per topic: a message is due only when no earlier message of its topic is
         // pending and backing off. Per topic the result is therefore a prefix of its pending
         // messages in seq order, which the relay delivers one by one.
@@ -111,8 +111,8 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
              returning 1::int8"
         )
         .into(),
-        release_lease: format!("delete from {lease} where name = 'relay' and holder = $1").into(),
-        counts: format!("select state, count(*) from {t} group by state").into(),
+        release_lease: outbox::release_lease(&lease).into(),
+        counts: outbox::counts(&t).into(),
         list: format!(
             "select id, topic, state, attempts, {next}, last_error, {created}, {sent}, payload
              from {t}

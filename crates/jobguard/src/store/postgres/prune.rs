@@ -7,7 +7,7 @@ use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{AssertSqlSafe, Connection, Pool};
 
 use crate::store::GuardSql;
-use crate::store::prune::PruneStore;
+use crate::store::prune::{PruneBatch, PruneStore, Pruned};
 use crate::table::TableName;
 use crate::time::duration_micros;
 
@@ -84,17 +84,15 @@ impl PruneStore for Postgres {
     async fn prune_guard(
         pool: &Pool<Self>,
         sql: &GuardSql,
-        cutoff: i64,
-        after: i64,
-        limit: u32,
-    ) -> sqlx::Result<(u64, Option<i64>)> {
+        batch: PruneBatch,
+    ) -> sqlx::Result<Pruned> {
         let (deleted, last): (i64, Option<i64>) = sqlx::query_as(AssertSqlSafe(sql.prune.clone()))
-            .bind(cutoff)
-            .bind(after)
-            .bind(i64::from(limit))
+            .bind(batch.cutoff)
+            .bind(batch.after)
+            .bind(i64::from(batch.limit))
             .fetch_one(pool)
             .await?;
-        Ok((deleted.max(0) as u64, last))
+        Ok(Pruned::counted(deleted, last))
     }
 
     crate::store::prune::guard_prune_reads!();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::Postgres;
 
-use crate::store::steps::{StepSql, StepStore};
+use crate::store::steps::{self, StepSql, StepStore};
 use crate::table::TableName;
 
 impl StepStore for Postgres {
@@ -67,21 +67,18 @@ impl StepStore for Postgres {
             attention: sql(format!(
                 "update {t} set state = 'attention', reason = $4, updated_at = now() {held}"
             )),
-            forget: sql(format!("delete from {t} {held}")),
+            forget: sql(steps::forget(&t)),
             resolve_done: sql(format!(
                 "update {t} set state = 'done', result = $3, updated_at = now()
                  {key} and state = 'attention'"
             )),
-            resolve_not_done: sql(format!("delete from {t} {key} and state = 'attention'")),
+            resolve_not_done: sql(steps::resolve_not_done(&t)),
             stale: sql(format!(
                 "select job_key, step, attempts, token from {t}
                  where state = 'started' and lease_until <= now()
                  order by lease_until limit $1"
             )),
-            list_attention: sql(format!(
-                "select job_key, step, reason from {t} where state = 'attention'
-                 order by updated_at limit $1"
-            )),
+            list_attention: sql(steps::list_attention(&t)),
             prunable: sql(format!(
                 "select count(*) from {t} where state = 'done' and updated_at < {cutoff}"
             )),

@@ -1,13 +1,101 @@
 //! The worker's statements on PostgreSQL: completing a job and claiming its key in one round
 //! trip, and the same for a whole batch, built once per worker from both table names.
 
+use sqlx::postgres::Postgres;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::guard::claim_row;
+use crate::store::guard::{ClaimRow, GuardSql};
+use crate::store::queue::QueueSql;
+use crate::store::worker::{
+    BatchRow, CompletingClaim, HeldRow, WorkerSql, WorkerStatements, WorkerStore, batch_claim_rows,
+    unclaimed_keys,
+};
 use crate::table::TableName;
+
+impl WorkerStore for Postgres {
+    fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
+        WorkerSql {
+            claim_completing: Some(claim_completing(&guard.table, &queue.table).into()),
+            claim_completing_many: Some(claim_completing_many(&guard.table, &queue.table).into()),
+            complete_many: None,
+            held: Some(held(&guard.table).into()),
+        }
+    }
+
+    async fn claim_completing(
+        conn: &mut Self::Connection,
+        sql: WorkerStatements<'_>,
+        job: &CompletingClaim<'_>,
+    ) -> sqlx::Result<Option<ClaimRow>> {
+        let (claim, lease) = (&job.claim, job.lease);
+        let statement = WorkerSql::built(&sql.worker.claim_completing);
+        let row = claim
+            .bind(sqlx::query(AssertSqlSafe(statement)))
+            .bind(lease.job_id)
+            .bind(lease.token)
+            .fetch_optional(conn)
+            .await?;
+        // No row: the lease is not held. A null `claimed`: the key's row vanished.
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        if row.try_get::<Option<bool>, _>(0)?.is_none() {
+            return Ok(Some(ClaimRow::Vanished));
+        }
+        Ok(Some(claim_row(&row)?))
+    }
+
+    async fn claim_completing_many(
+        conn: &mut Self::Connection,
+        sql: WorkerStatements<'_>,
+        jobs: &[CompletingClaim<'_>],
+    ) -> sqlx::Result<Vec<Option<ClaimRow>>> {
+        let many = WorkerSql::built(&sql.worker.claim_completing_many);
+        let claims = || jobs.iter().map(|job| &job.claim);
+        let rows: Vec<(bool, bool)> = sqlx::query_as(AssertSqlSafe(many))
+            .bind(
+                jobs.iter()
+                    .map(|job| job.lease.job_id)
+                    .collect::<Vec<i64>>(),
+            )
+            .bind(jobs.iter().map(|job| job.lease.token).collect::<Vec<i64>>())
+            .bind(claims().map(|c| c.key).collect::<Vec<&str>>())
+            .bind(claims().map(|c| c.kind).collect::<Vec<&str>>())
+            .bind(
+                claims()
+                    .map(|c| c.fingerprint.map(|f| f.as_bytes().as_slice()))
+                    .collect::<Vec<Option<&[u8]>>>(),
+            )
+            .bind(
+                claims()
+                    .map(|c| c.token.0.as_slice())
+                    .collect::<Vec<&[u8]>>(),
+            )
+            .fetch_all(&mut *conn)
+            .await?;
+        let rows: Vec<BatchRow> = rows
+            .into_iter()
+            .map(|(completed, claimed)| BatchRow { completed, claimed })
+            .collect();
+        // Keys the batch completed a job for but did not claim: read who holds them.
+        let unclaimed = unclaimed_keys(jobs, &rows);
+        let mut held = Vec::new();
+        if !unclaimed.is_empty() {
+            held = sqlx::query_as::<_, HeldRow>(AssertSqlSafe(WorkerSql::built(&sql.worker.held)))
+                .bind(unclaimed)
+                .fetch_all(&mut *conn)
+                .await?;
+        }
+        Ok(batch_claim_rows(jobs, &rows, held))
+    }
+}
 
 /// Completes a job and claims its key in one statement, for the worker. The job's row is
 /// updated only under the lease that holds it, and the key is claimed only when it was: a
 /// fenced worker gets no row back and has claimed nothing. A row whose `claimed` is null means
-/// the claim function found the key's row gone (see [`super::guard::claim`]).
-pub(crate) fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
+/// the claim function found the key's row gone (see the core crate's `sql::postgres::claim`).
+fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
     format!(
         "with completed as (
              update {jobs} set state = 'completed', finished_at = now(), leased_until = null
@@ -37,7 +125,7 @@ pub(crate) fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
 /// - As in the per-job claim, `on conflict do nothing` waits for a concurrent transaction
 ///   holding the key, then inserts nothing when it committed (a duplicate) or inserts when it
 ///   rolled back (this batch applies the key).
-pub(crate) fn claim_completing_many(guard: &TableName, jobs: &TableName) -> String {
+fn claim_completing_many(guard: &TableName, jobs: &TableName) -> String {
     format!(
         "with batch as (
              select * from unnest($1::int8[], $2::int8[], $3::text[], $4::text[], $5::bytea[], $6::bytea[])
@@ -75,7 +163,7 @@ pub(crate) fn claim_completing_many(guard: &TableName, jobs: &TableName) -> Stri
 /// Reads the guard rows holding keys (`$1`) that a batch did not claim. A new statement, so
 /// under read committed it sees rows that concurrent transactions committed while the batch's
 /// statement waited for them, as well as the rows the batch itself inserted.
-pub(crate) fn held(guard: &TableName) -> String {
+fn held(guard: &TableName) -> String {
     format!(
         "select job_key, (extract(epoch from applied_at) * 1000000)::int8, fingerprint, result,
                 claim_token

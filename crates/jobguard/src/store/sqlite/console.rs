@@ -2,9 +2,10 @@
 
 use sqlx::sqlite::Sqlite;
 
-use super::guard::NOW_MICROS as NOW;
-use crate::store::console::{ConsoleSql, ConsoleStore, ConsoleTables};
+use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
 use crate::store::queue::queue_states;
+use crate::store::queue::sql::job_row_columns;
+use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
 impl ConsoleStore for Sqlite {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
@@ -17,17 +18,14 @@ impl ConsoleStore for Sqlite {
 fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     let t = tables.jobs.quoted();
     let live = "state in ('available', 'running')";
-    let summary = "id, kind, job_key, queue, state, attempt, max_attempts, run_at, last_error, \
-                   created_at, finished_at";
+    let columns = job_row_columns(&super::queue::DIALECT);
     ConsoleSql {
         // Each filter has an index that hands rows out newest first (see the queue's
         // migration).
-        list: format!("select {summary} from {t}"),
-        job: format!("select {summary}, payload, leased_until, lease_token from {t} where id = $1")
-            .into(),
-        state_of: format!("select state, job_key from {t} where id = $1").into(),
-        live_holder: format!("select id from {t} where job_key = $1 and {live} and id <> $2")
-            .into(),
+        list: console::list(&t, &columns),
+        job: format!("select {columns}, leased_until, lease_token from {t} where id = $1").into(),
+        state_of: console::state_of(&t).into(),
+        live_holder: console::live_holder(&t).into(),
         // A dead job comes back with fresh attempts, as a replay; a failed job waiting for its
         // backoff runs now. Never while another live job holds the key.
         retry: format!(
@@ -49,8 +47,7 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
              returning queue"
         )
         .into(),
-        delete: format!("delete from {t} where id = $1 and state <> 'running' returning queue")
-            .into(),
+        delete: console::delete(&t).into(),
         set_paused: format!(
             "insert into {q} (name, paused, changed_at) values ($1, $2, {NOW})
              on conflict (name) do update set paused = excluded.paused, changed_at = {NOW}",

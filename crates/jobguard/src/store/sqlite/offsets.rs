@@ -2,10 +2,10 @@
 
 use sqlx::sqlite::Sqlite;
 
-use super::guard::NOW_MICROS as NOW;
 use crate::error::Error;
 use crate::store::offsets::{OffsetDialect, OffsetSql, OffsetStore};
 use crate::table::TableName;
+use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
 impl OffsetStore for Sqlite {
     fn offset_sql(table: &TableName) -> crate::Result<OffsetSql> {

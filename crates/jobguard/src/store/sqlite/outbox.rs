@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use sqlx::sqlite::Sqlite;
 
-use super::guard::NOW_MICROS as NOW;
 use crate::error::Error;
-use crate::store::outbox::{OutboxSql, OutboxStore};
+use crate::store::outbox::{self, OutboxSql, OutboxStore};
 use crate::table::TableName;
+use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
 impl OutboxStore for Sqlite {
     fn outbox_sql(table: &TableName) -> crate::Result<OutboxSql> {
@@ -66,7 +66,7 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
              returning seq"
         )
         .into(),
-        fingerprint: format!("select fingerprint from {t} where id = $1").into(),
+        fingerprint: outbox::fingerprint(&t).into(),
         // In order per topic: a message is due only when no earlier message of its topic is
         // pending and backing off. Per topic the result is therefore a prefix of its pending
         // messages in seq order, which the relay delivers one by one.
@@ -106,8 +106,8 @@ fn outbox_sql(table: &TableName) -> OutboxSql {
              returning 1"
         )
         .into(),
-        release_lease: format!("delete from {lease} where name = 'relay' and holder = $1").into(),
-        counts: format!("select state, count(*) from {t} group by state").into(),
+        release_lease: outbox::release_lease(&lease).into(),
+        counts: outbox::counts(&t).into(),
         list: format!(
             "select id, topic, state, attempts, next_attempt_at, last_error, created_at, sent_at,
                     payload

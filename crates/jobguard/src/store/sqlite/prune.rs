@@ -9,11 +9,11 @@ use std::time::Duration;
 use sqlx::sqlite::Sqlite;
 use sqlx::{AssertSqlSafe, Pool};
 
-use super::guard::NOW_MICROS;
 use crate::store::GuardSql;
-use crate::store::prune::PruneStore;
+use crate::store::prune::{PruneBatch, PruneStore, Pruned};
 use crate::table::TableName;
 use crate::time::duration_micros;
+use jobguard_core::sql::sqlite::NOW_MICROS;
 
 /// One batch of a prune: up to `$3` of the oldest rows applied at or after `$2` and before the
 /// cutoff `$1`, found through the `applied_at` index and deleted by rowid. It runs under the
@@ -74,17 +74,15 @@ impl PruneStore for Sqlite {
     async fn prune_guard(
         pool: &Pool<Self>,
         sql: &GuardSql,
-        cutoff: i64,
-        after: i64,
-        limit: u32,
-    ) -> sqlx::Result<(u64, Option<i64>)> {
+        batch: PruneBatch,
+    ) -> sqlx::Result<Pruned> {
         let deleted: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(sql.prune.clone()))
-            .bind(cutoff)
-            .bind(after)
-            .bind(i64::from(limit))
+            .bind(batch.cutoff)
+            .bind(batch.after)
+            .bind(i64::from(batch.limit))
             .fetch_all(pool)
             .await?;
-        Ok((deleted.len() as u64, deleted.into_iter().max()))
+        Ok(Pruned::of_times(deleted))
     }
 
     crate::store::prune::guard_prune_reads!();

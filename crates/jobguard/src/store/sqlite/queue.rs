@@ -1,21 +1,41 @@
 //! The job queue's SQL for SQLite. Times are integer microseconds since the Unix epoch by the
 //! database clock; durations arrive as microseconds.
 
-use super::guard::NOW_MICROS as NOW;
+use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 use jobguard_core::sql::sqlite::queue as core;
-use sqlx::AssertSqlSafe;
-use sqlx::types::Json;
+use std::time::Duration;
 
-use crate::store::LiveJob;
-use crate::store::queue::{NewJob, QueueSql, job_indexes, queue_states};
+use super::heartbeat;
+use sqlx::types::Json;
+use sqlx::{AssertSqlSafe, Pool};
+
+use sqlx::sqlite::Sqlite;
+
+use crate::store::queue::sql::{DialectStatements, QueueDialect};
+use crate::store::queue::{
+    InsertedJob, Lease, LiveJob, NewJob, QueueSql, QueueStore, job_indexes, queue_states,
+};
 use crate::table::TableName;
 use crate::time::duration_micros;
+
+/// What the queue's shared statements need to know of SQLite: times are integers already.
+pub(super) const DIALECT: QueueDialect = QueueDialect {
+    now: NOW,
+    plus_micros: "",
+    as_micros: str::to_owned,
+    int8: "",
+    text: "",
+    // The span of ids: two lookups of the rowid's ends (SQLite reads `min` and `max` from the
+    // b-tree only one at a time).
+    estimated_total: |t| {
+        format!("coalesce((select max(id) from {t}) - (select min(id) from {t}) + 1, 0)")
+    },
+};
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
     let paused_table = queue_states(table);
     let live = "state in ('available', 'running')";
-    let fenced = "where id = $1 and lease_token = $2 and state = 'running'";
     let mut create = vec![format!(
         "create table if not exists {t} (
                 id           integer primary key autoincrement,
@@ -45,21 +65,22 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             )",
         queue_states(table)
     ));
-    QueueSql {
-        table: table.clone(),
-        create: create.into_iter().map(Into::into).collect(),
-        // The single enqueue is shared with the Python package: one text for both.
-        enqueue: core::enqueue(table).into(),
-        live_job: core::live_job(table).into(),
-        // A batch in one statement and one bound parameter: a JSON array of
-        // `[kind, key, queue, payload, max_attempts, delay]` rows, so neither the statement nor
-        // SQLite's limit on bound parameters depends on the batch size. The payload travels as
-        // a JSON string whose text is stored as is. `on conflict ... do nothing` against the
-        // live-key index leaves out each key a live job holds, and `returning` names the rows
-        // inserted. (`where true`: SQLite would read `on conflict` after a bare `from` as a
-        // join's `on`.)
-        enqueue_many: format!(
-            "insert into {t}
+    QueueSql::new(
+        table,
+        &DIALECT,
+        DialectStatements {
+            create,
+            // The single enqueue is shared with the Python package: one text for both.
+            enqueue: core::enqueue(table),
+            // A batch in one statement and one bound parameter: a JSON array of
+            // `[kind, key, queue, payload, max_attempts, delay]` rows, so neither the statement nor
+            // SQLite's limit on bound parameters depends on the batch size. The payload travels as
+            // a JSON string whose text is stored as is. `on conflict ... do nothing` against the
+            // live-key index leaves out each key a live job holds, and `returning` names the rows
+            // inserted. (`where true`: SQLite would read `on conflict` after a bare `from` as a
+            // join's `on`.)
+            enqueue_many: format!(
+                "insert into {t}
                  (kind, job_key, queue, payload, state, max_attempts, run_at, created_at)
              select json_extract(value, '$[0]'), json_extract(value, '$[1]'),
                     json_extract(value, '$[2]'), json_extract(value, '$[3]'), 'available',
@@ -67,16 +88,14 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
              from json_each($1) where true
              on conflict (job_key) where {live} do nothing
              returning id, job_key"
-        )
-        .into(),
-        live_jobs: format!(
-            "select id, job_key, kind, payload from {t}
+            ),
+            live_jobs: format!(
+                "select id, job_key, kind, payload from {t}
              where job_key in (select value from json_each($1)) and {live}"
-        )
-        .into(),
-        // One statement, atomic on its own: SQLite's one writer at a time makes two workers
-        // take different jobs.
-        fetch: format!(
+            ),
+            // One statement, atomic on its own: SQLite's one writer at a time makes two workers
+            // take different jobs.
+            fetch: format!(
             "update {t}
              set state = 'running', attempt = attempt + 1, lease_token = lease_token + 1,
                  leased_until = {NOW} + $3
@@ -87,46 +106,21 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                                             where p.name = $1 and p.paused <> 0)
                           order by run_at, id limit $2)
              returning id, kind, job_key, payload, attempt, max_attempts, leased_until, lease_token"
-        )
-        .into(),
-        // Every statement that ends or extends a lease names the attempt that holds it, so a
-        // worker whose lease expired and was taken over changes nothing.
-        complete: format!(
-            "update {t} set state = 'completed', finished_at = {NOW}, leased_until = null {fenced}"
-        )
-        .into(),
-        retry: format!(
-            "update {t} set state = 'available', run_at = {NOW} + $3, last_error = $4,
-             leased_until = null {fenced}"
-        )
-        .into(),
-        dead: format!(
-            "update {t} set state = 'dead', finished_at = {NOW}, last_error = $3,
-             leased_until = null {fenced}"
-        )
-        .into(),
-        release: format!(
-            "update {t} set state = 'available', attempt = attempt - 1, leased_until = null {fenced}"
-        )
-        .into(),
-        // Outside this process's writer turn, through the busy timeout. The worker's own
-        // heartbeats are files instead (see `heartbeat.rs`), which need no write lock.
-        heartbeat: format!("update {t} set leased_until = {NOW} + $3 {fenced}").into(),
-        // For an in-memory database, or when a heartbeat file cannot be written.
-        heartbeat_many: format!(
-            "update {t} set leased_until = {NOW} + $2
+        ),
+            // For an in-memory database, or when a heartbeat file cannot be written.
+            heartbeat_many: format!(
+                "update {t} set leased_until = {NOW} + $2
              where state = 'running'
                and exists (select 1 from json_each($1) h
                            where json_extract(h.value, '$.id') = {t}.id
                              and json_extract(h.value, '$.token') = {t}.lease_token)
              returning id"
-        )
-        .into(),
-        // The last attempt is the lesser of the job's own limit and the worker's retry
-        // policy ($1), as when an attempt fails: a job is never given more attempts by
-        // losing its lease than by failing.
-        rescue: format!(
-            "update {t}
+            ),
+            // The last attempt is the lesser of the job's own limit and the worker's retry
+            // policy ($1), as when an attempt fails: a job is never given more attempts by
+            // losing its lease than by failing.
+            rescue: format!(
+                "update {t}
              set state = case when attempt >= min(max_attempts, $1) then 'dead'
                               else 'available' end,
                  finished_at = case when attempt >= min(max_attempts, $1) then {NOW} end,
@@ -136,117 +130,91 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                -- a lease whose heartbeat file says it holds ($2, `id:token`) belongs to a
                -- worker that is alive, waiting for the write lock: not expired
                and (id || ':' || lease_token) not in (select value from json_each($2))"
-        )
-        .into(),
-        // Live states are counted exactly through their partial indexes (the fetch and lease
-        // indexes), finished ones up to TERMINAL_COUNT_CAP rows through the `finished` index, so
-        // a sample costs the same with 10M finished rows as with none. `estimated total` is
-        // what finished states above the cap are estimated from: the span of ids (two
-        // lookups of the rowid's ends: SQLite reads `min` and `max` from the b-tree only one at a
-        // time).
-        counts: format!(
-            "select 'available', count(*) from {t} where state = 'available'
-             union all select 'running', count(*) from {t} where state = 'running'
-             union all select 'completed', count(*) from
-                 (select 1 from {t} where state = 'completed'
-                  order by state, finished_at limit {cap}) c
-             union all select 'dead', count(*) from
-                 (select 1 from {t} where state = 'dead'
-                  order by state, finished_at limit {cap}) d
-             union all select 'estimated total',
-                 coalesce((select max(id) from {t}) - (select min(id) from {t}) + 1, 0)",
-            cap = crate::store::queue::TERMINAL_COUNT_CAP
-        )
-        .into(),
-        // Served by the fetch index (queue, run_at, id) where state = 'available'.
-        backlog: format!(
-            "select queue, count(*), {NOW} - min(run_at)
-             from {t} where state = 'available' and run_at <= {NOW}
-             group by queue order by queue"
-        )
-        .into(),
-        list: format!(
-            "select id, kind, job_key, queue, state, attempt, max_attempts, run_at, last_error,
-                    created_at, payload
-             from {t}
-             where ($1 is null or state = $1) and ($2 is null or kind = $2)
-             order by id desc limit $3"
-        )
-        .into(),
-        // The newest dead job of a key comes back, and only when no live job holds the key.
-        replay: format!(
-            "update {t} as j
-             set state = 'available', attempt = 0, run_at = {NOW}, finished_at = null,
-                 leased_until = null
-             where j.state = 'dead'
-               and ($1 is null or j.id = $1) and ($2 is null or j.kind = $2)
-               and j.id = (select max(d.id) from {t} d
-                           where d.job_key = j.job_key and d.state = 'dead')
-               and not exists (select 1 from {t} l where l.job_key = j.job_key and l.{live})
-             returning id"
-        )
-        .into(),
-        // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2`, from `$4`
-        // on (where the last batch ended); returns the finish times of the jobs deleted. One
-        // statement under SQLite's single writer: no replay can come between the pick and the
-        // delete.
-        prune_jobs: format!(
-            "delete from {t} where id in (
+            ),
+            // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2`, from `$4`
+            // on (where the last batch ended); returns the finish times of the jobs deleted. One
+            // statement under SQLite's single writer: no replay can come between the pick and the
+            // delete.
+            prune_jobs: format!(
+                "delete from {t} where id in (
                  select id from {t} where state = $1 and finished_at < $2 and finished_at >= $4
                  order by finished_at limit $3)
              returning finished_at"
-        )
-        .into(),
-        // How many jobs in state `$1` finished before `$2`.
-        count_prunable_jobs: format!(
-            "select count(*) from {} where state = $1 and finished_at < $2",
-            t
-        )
-        .into(),
-        notify: None,
-    }
+            ),
+            // How many jobs in state `$1` finished before `$2`.
+            count_prunable_jobs: format!(
+                "select count(*) from {} where state = $1 and finished_at < $2",
+                t
+            ),
+            notify: None,
+        },
+    )
 }
 
-/// Binds a batch for the `enqueue_many` statement: one JSON array of rows.
-pub(super) async fn enqueue_many(
-    conn: &mut sqlx::SqliteConnection,
-    sql: &QueueSql,
-    jobs: &[&NewJob],
-) -> sqlx::Result<Vec<(i64, String)>> {
-    let rows: Vec<_> = jobs
-        .iter()
-        .map(|job| {
-            (
-                &job.kind,
-                job.key.as_str(),
-                &job.queue,
-                job.payload.to_string(),
-                job.max_attempts as i32,
-                duration_micros(job.delay),
-            )
-        })
-        .collect();
-    let rows = serde_json::to_string(&rows).expect("strings and numbers serialize");
-    sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
-        .bind(rows)
-        .fetch_all(conn)
-        .await
-}
+impl QueueStore for Sqlite {
+    crate::store::queue::queue_statements!();
 
-/// The live jobs holding any of `keys`.
-pub(super) async fn live_jobs(
-    conn: &mut sqlx::SqliteConnection,
-    sql: &QueueSql,
-    keys: &[&str],
-) -> sqlx::Result<Vec<LiveJob>> {
-    let keys = serde_json::to_string(keys).expect("strings serialize");
-    let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
-        sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
-            .bind(keys)
+    /// Binds a batch for the `enqueue_many` statement: one JSON array of rows.
+    async fn enqueue_many(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        jobs: &[&NewJob],
+    ) -> sqlx::Result<Vec<InsertedJob>> {
+        let rows: Vec<_> = jobs
+            .iter()
+            .map(|job| {
+                (
+                    &job.kind,
+                    job.key.as_str(),
+                    &job.queue,
+                    job.payload.to_string(),
+                    job.max_attempts as i32,
+                    duration_micros(job.delay),
+                )
+            })
+            .collect();
+        let rows = serde_json::to_string(&rows).expect("strings and numbers serialize");
+        let rows: Vec<(i64, String)> = sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
+            .bind(rows)
             .fetch_all(conn)
             .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, key, kind, payload)| (id, key, kind, payload.0))
-        .collect())
+        Ok(rows.into_iter().map(InsertedJob::from).collect())
+    }
+
+    /// The live jobs holding any of `keys`.
+    async fn live_jobs(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        keys: &[&str],
+    ) -> sqlx::Result<Vec<LiveJob>> {
+        let keys = serde_json::to_string(keys).expect("strings serialize");
+        let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
+            sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
+                .bind(keys)
+                .fetch_all(conn)
+                .await?;
+        Ok(rows.into_iter().map(LiveJob::from).collect())
+    }
+
+    fn beat_aside(
+        pool: &Pool<Self>,
+        sql: &QueueSql,
+        lease: Lease,
+        by: Duration,
+    ) -> Option<std::io::Result<()>> {
+        let until = std::time::SystemTime::now() + by;
+        heartbeat::Heartbeats::of(pool, &sql.table).map(|files| files.beat(lease, until))
+    }
+
+    fn held_aside(pool: &Pool<Self>, sql: &QueueSql) -> Vec<String> {
+        heartbeat::Heartbeats::of(pool, &sql.table)
+            .map(|files| files.holding(std::time::SystemTime::now()))
+            .unwrap_or_default()
+    }
+
+    fn forget_aside(pool: &Pool<Self>, sql: &QueueSql, lease: Lease) {
+        if let Some(files) = heartbeat::Heartbeats::of(pool, &sql.table) {
+            files.forget(lease);
+        }
+    }
 }

@@ -9,21 +9,14 @@ use std::collections::HashSet;
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::Sqlite;
 
-use super::guard::NOW_MICROS;
-use crate::store::queue::Lease;
-use crate::store::{
-    GuardSql, HeldRow, NewClaim, QueueSql, WorkerSql, batch_claim_rows, unclaimed_keys,
+use crate::store::guard::{ClaimRow, GuardSql, NewClaim};
+use crate::store::queue::QueueSql;
+use crate::store::worker::{
+    BatchRow, CompletingClaim, HeldRow, WorkerSql, WorkerStatements, WorkerStore, batch_claim_rows,
+    unclaimed_keys,
 };
 use crate::table::TableName;
-
-pub(crate) fn worker_sql(guard: &TableName, jobs: &TableName) -> WorkerSql {
-    WorkerSql {
-        claim_completing: None,
-        complete_many: Some(complete_many(jobs).into()),
-        claim_completing_many: Some(claim_many(guard).into()),
-        held: Some(held(guard).into()),
-    }
-}
+use jobguard_core::sql::sqlite::NOW_MICROS;
 
 /// Completes the jobs (`$1`, a JSON array of `[id, lease token]`) whose lease still holds;
 /// returns their ids. A job whose lease was taken over is left alone: fenced.
@@ -67,74 +60,80 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-/// [`Backend::claim_completing_many`](crate::store::Backend::claim_completing_many) on SQLite.
-pub(crate) async fn claim_completing_many(
-    conn: &mut <Sqlite as sqlx::Database>::Connection,
-    sql: (&GuardSql, &QueueSql, &WorkerSql),
-    claims: &[(NewClaim<'_>, Lease)],
-) -> sqlx::Result<Vec<Option<crate::store::ClaimRow>>> {
-    let statements = sql.2;
-    let leases: Vec<(i64, i64)> = claims
-        .iter()
-        .map(|(_, lease)| (lease.job_id, lease.token))
-        .collect();
-    let complete = statements
-        .complete_many
-        .as_deref()
-        .expect("built by worker_sql");
-    let completed: HashSet<i64> = sqlx::query_scalar(AssertSqlSafe(complete))
-        .bind(serde_json::to_string(&leases).expect("integers serialize"))
-        .fetch_all(&mut *conn)
-        .await?
-        .into_iter()
-        .collect();
-    // The first completed job of each key claims it; a later one of the same key is a
-    // duplicate of it. In key order, as on PostgreSQL.
-    let mut firsts: Vec<(usize, &NewClaim<'_>)> = Vec::new();
-    let mut seen = HashSet::new();
-    for (i, (claim, lease)) in claims.iter().enumerate() {
-        if completed.contains(&lease.job_id) && seen.insert(claim.key) {
-            firsts.push((i, claim));
+impl WorkerStore for Sqlite {
+    fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
+        WorkerSql {
+            claim_completing: None,
+            complete_many: Some(complete_many(&queue.table).into()),
+            claim_completing_many: Some(claim_many(&guard.table).into()),
+            held: Some(held(&guard.table).into()),
         }
     }
-    firsts.sort_by_key(|(_, claim)| claim.key);
-    let mut inserted = HashSet::new();
-    if !firsts.is_empty() {
-        let rows: Vec<(&str, &str, Option<String>, String)> = firsts
+
+    /// Three statements for the whole batch under the write lock: complete, claim, read the
+    /// held keys.
+    async fn claim_completing_many(
+        conn: &mut Self::Connection,
+        sql: WorkerStatements<'_>,
+        jobs: &[CompletingClaim<'_>],
+    ) -> sqlx::Result<Vec<Option<ClaimRow>>> {
+        let statements = sql.worker;
+        let leases: Vec<(i64, i64)> = jobs
             .iter()
-            .map(|(_, claim)| {
-                let fingerprint = claim.fingerprint.map(|f| hex(f.as_bytes()));
-                (claim.key, claim.kind, fingerprint, hex(&claim.token.0))
-            })
+            .map(|job| (job.lease.job_id, job.lease.token))
             .collect();
-        let claim = statements
-            .claim_completing_many
-            .as_deref()
-            .expect("built by worker_sql");
-        inserted = sqlx::query_scalar::<_, String>(AssertSqlSafe(claim))
-            .bind(serde_json::to_string(&rows).expect("strings serialize"))
+        let complete = WorkerSql::built(&statements.complete_many);
+        let completed: HashSet<i64> = sqlx::query_scalar(AssertSqlSafe(complete))
+            .bind(serde_json::to_string(&leases).expect("integers serialize"))
             .fetch_all(&mut *conn)
             .await?
             .into_iter()
             .collect();
+        // The first completed job of each key claims it; a later one of the same key is a
+        // duplicate of it. In key order, as on PostgreSQL.
+        let mut firsts: Vec<(usize, &NewClaim<'_>)> = Vec::new();
+        let mut seen = HashSet::new();
+        for (i, job) in jobs.iter().enumerate() {
+            if completed.contains(&job.lease.job_id) && seen.insert(job.claim.key) {
+                firsts.push((i, &job.claim));
+            }
+        }
+        firsts.sort_by_key(|(_, claim)| claim.key);
+        let mut inserted = HashSet::new();
+        if !firsts.is_empty() {
+            let rows: Vec<(&str, &str, Option<String>, String)> = firsts
+                .iter()
+                .map(|(_, claim)| {
+                    let fingerprint = claim.fingerprint.map(|f| hex(f.as_bytes()));
+                    (claim.key, claim.kind, fingerprint, hex(&claim.token.0))
+                })
+                .collect();
+            let claim = WorkerSql::built(&statements.claim_completing_many);
+            inserted = sqlx::query_scalar::<_, String>(AssertSqlSafe(claim))
+                .bind(serde_json::to_string(&rows).expect("strings serialize"))
+                .fetch_all(&mut *conn)
+                .await?
+                .into_iter()
+                .collect();
+        }
+        let first: HashSet<usize> = firsts.iter().map(|(i, _)| *i).collect();
+        let rows: Vec<BatchRow> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, job)| BatchRow {
+                completed: completed.contains(&job.lease.job_id),
+                claimed: first.contains(&i) && inserted.contains(job.claim.key),
+            })
+            .collect();
+        let unclaimed = unclaimed_keys(jobs, &rows);
+        let mut held_rows: Vec<HeldRow> = Vec::new();
+        if !unclaimed.is_empty() {
+            let statement = WorkerSql::built(&statements.held);
+            held_rows = sqlx::query_as(AssertSqlSafe(statement))
+                .bind(serde_json::to_string(&unclaimed).expect("strings serialize"))
+                .fetch_all(&mut *conn)
+                .await?;
+        }
+        Ok(batch_claim_rows(jobs, &rows, held_rows))
     }
-    let first: HashSet<usize> = firsts.iter().map(|(i, _)| *i).collect();
-    let rows: Vec<(bool, bool)> = claims
-        .iter()
-        .enumerate()
-        .map(|(i, (claim, lease))| {
-            let claimed = first.contains(&i) && inserted.contains(claim.key);
-            (completed.contains(&lease.job_id), claimed)
-        })
-        .collect();
-    let unclaimed = unclaimed_keys(claims, &rows);
-    let mut held_rows: Vec<HeldRow> = Vec::new();
-    if !unclaimed.is_empty() {
-        let statement = statements.held.as_deref().expect("built by worker_sql");
-        held_rows = sqlx::query_as(AssertSqlSafe(statement))
-            .bind(serde_json::to_string(&unclaimed).expect("strings serialize"))
-            .fetch_all(&mut *conn)
-            .await?;
-    }
-    Ok(batch_claim_rows(claims, &rows, held_rows))
 }

@@ -87,7 +87,7 @@ async fn job_actions_change_only_the_states_they_apply_to<DB: TestDb>() {
     let waiting = queue.enqueue(&job("credit", 2)).await.unwrap().id;
     conflict(console.retry(waiting).await, waiting, "has not failed");
     console.cancel(waiting).await.unwrap();
-    let cancelled = console.job(waiting).await.unwrap().summary;
+    let cancelled = console.job(waiting).await.unwrap().job;
     assert_eq!(cancelled.state, JobState::Dead);
     assert_eq!(cancelled.attempt, 0);
     assert_eq!(cancelled.last_error.as_deref(), Some(CANCELLED));

@@ -1,0 +1,155 @@
+//! The queue's statements: the text both dialects share, written once here over a
+//! [`QueueDialect`] of the fragments in which they differ, joined by [`QueueSql::new`] with the
+//! statements each dialect writes whole ([`DialectStatements`]: the table, the enqueue shared
+//! with the Python package, the batches, the fetch, the heartbeats of many leases, the rescue
+//! and the prune, whose locking or parameters differ).
+
+use std::sync::Arc;
+
+use super::{QueueSql, TERMINAL_COUNT_CAP};
+use crate::table::TableName;
+
+/// What the queue's shared statements differ in between dialects.
+pub(crate) struct QueueDialect {
+    /// The current time, as the table keeps times.
+    pub now: &'static str,
+    /// Appended to a parameter of microseconds to add it to [`now`](Self::now).
+    pub plus_micros: &'static str,
+    /// A time (or a span of time) as microseconds, as the store decodes times.
+    pub as_micros: fn(&str) -> String,
+    /// Casts that a parameter compared with `is null` needs to have a type: to `int8`, `text`.
+    pub int8: &'static str,
+    pub text: &'static str,
+    /// The row count that finished states above [`TERMINAL_COUNT_CAP`] are estimated from, of
+    /// the jobs table given.
+    pub estimated_total: fn(&str) -> String,
+}
+
+/// The statements a dialect writes whole; [`QueueSql`] documents each.
+pub(crate) struct DialectStatements {
+    pub create: Vec<String>,
+    pub enqueue: String,
+    pub enqueue_many: String,
+    pub live_jobs: String,
+    pub fetch: String,
+    pub heartbeat_many: String,
+    pub rescue: String,
+    pub prune_jobs: String,
+    pub count_prunable_jobs: String,
+    pub notify: Option<&'static str>,
+}
+
+/// The columns of a listed job, as [`JobRow::from_row`](super::JobRow::from_row) decodes them,
+/// for `Queue::list` and the console.
+pub(crate) fn job_row_columns(dialect: &QueueDialect) -> String {
+    let micros = dialect.as_micros;
+    format!(
+        "id, kind, job_key, queue, state, attempt, max_attempts, {}, last_error, {}, {}, payload",
+        micros("run_at"),
+        micros("created_at"),
+        micros("finished_at"),
+    )
+}
+
+impl QueueSql {
+    /// The statements on the jobs table `table`: the dialect's own, and the shared ones in
+    /// its dialect.
+    pub(crate) fn new(table: &TableName, dialect: &QueueDialect, own: DialectStatements) -> Self {
+        let QueueDialect {
+            now,
+            plus_micros: m,
+            as_micros,
+            int8,
+            text,
+            estimated_total,
+        } = dialect;
+        let t = table.quoted();
+        let live = "state in ('available', 'running')";
+        let fenced = "where id = $1 and lease_token = $2 and state = 'running'";
+        let columns = job_row_columns(dialect);
+        QueueSql {
+            table: table.clone(),
+            create: own.create.into_iter().map(Into::into).collect(),
+            enqueue: own.enqueue.into(),
+            // The Python package's text too, the same in every dialect.
+            live_job: jobguard_core::sql::live_job(table).into(),
+            enqueue_many: own.enqueue_many.into(),
+            live_jobs: own.live_jobs.into(),
+            fetch: own.fetch.into(),
+            // Every statement that ends or extends a lease names the attempt that holds it, so a
+            // worker whose lease expired and was taken over changes nothing.
+            complete: format!(
+                "update {t} set state = 'completed', finished_at = {now}, leased_until = null
+                 {fenced}"
+            )
+            .into(),
+            retry: format!(
+                "update {t} set state = 'available', run_at = {now} + $3{m}, last_error = $4,
+                 leased_until = null {fenced}"
+            )
+            .into(),
+            dead: format!(
+                "update {t} set state = 'dead', finished_at = {now}, last_error = $3,
+                 leased_until = null {fenced}"
+            )
+            .into(),
+            release: format!(
+                "update {t} set state = 'available', attempt = attempt - 1, leased_until = null
+                 {fenced}"
+            )
+            .into(),
+            // One lease, outside a worker's own heartbeats (on SQLite through the busy timeout,
+            // outside this process's writer turn).
+            heartbeat: format!("update {t} set leased_until = {now} + $3{m} {fenced}").into(),
+            heartbeat_many: own.heartbeat_many.into(),
+            rescue: own.rescue.into(),
+            // Live states are counted exactly through their partial indexes (the fetch and lease
+            // indexes), finished ones up to TERMINAL_COUNT_CAP rows through the `finished`
+            // index, so a sample costs the same with 10M finished rows as with none. `estimated
+            // total` is what finished states above the cap are estimated from.
+            counts: format!(
+                "select 'available', count(*) from {t} where state = 'available'
+                 union all select 'running', count(*) from {t} where state = 'running'
+                 union all select 'completed', count(*) from
+                     (select 1 from {t} where state = 'completed'
+                      order by state, finished_at limit {TERMINAL_COUNT_CAP}) c
+                 union all select 'dead', count(*) from
+                     (select 1 from {t} where state = 'dead'
+                      order by state, finished_at limit {TERMINAL_COUNT_CAP}) d
+                 union all select 'estimated total', {}",
+                estimated_total(&t)
+            )
+            .into(),
+            // Served by the fetch index (queue, run_at, id) where state = 'available'.
+            backlog: format!(
+                "select queue, count(*), {}
+                 from {t} where state = 'available' and run_at <= {now}
+                 group by queue order by queue",
+                as_micros(&format!("{now} - min(run_at)"))
+            )
+            .into(),
+            list: format!(
+                "select {columns} from {t}
+                 where ($1{text} is null or state = $1) and ($2{text} is null or kind = $2)
+                 order by id desc limit $3"
+            )
+            .into(),
+            // The newest dead job of a key comes back, and only when no live job holds the key.
+            replay: format!(
+                "update {t} as j
+                 set state = 'available', attempt = 0, run_at = {now}, finished_at = null,
+                     leased_until = null
+                 where j.state = 'dead'
+                   and ($1{int8} is null or j.id = $1) and ($2{text} is null or j.kind = $2)
+                   and j.id = (select max(d.id) from {t} d
+                               where d.job_key = j.job_key and d.state = 'dead')
+                   and not exists (select 1 from {t} l where l.job_key = j.job_key and l.{live})
+                 returning id"
+            )
+            .into(),
+            notify: own.notify.map(Arc::from),
+            prune_jobs: own.prune_jobs.into(),
+            count_prunable_jobs: own.count_prunable_jobs.into(),
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The binding and decoding of the queue's statements, the same on every backend: only their
+//! SQL differs, and that comes from the backend's [`QueueSql`](super::QueueSql). The order in
+//! which each statement's parameters are bound here is the contract its SQL text meets.
+
+/// The [`QueueStore`](super::QueueStore) methods whose binding and decoding are the same on
+/// every backend, with [`QueueStore::queue_sql`](super::QueueStore::queue_sql) from a module
+/// named `queue` in scope (its `queue_sql(table)`). Expanded inside each `impl QueueStore`,
+/// where the backend's `Row` and `Connection` types are concrete.
+macro_rules! queue_statements {
+    () => {
+        fn queue_sql(
+            table: &$crate::table::TableName,
+        ) -> $crate::Result<$crate::store::queue::QueueSql> {
+            <Self as $crate::store::guard::GuardStore>::guard_sql(table)?;
+            Ok(queue_sql(table))
+        }
+
+        async fn enqueue(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::queue::QueueSql,
+            job: &$crate::store::queue::NewJob,
+        ) -> sqlx::Result<Option<i64>> {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.enqueue.clone()))
+                .bind(&job.kind)
+                .bind(job.key.as_str())
+                .bind(&job.queue)
+                .bind(sqlx::types::Json(&job.payload))
+                .bind(job.max_attempts as i32)
+                .bind($crate::time::duration_micros(job.delay))
+                .fetch_optional(conn)
+                .await
+        }
+
+        async fn live_job(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::queue::QueueSql,
+            key: &str,
+        ) -> sqlx::Result<Option<$crate::store::queue::LiveJob>> {
+            let row: Option<(i64, String, sqlx::types::Json<serde_json::Value>)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql.live_job.clone()))
+                    .bind(key)
+                    .fetch_optional(conn)
+                    .await?;
+            Ok(row.map(|(id, kind, payload)| $crate::store::queue::LiveJob {
+                id,
+                key: key.to_owned(),
+                kind,
+                payload: payload.0,
+            }))
+        }
+
+        async fn notify(
+            conn: &mut Self::Connection,
+            statement: &std::sync::Arc<str>,
+            channel: &str,
+            payload: &str,
+        ) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+                .bind(channel)
+                .bind(payload)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn fetch(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::queue::QueueSql,
+            fetch: $crate::store::queue::Fetch<'_>,
+        ) -> sqlx::Result<Vec<$crate::store::queue::LeasedJob>> {
+            use sqlx::Row as _;
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.fetch.clone()))
+                .bind(fetch.queue)
+                .bind(i64::from(fetch.limit))
+                .bind($crate::time::duration_micros(fetch.lease))
+                .fetch_all(pool)
+                .await?;
+            rows.into_iter()
+                .map(|row| {
+                    let payload: sqlx::types::Json<serde_json::Value> = row.try_get(3)?;
+                    Ok($crate::store::queue::LeasedJob {
+                        lease: $crate::store::queue::Lease {
+                            job_id: row.try_get(0)?,
+                            attempt: row.try_get(4)?,
+                            token: row.try_get(7)?,
+                        },
+                        kind: row.try_get(1)?,
+                        key: row.try_get(2)?,
+                        payload: payload.0,
+                        max_attempts: row.try_get(5)?,
+                        leased_until: $crate::time::micros_to_time(row.try_get(6)?),
+                    })
+                })
+                .collect()
+        }
+
+        async fn settle(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::queue::QueueSql,
+            lease: $crate::store::queue::Lease,
+            how: $crate::store::queue::Settle<'_>,
+        ) -> sqlx::Result<bool> {
+            use $crate::store::queue::Settle;
+            use $crate::time::duration_micros;
+            let statement = match how {
+                Settle::Complete => &sql.complete,
+                Settle::Retry { .. } => &sql.retry,
+                Settle::Dead { .. } => &sql.dead,
+                Settle::Release => &sql.release,
+                Settle::Extend { .. } => &sql.heartbeat,
+            };
+            let query = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+                .bind(lease.job_id)
+                .bind(lease.token);
+            let query = match how {
+                Settle::Complete | Settle::Release => query,
+                Settle::Retry { delay, error } => query.bind(duration_micros(delay)).bind(error),
+                Settle::Dead { error } => query.bind(error),
+                Settle::Extend { lease } => query.bind(duration_micros(lease)),
+            };
+            Ok(query.execute(conn).await?.rows_affected() == 1)
+        }
+
+        async fn extend_leases(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::queue::QueueSql,
+            leases: &[$crate::store::queue::Lease],
+            by: std::time::Duration,
+        ) -> sqlx::Result<Vec<i64>> {
+            let held: Vec<serde_json::Value> = leases
+                .iter()
+                .map(|lease| serde_json::json!({ "id": lease.job_id, "token": lease.token }))
+                .collect();
+            let held = serde_json::Value::Array(held).to_string();
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.heartbeat_many.clone()))
+                .bind(held)
+                .bind($crate::time::duration_micros(by))
+                .fetch_all(pool)
+                .await
+        }
+
+        async fn rescue(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::queue::QueueSql,
+            max_attempts: i32,
+            mut held: Vec<String>,
+        ) -> sqlx::Result<u64> {
+            // The heartbeats kept outside the table are read once the transaction holds the
+            // write lock (SQLite's `begin immediate`): read before, they would miss the
+            // heartbeats written while the rescue waited for the lock, however long that was.
+            let mut tx = <Self as $crate::store::database::Store>::begin(pool).await?;
+            held.extend(Self::held_aside(pool, sql));
+            let held = serde_json::to_string(&held).expect("strings serialize");
+            let done = sqlx::query(sqlx::AssertSqlSafe(sql.rescue.clone()))
+                .bind(max_attempts)
+                .bind(held)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn counts(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::queue::QueueSql,
+        ) -> sqlx::Result<Vec<$crate::store::database::StateCount>> {
+            let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.counts.clone()))
+                .fetch_all(pool)
+                .await?;
+            Ok(rows.into_iter().map($crate::store::database::StateCount::from).collect())
+        }
+
+        async fn backlog(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::queue::QueueSql,
+        ) -> sqlx::Result<Vec<$crate::store::queue::Backlog>> {
+            let rows: Vec<(String, i64, i64)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql.backlog.clone()))
+                    .fetch_all(pool)
+                    .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(queue, ready, oldest_micros)| $crate::store::queue::Backlog {
+                    queue,
+                    ready,
+                    oldest_wait: std::time::Duration::from_micros(oldest_micros.max(0) as u64),
+                })
+                .collect())
+        }
+
+        async fn list(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::queue::QueueSql,
+            state: Option<&str>,
+            kind: Option<&str>,
+            limit: u32,
+        ) -> $crate::Result<Vec<$crate::store::queue::JobRow>> {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.list.clone()))
+                .bind(state)
+                .bind(kind)
+                .bind(i64::from(limit))
+                .fetch_all(pool)
+                .await?;
+            rows.iter().map($crate::store::queue::JobRow::from_row).collect()
+        }
+
+        async fn replay(
+            pool: &sqlx::Pool<Self>,
+            sql: &$crate::store::queue::QueueSql,
+            id: Option<i64>,
+            kind: Option<&str>,
+        ) -> sqlx::Result<Vec<i64>> {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.replay.clone()))
+                .bind(id)
+                .bind(kind)
+                .fetch_all(pool)
+                .await
+        }
+    };
+}
+pub(crate) use queue_statements;
