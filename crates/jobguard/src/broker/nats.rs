@@ -177,28 +177,25 @@ fn stops_first(max_deliver: i64, max_deliveries: u32) -> bool {
 /// Creates the streams and the durable consumer of `config` when missing; see the
 /// [module documentation](self).
 pub async fn declare(context: &Context, config: &NatsConfig) -> Result<PullConsumer> {
-    let work = context
-        .get_or_create_stream(stream::Config {
+    let work = declare_stream(
+        context,
+        stream::Config {
             name: config.stream.clone(),
             subjects: vec![config.subject.clone()],
             retention: RetentionPolicy::WorkQueue,
             ..stream::Config::default()
-        })
-        .await
-        .map_err(|error| broker_error(format!("create the stream `{}`", config.stream), error))?;
-    context
-        .get_or_create_stream(stream::Config {
+        },
+    )
+    .await?;
+    declare_stream(
+        context,
+        stream::Config {
             name: config.dead_letter_stream(),
             subjects: vec![config.dead_letter_subject.clone()],
             ..stream::Config::default()
-        })
-        .await
-        .map_err(|error| {
-            broker_error(
-                format!("create the stream `{}`", config.dead_letter_stream()),
-                error,
-            )
-        })?;
+        },
+    )
+    .await?;
     let mut consumer: PullConsumer = work
         .get_or_create_consumer(&config.consumer, config.consumer_config())
         .await
@@ -615,6 +612,22 @@ async fn connect(url: &str) -> Result<async_nats::Client> {
             error,
         )
     })
+}
+
+/// Gets or creates a stream. Consumers started together race to create it: the server can
+/// refuse the loser's create (JetStream answered "subjects overlap with an existing stream" to
+/// the second of two creates of one stream), though the stream it wanted now exists. So a
+/// failed create is followed by one more look: the stream found is used, and only when there is
+/// still none is the create's error returned.
+async fn declare_stream(context: &Context, config: stream::Config) -> Result<stream::Stream> {
+    let name = config.name.clone();
+    match context.get_or_create_stream(config).await {
+        Ok(stream) => Ok(stream),
+        Err(error) => match context.get_stream(&name).await {
+            Ok(stream) => Ok(stream),
+            Err(_) => Err(broker_error(format!("create the stream `{name}`"), error)),
+        },
+    }
 }
 
 fn broker_error(
