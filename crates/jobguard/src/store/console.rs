@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::Pool;
 
-use crate::store::queue::{JobRow, JobState, serialize_optional_time, serialize_time};
+use crate::store::queue::{HELD, JobRow, JobState, STATE, serialize_optional_time, serialize_time};
 use crate::table::TableName;
 
 /// The most jobs one page of [`Console::jobs`](crate::console::Console::jobs) returns.
@@ -43,13 +43,21 @@ impl JobFilter {
     /// has to allow for an absent filter.
     pub(crate) fn clause(&self) -> String {
         let mut conditions = Vec::new();
+        let mut lease = None;
         let mut next = 1;
         let mut condition = |column: &str, op: &str| {
             conditions.push(format!("{column} {op} ${next}"));
             next += 1;
         };
-        if self.state.is_some() {
+        if let Some(state) = self.state {
             condition("state", "=");
+            // Held and waiting jobs share the stored state `available`: their lease tells
+            // them apart.
+            lease = match state {
+                JobState::Available => Some("leased_until is null"),
+                JobState::Running => Some("leased_until is not null"),
+                JobState::Completed | JobState::Dead => None,
+            };
         }
         if self.kind.is_some() {
             condition("kind", "=");
@@ -63,6 +71,7 @@ impl JobFilter {
         if self.before.is_some() {
             condition("id", "<");
         }
+        conditions.extend(lease.map(str::to_owned));
         let filter = if conditions.is_empty() {
             String::new()
         } else {
@@ -230,7 +239,7 @@ pub(crate) fn list(t: &str, columns: &str) -> String {
 }
 
 pub(crate) fn state_of(t: &str) -> String {
-    format!("select state, job_key from {t} where id = $1")
+    format!("select {STATE}, job_key from {t} where id = $1")
 }
 
 pub(crate) fn live_holder(t: &str) -> String {
@@ -242,7 +251,7 @@ pub(crate) fn live_holder(t: &str) -> String {
 
 /// Only a job no worker holds.
 pub(crate) fn delete(t: &str) -> String {
-    format!("delete from {t} where id = $1 and state <> 'running' returning queue")
+    format!("delete from {t} where id = $1 and not ({HELD}) returning queue")
 }
 
 /// The console's statements each backend implements.
@@ -332,7 +341,7 @@ macro_rules! console_statements {
             let statement = format!("{} {}", sql.list, filter.clause());
             let mut query = sqlx::query(sqlx::AssertSqlSafe(statement));
             if let Some(state) = filter.state {
-                query = query.bind(state.as_str());
+                query = query.bind(state.stored());
             }
             for text in [&filter.kind, &filter.queue, &filter.key]
                 .into_iter()

@@ -34,6 +34,32 @@ pub(crate) fn queue_states(table: &TableName) -> String {
     table.derived_qualified("queues")
 }
 
+/// A job a worker holds: its lease is the token and `leased_until`, and its stored state stays
+/// `available`. No index holds `leased_until`, the token or the attempt, so taking, extending
+/// and giving back a lease changes no indexed column: on PostgreSQL a heap-only (HOT) update
+/// that writes no index entry, on SQLite an update of the row alone. Every statement that ends
+/// a lease sets `leased_until` back to null.
+pub(crate) const HELD: &str = "state = 'available' and leased_until is not null";
+/// A job waiting for a worker: available, and no lease on it.
+pub(crate) const WAITING: &str = "state = 'available' and leased_until is null";
+/// The state a job is reported in: `running` while a worker holds it.
+pub(crate) const STATE: &str =
+    "case when state = 'available' and leased_until is not null then 'running' else state end";
+
+/// Statements that bring a jobs table from an earlier schema to this one, run by every
+/// migration after the table's own statements (each does nothing the second time): jobs
+/// leased under the earlier schema, stored as `running`, are held jobs in this one, and the
+/// index of `running` leases is gone.
+pub(crate) fn job_upgrades(table: &TableName) -> Vec<String> {
+    vec![
+        format!(
+            "update {} set state = 'available' where state = 'running'",
+            table.quoted()
+        ),
+        format!("drop index if exists {}", table.derived_qualified("leases")),
+    ]
+}
+
 /// The indexes of a jobs table, the same statements on both backends (their SQL is common to
 /// PostgreSQL and SQLite), created after the table itself.
 pub(crate) fn job_indexes(table: &TableName) -> Vec<String> {
@@ -49,10 +75,6 @@ pub(crate) fn job_indexes(table: &TableName) -> Vec<String> {
         format!(
             "create index if not exists {} on {t} (queue, run_at, id) where state = 'available'",
             table.derived("fetch")
-        ),
-        format!(
-            "create index if not exists {} on {t} (leased_until) where state = 'running'",
-            table.derived("leases")
         ),
         // Pruning finished jobs takes the oldest of one state in batches, and counts stop after
         // a bounded number of them: both walk this index, never the whole table. Not partial:
@@ -219,7 +241,16 @@ pub enum JobState {
 }
 
 impl JobState {
-    /// The state's name as stored.
+    /// The state stored for a job in this state: a running job is an available one that a
+    /// worker holds a lease on (see `HELD`).
+    pub(crate) fn stored(&self) -> &'static str {
+        match self {
+            JobState::Running => "available",
+            other => other.as_str(),
+        }
+    }
+
+    /// The state's name, as reported.
     pub fn as_str(&self) -> &'static str {
         match self {
             JobState::Available => "available",

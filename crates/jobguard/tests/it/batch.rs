@@ -182,7 +182,8 @@ async fn a_fenced_job_in_a_batch_claims_nothing<DB: TestDb>() {
         ..batching()
     };
     let draining = tokio::spawn(drain::<DB>(queue.clone(), config));
-    let leased = "select count(*) from jobguard_jobs where state = 'running'";
+    let leased =
+        "select count(*) from jobguard_jobs where state = 'available' and leased_until is not null";
     while DB::count(&pool, leased).await < 4 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

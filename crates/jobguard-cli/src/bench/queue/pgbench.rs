@@ -41,8 +41,10 @@ where
     let jobs = transactions * concurrency as usize;
     let mut conn = pool.acquire().await?;
     conn.execute(sqlx::AssertSqlSafe(format!(
-        "insert into {PGBENCH_JOBS} (kind, job_key, queue, payload, state, attempt, lease_token, max_attempts)
-         select 'bench-credit', 'bench-credit:order-' || n, 'default', '{{}}', 'running', 1, 1, 10
+        "insert into {PGBENCH_JOBS}
+             (kind, job_key, queue, payload, state, attempt, lease_token, leased_until, max_attempts)
+         select 'bench-credit', 'bench-credit:order-' || n, 'default', '{{}}', 'available', 1, 1,
+                now() + interval '1 day', 10
          from generate_series(1, {jobs}) n"
     )))
     .await?;
@@ -65,7 +67,7 @@ where
         "\\set key random(1, 2000000000)\n\
          BEGIN;\n\
          WITH next AS (SELECT nextval('{PGBENCH_NEXT}') AS id), \
-         completed AS (UPDATE {PGBENCH_JOBS} j SET state = 'completed', finished_at = now(), leased_until = NULL FROM next WHERE j.id = next.id AND j.lease_token = 1 AND j.state = 'running' RETURNING 1) \
+         completed AS (UPDATE {PGBENCH_JOBS} j SET state = 'completed', finished_at = now(), leased_until = NULL FROM next WHERE j.id = next.id AND j.lease_token = 1 AND j.state = 'available' AND j.leased_until IS NOT NULL RETURNING 1) \
          SELECT c.*, EXISTS (SELECT 1 FROM completed) FROM {PGBENCH_GUARD}_claim('bench-credit-order-' || CAST(:key AS text), 'bench-credit', NULL, '\\x00'::bytea) c;\n\
          INSERT INTO {LEDGER} (account, amount) VALUES (7, 500);\n\
          COMMIT;\n"

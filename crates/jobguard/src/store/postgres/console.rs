@@ -4,8 +4,8 @@ use sqlx::postgres::Postgres;
 
 use super::queue::micros;
 use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
-use crate::store::queue::queue_states;
 use crate::store::queue::sql::job_row_columns;
+use crate::store::queue::{WAITING, queue_states};
 
 impl ConsoleStore for Postgres {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
@@ -40,7 +40,8 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
                  attempt = case when j.state = 'dead' then 0 else j.attempt end,
                  run_at = now(), finished_at = null, leased_until = null
              where j.id = $1
-               and (j.state = 'dead' or (j.state = 'available' and j.last_error is not null))
+               and (j.state = 'dead' or (j.state = 'available' and j.leased_until is null
+                    and j.last_error is not null))
                and not exists (select 1 from {t} l
                                where l.job_key = j.job_key and l.{live} and l.id <> j.id)
              returning j.queue"
@@ -51,7 +52,7 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
         cancel: format!(
             "update {t} set state = 'dead', finished_at = now(), leased_until = null,
                  last_error = $2
-             where id = $1 and state = 'available'
+             where id = $1 and {WAITING}
              returning queue"
         )
         .into(),

@@ -9,7 +9,8 @@ use sqlx::postgres::Postgres;
 
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
-    InsertedJob, LiveJob, NewJob, QueueSql, QueueStore, job_indexes, queue_states,
+    HELD, InsertedJob, LiveJob, NewJob, QueueSql, QueueStore, WAITING, job_indexes, job_upgrades,
+    queue_states,
 };
 use crate::table::TableName;
 use crate::time::duration_micros;
@@ -60,9 +61,14 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                 last_error   text,
                 created_at   timestamptz not null default now(),
                 finished_at  timestamptz
-            )"
+            ) with (fillfactor = 70)"
     ));
+    // Room on each page for a job's next row version, so that taking and extending its lease
+    // (which change no indexed column) are heap-only updates; for a table made before, the
+    // pages written from now on.
+    create.push(format!("alter table {t} set (fillfactor = 70)"));
     create.extend(job_indexes(table));
+    create.extend(job_upgrades(table));
     // Queues an operator paused: the fetch below takes nothing from them.
     create.push(format!(
         "create table if not exists {} (
@@ -102,7 +108,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             fetch: format!(
                 "with picked as (
                  select id from {t}
-                 where state = 'available' and queue = $1 and run_at <= now()
+                 where {WAITING} and queue = $1 and run_at <= now()
                    -- a paused queue gives out nothing; jobs already leased run on
                    and not exists (select 1 from {paused_table} p
                                    where p.name = $1 and p.paused)
@@ -111,7 +117,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  for update skip locked
              )
              update {t} j
-             set state = 'running', attempt = j.attempt + 1, lease_token = j.lease_token + 1,
+             set attempt = j.attempt + 1, lease_token = j.lease_token + 1,
                  leased_until = now() + $3 {micros}
              from picked where j.id = picked.id
              returning j.id, j.kind, j.job_key, j.payload, j.attempt, j.max_attempts,
@@ -125,12 +131,12 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             "with held as (select * from jsonb_to_recordset($1::jsonb) as h(id int8, token int8)),
                   free as (select j.id from {t} j join held h
                            on j.id = h.id and j.lease_token = h.token
-                           where j.state = 'running'
+                           where {HELD}
                            for update of j skip locked),
                   extended as (update {t} set leased_until = now() + $2 {micros}
                                where id in (select id from free) returning id)
              select h.id from held h join {t} j
-             on j.id = h.id and j.lease_token = h.token and j.state = 'running'"
+             on j.id = h.id and j.lease_token = h.token and {HELD}"
         ),
             // The last attempt is the lesser of the job's own limit and the worker's retry
             // policy ($1), as when an attempt fails: a job is never given more attempts by
@@ -143,7 +149,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
                  leased_until = null
              where id in (select id from {t}
-                          where state = 'running' and leased_until < now()
+                          where {HELD} and leased_until < now()
                             -- leases known to hold ($2, `id:token`): on PostgreSQL those of
                             -- the worker that rescues, whose heartbeats are in the table
                             and (id::text || ':' || lease_token::text)

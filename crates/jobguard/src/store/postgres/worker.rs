@@ -6,7 +6,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::guard::claim_row;
 use crate::store::guard::{ClaimRow, GuardSql};
-use crate::store::queue::QueueSql;
+use crate::store::queue::{HELD, QueueSql};
 use crate::store::worker::{
     BatchRow, CompletingClaim, HeldRow, WorkerSql, WorkerStatements, WorkerStore, batch_claim_rows,
     unclaimed_keys,
@@ -99,11 +99,12 @@ fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
     format!(
         "with completed as (
              update {jobs} set state = 'completed', finished_at = now(), leased_until = null
-             where id = $5 and lease_token = $6 and state = 'running'
+             where id = $5 and lease_token = $6 and {held}
              returning 1
          )
          select c.* from completed left join lateral {claim}($1, $2, $3, $4) c on true",
         jobs = jobs.quoted(),
+        held = HELD,
         claim = guard.derived_qualified("claim"),
     )
 }
@@ -134,7 +135,8 @@ fn claim_completing_many(guard: &TableName, jobs: &TableName) -> String {
          completed as (
              update {jobs} j set state = 'completed', finished_at = now(), leased_until = null
              from batch b
-             where j.id = b.job_id and j.lease_token = b.lease_token and j.state = 'running'
+             where j.id = b.job_id and j.lease_token = b.lease_token
+               and j.state = 'available' and j.leased_until is not null
              returning j.id
          ),
          first_of_key as (

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::{QueueSql, TERMINAL_COUNT_CAP};
+use super::{HELD, QueueSql, STATE, TERMINAL_COUNT_CAP, WAITING};
 use crate::table::TableName;
 
 /// What the queue's shared statements differ in between dialects.
@@ -44,7 +44,7 @@ pub(crate) struct DialectStatements {
 pub(crate) fn job_row_columns(dialect: &QueueDialect) -> String {
     let micros = dialect.as_micros;
     format!(
-        "id, kind, job_key, queue, state, attempt, max_attempts, {}, last_error, {}, {}, payload",
+        "id, kind, job_key, queue, {STATE}, attempt, max_attempts, {}, last_error, {}, {}, payload",
         micros("run_at"),
         micros("created_at"),
         micros("finished_at"),
@@ -65,7 +65,7 @@ impl QueueSql {
         } = dialect;
         let t = table.quoted();
         let live = "state in ('available', 'running')";
-        let fenced = "where id = $1 and lease_token = $2 and state = 'running'";
+        let fenced = format!("where id = $1 and lease_token = $2 and {HELD}");
         let columns = job_row_columns(dialect);
         QueueSql {
             table: table.clone(),
@@ -103,13 +103,13 @@ impl QueueSql {
             heartbeat: format!("update {t} set leased_until = {now} + $3{m} {fenced}").into(),
             heartbeat_many: own.heartbeat_many.into(),
             rescue: own.rescue.into(),
-            // Live states are counted exactly through their partial indexes (the fetch and lease
-            // indexes), finished ones up to TERMINAL_COUNT_CAP rows through the `finished`
+            // Live states are counted exactly through the fetch index's entries (every job in
+            // stored state `available`, held or waiting, checked against its row), finished ones up to TERMINAL_COUNT_CAP rows through the `finished`
             // index, so a sample costs the same with 10M finished rows as with none. `estimated
             // total` is what finished states above the cap are estimated from.
             counts: format!(
-                "select 'available', count(*) from {t} where state = 'available'
-                 union all select 'running', count(*) from {t} where state = 'running'
+                "select 'available', count(*) from {t} where {WAITING}
+                 union all select 'running', count(*) from {t} where {HELD}
                  union all select 'completed', count(*) from
                      (select 1 from {t} where state = 'completed'
                       order by state, finished_at limit {TERMINAL_COUNT_CAP}) c
@@ -123,14 +123,14 @@ impl QueueSql {
             // Served by the fetch index (queue, run_at, id) where state = 'available'.
             backlog: format!(
                 "select queue, count(*), {}
-                 from {t} where state = 'available' and run_at <= {now}
+                 from {t} where {WAITING} and run_at <= {now}
                  group by queue order by queue",
                 as_micros(&format!("{now} - min(run_at)"))
             )
             .into(),
             list: format!(
                 "select {columns} from {t}
-                 where ($1{text} is null or state = $1) and ($2{text} is null or kind = $2)
+                 where ($1{text} is null or {STATE} = $1) and ($2{text} is null or kind = $2)
                  order by id desc limit $3"
             )
             .into(),

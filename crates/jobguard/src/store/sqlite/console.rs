@@ -3,8 +3,8 @@
 use sqlx::sqlite::Sqlite;
 
 use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
-use crate::store::queue::queue_states;
 use crate::store::queue::sql::job_row_columns;
+use crate::store::queue::{WAITING, queue_states};
 use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
 impl ConsoleStore for Sqlite {
@@ -34,7 +34,8 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
                  attempt = case when j.state = 'dead' then 0 else j.attempt end,
                  run_at = {NOW}, finished_at = null, leased_until = null
              where j.id = $1
-               and (j.state = 'dead' or (j.state = 'available' and j.last_error is not null))
+               and (j.state = 'dead' or (j.state = 'available' and j.leased_until is null
+                    and j.last_error is not null))
                and not exists (select 1 from {t} l
                                where l.job_key = j.job_key and l.{live} and l.id <> j.id)
              returning queue"
@@ -43,7 +44,7 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
         cancel: format!(
             "update {t} set state = 'dead', finished_at = {NOW}, leased_until = null,
                  last_error = $2
-             where id = $1 and state = 'available'
+             where id = $1 and {WAITING}
              returning queue"
         )
         .into(),

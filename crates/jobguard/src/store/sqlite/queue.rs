@@ -13,7 +13,8 @@ use sqlx::sqlite::Sqlite;
 
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
-    InsertedJob, Lease, LiveJob, NewJob, QueueSql, QueueStore, job_indexes, queue_states,
+    HELD, InsertedJob, Lease, LiveJob, NewJob, QueueSql, QueueStore, WAITING, job_indexes,
+    job_upgrades, queue_states,
 };
 use crate::table::TableName;
 use crate::time::duration_micros;
@@ -56,6 +57,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             )"
     )];
     create.extend(job_indexes(table));
+    create.extend(job_upgrades(table));
     // Queues an operator paused: the fetch below takes nothing from them.
     create.push(format!(
         "create table if not exists {} (
@@ -97,10 +99,10 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             // take different jobs.
             fetch: format!(
             "update {t}
-             set state = 'running', attempt = attempt + 1, lease_token = lease_token + 1,
+             set attempt = attempt + 1, lease_token = lease_token + 1,
                  leased_until = {NOW} + $3
              where id in (select id from {t}
-                          where state = 'available' and queue = $1 and run_at <= {NOW}
+                          where {WAITING} and queue = $1 and run_at <= {NOW}
                             -- a paused queue gives out nothing
                             and not exists (select 1 from {paused_table} p
                                             where p.name = $1 and p.paused <> 0)
@@ -110,7 +112,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             // For an in-memory database, or when a heartbeat file cannot be written.
             heartbeat_many: format!(
                 "update {t} set leased_until = {NOW} + $2
-             where state = 'running'
+             where {HELD}
                and exists (select 1 from json_each($1) h
                            where json_extract(h.value, '$.id') = {t}.id
                              and json_extract(h.value, '$.token') = {t}.lease_token)
@@ -126,7 +128,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  finished_at = case when attempt >= min(max_attempts, $1) then {NOW} end,
                  last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
                  leased_until = null
-             where state = 'running' and leased_until < {NOW}
+             where {HELD} and leased_until < {NOW}
                -- a lease whose heartbeat file says it holds ($2, `id:token`) belongs to a
                -- worker that is alive, waiting for the write lock: not expired
                and (id || ':' || lease_token) not in (select value from json_each($2))"

@@ -26,7 +26,7 @@ fn complete_many(jobs: &TableName) -> String {
          from (select json_extract(value, '$[0]') as job_id, json_extract(value, '$[1]') as lease
                from json_each($1)) as batch
          where {jobs}.id = batch.job_id and {jobs}.lease_token = batch.lease
-           and {jobs}.state = 'running'
+           and {jobs}.state = 'available' and {jobs}.leased_until is not null
          returning id",
         jobs = jobs.quoted(),
     )

@@ -349,3 +349,105 @@ async fn rescue_skips_a_job_whose_completion_is_in_flight<DB: TestDb>() {
     assert_eq!(row::<DB>(&queue, id).await.state, JobState::Completed);
     assert_eq!(queue.rescue().await.unwrap(), 0);
 }
+
+/// On PostgreSQL a lease changes no indexed column: taking it, extending it and giving it back
+/// are heap-only updates, which write no index entry. (Were the lease to change the job's
+/// stored state, every one of them would write an entry in most of the table's indexes.)
+#[tokio::test]
+async fn postgres_leases_are_heap_only_updates() {
+    use sqlx::Postgres;
+
+    let Some((pool, queue)) = open::<Postgres>("postgres_leases_are_heap_only_updates", 1).await
+    else {
+        return;
+    };
+    for n in 0..20 {
+        queue.enqueue(&job("credit", n)).await.unwrap();
+    }
+    let leased = queue.fetch(DEFAULT_QUEUE, 20, LONG).await.unwrap();
+    assert_eq!(leased.len(), 20);
+    for job in &leased {
+        queue.extend(job.lease, LONG).await.unwrap();
+    }
+    for job in &leased[..10] {
+        queue.release(job.lease).await.unwrap();
+    }
+    assert_eq!(queue.counts().await.unwrap(), counts(10, 10, 0, 0));
+    // The pool's one connection made every update: its statistics reach the shared counters
+    // at its next idle moment, which this asks to be now.
+    let updates = "select n_tup_upd, n_tup_hot_upd from pg_stat_user_tables
+                   where relid = 'jobguard_jobs'::regclass";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (all, hot) = loop {
+        sqlx::query("select pg_stat_force_next_flush()")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let (all, hot): (i64, i64) = sqlx::query_as(updates).fetch_one(&pool).await.unwrap();
+        if all >= 50 || std::time::Instant::now() > deadline {
+            break (all, hot);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(all, 50, "20 leases taken, 20 extended, 10 given back");
+    assert_eq!(hot, all, "every lease update was heap-only");
+}
+
+// A job that a worker of the earlier schema leased is stored as `running`: after the
+// migration it is a held job, reported running, its lease fenced as before.
+backends!(fn a_job_leased_under_the_earlier_schema_is_held_after_the_migration);
+async fn a_job_leased_under_the_earlier_schema_is_held_after_the_migration<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("a_job_leased_under_the_earlier_schema_is_held", 2).await
+    else {
+        return;
+    };
+    let id = queue.enqueue(&job("credit", 1)).await.unwrap().id;
+    queue.enqueue(&job("credit", 2)).await.unwrap();
+    let leased = fetch_one::<DB>(&queue, LONG).await;
+    assert_eq!(leased.lease.job_id, id);
+    // The earlier schema: a leased job's state `running`, and an index of those leases.
+    let mut conn = pool.acquire().await.unwrap();
+    DB::execute(
+        &mut conn,
+        "update jobguard_jobs set state = 'running' where leased_until is not null",
+    )
+    .await
+    .unwrap();
+    DB::execute(
+        &mut conn,
+        "create index jobguard_jobs_leases on jobguard_jobs (leased_until) where state = 'running'",
+    )
+    .await
+    .unwrap();
+    let postgres = DB::BACKEND == "postgres";
+    if postgres {
+        // PostgreSQL migrates a table whose schema marker is not this schema's.
+        DB::execute(&mut conn, "comment on table jobguard_jobs is null")
+            .await
+            .unwrap();
+    }
+    drop(conn);
+    queue.migrate().await.unwrap();
+
+    assert_eq!(row::<DB>(&queue, id).await.state, JobState::Running);
+    assert_eq!(queue.counts().await.unwrap(), counts(1, 1, 0, 0));
+    let others = queue.fetch(DEFAULT_QUEUE, 10, LONG).await.unwrap();
+    assert_eq!(
+        others.len(),
+        1,
+        "the held job is not fetched again: {others:?}"
+    );
+    assert_ne!(others[0].lease.job_id, id);
+    let done = complete::<DB>(&pool, &queue, leased.lease).await;
+    assert!(done.is_ok(), "the earlier lease still holds: {done:?}");
+    let index = if postgres {
+        "select count(*) from pg_indexes where indexname = 'jobguard_jobs_leases'"
+    } else {
+        "select count(*) from sqlite_master where name = 'jobguard_jobs_leases'"
+    };
+    assert_eq!(
+        DB::count(&pool, index).await,
+        0,
+        "the index of leases is gone"
+    );
+}
