@@ -141,12 +141,37 @@ impl<DB: Backend> Queue<DB> {
     /// of `lease` by the database clock.
     pub async fn fetch(&self, queue: &str, limit: u32, lease: Duration) -> Result<Vec<LeasedJob>> {
         let _writer = self.inner.writer.acquire().await;
+        let mut conn = self.inner.pool.acquire().await?;
+        self.fetch_locked(&mut conn, queue, limit, lease).await
+    }
+
+    /// [`fetch`](Self::fetch) on a connection the caller keeps: a worker's loop fetches on one
+    /// connection of its own, so that its fetches neither wait for the pool nor pay its ping.
+    /// Not on a single-writer backend, whose writers take their turn before a connection.
+    pub(crate) async fn fetch_on(
+        &self,
+        conn: &mut DB::Connection,
+        queue: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<LeasedJob>> {
+        let _writer = self.inner.writer.acquire().await;
+        self.fetch_locked(conn, queue, limit, lease).await
+    }
+
+    async fn fetch_locked(
+        &self,
+        conn: &mut DB::Connection,
+        queue: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<LeasedJob>> {
         let fetch = Fetch {
             queue,
             limit,
             lease,
         };
-        let mut jobs = DB::fetch(&self.inner.pool, &self.inner.sql, fetch).await?;
+        let mut jobs = DB::fetch(conn, &self.inner.sql, fetch).await?;
         jobs.sort_by_key(|job| job.lease.job_id);
         Ok(jobs)
     }

@@ -133,8 +133,8 @@ pub struct WorkerConfig {
     /// contention, and grows them back to this size as they commit.
     pub batch_size: usize,
     /// How long a batch that the fetch did not fill waits for more jobs before it runs. Only
-    /// applies when the fetch returned fewer batchable jobs than `batch_size`; short, so a short
-    /// queue keeps its latency.
+    /// applies when the fetch returned fewer batchable jobs than `batch_size` and every slot is
+    /// busy: with a slot free the batch starts at once, so a short queue keeps its latency.
     pub batch_linger: Duration,
     /// Jobs the worker leases ahead of its free slots (batches, when batching), so that a job
     /// that finishes is followed at once by the next rather than by a fetch's round trip.

@@ -14,7 +14,7 @@ use sqlx::{Executor, Pool};
 
 use self::drain::{BATCH_LINGER, WorkerShape, drain, enqueue, reset, warm_up};
 use self::jobs::{BenchCredit, BenchNoop};
-use self::pickup::Latency;
+use self::pickup::{Latency, Pickup};
 use super::median;
 use crate::demo::ledger::{Ledger, LedgerDb};
 
@@ -45,10 +45,13 @@ pub struct PickupRun {
     pub load: Option<f64>,
     pub rate: f64,
     pub jobs: usize,
-    /// One job per transaction.
+    /// One job per transaction, from the enqueue sent.
     pub per_job: Latency,
-    /// Batches of up to `batch_size`; `None` when it is 1.
+    /// Batches of up to `batch_size`, from the enqueue sent; `None` when it is 1.
     pub batched: Option<Latency>,
+    /// The same, from the enqueue returned (committed, and the workers notified).
+    pub per_job_committed: Latency,
+    pub batched_committed: Option<Latency>,
 }
 
 /// The benchmark's result, as printed by `--json`.
@@ -193,8 +196,10 @@ where
             load,
             rate,
             jobs: pickup_jobs,
-            per_job: latency,
-            batched: batched_latency,
+            per_job: latency.sent,
+            batched: batched_latency.map(|l| l.sent),
+            per_job_committed: latency.committed,
+            batched_committed: batched_latency.map(|l| l.committed),
         });
     }
     // The headline figures: the run at half the peak, or the one `--rate` asked for.
@@ -287,7 +292,7 @@ async fn pickup_latency<DB: LedgerDb>(
     shape: WorkerShape,
     jobs: usize,
     rate: f64,
-) -> anyhow::Result<Latency>
+) -> anyhow::Result<Pickup>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
@@ -339,9 +344,10 @@ pub fn render(report: &QueueBenchReport) -> String {
         _ => out += "pgbench: not run (needs PostgreSQL and pgbench on PATH)\n",
     }
     out += &format!(
-        "pickup latency, credit jobs offered at a steady rate (enqueue sent to run started; \
+        "pickup latency, credit jobs offered at a steady rate (enqueue sent, or returned after \
+         its commit, to run started; \
          poll every {} ms, batches linger {} ms), in ms:\n\
-         {:<34} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+         {:<46} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
         report.poll_interval_ms,
         report.batch_linger_ms,
         "",
@@ -361,11 +367,16 @@ pub fn render(report: &QueueBenchReport) -> String {
         let shapes = [
             ("one per transaction", Some(run.per_job)),
             ("batched", run.batched),
+            (
+                "one per transaction, from commit",
+                Some(run.per_job_committed),
+            ),
+            ("batched, from commit", run.batched_committed),
         ];
         for (shape, latency) in shapes {
             if let Some(l) = latency {
                 out += &format!(
-                    "{:<34} {:>8.0} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}\n",
+                    "{:<46} {:>8.0} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}\n",
                     format!("{load}, {shape}"),
                     run.rate,
                     run.jobs,

@@ -519,7 +519,7 @@ pub trait QueueStore: GuardStore {
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 
     fn fetch(
-        pool: &Pool<Self>,
+        conn: &mut Self::Connection,
         sql: &QueueSql,
         fetch: Fetch<'_>,
     ) -> impl Future<Output = sqlx::Result<Vec<LeasedJob>>> + Send;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use sqlx::pool::PoolConnection;
 use tokio::task::JoinSet;
 
 use super::group::Ready;
@@ -65,6 +66,8 @@ impl<DB: Backend> Worker<DB> {
         // The last fetch found fewer jobs than it asked for.
         let mut queue_drained = true;
         let mut last_rescue: Option<Instant> = None;
+        // The loop's own connection for fetching (see `fetch_on`).
+        let mut fetch_conn = None;
         let mut shutdown = std::pin::pin!(shutdown);
 
         loop {
@@ -74,6 +77,9 @@ impl<DB: Backend> Worker<DB> {
             // On SQLite a running job holds the only write lock, so the queue's own writes wait
             // for it: shutdown must not.
             if last_rescue.is_none_or(|at| at.elapsed() >= rescue_every) {
+                // The fetch's connection back to the pool for the rescue, which takes one:
+                // with every job slot holding one, the heartbeats' spare is the only other.
+                drop(fetch_conn.take());
                 // Never this worker's own jobs, whose leases it keeps.
                 let held = worker.leases.all();
                 let rescue = worker
@@ -98,7 +104,9 @@ impl<DB: Backend> Worker<DB> {
             let size = worker.batch_size();
             let wanted = free * size;
             if free > 0 && (free >= refill_at || slots.is_empty()) {
-                let fetch = worker.fetch_jobs(wanted, size);
+                // A short batch lingers for more only when no slot could start it now.
+                let linger = !ready.slot_idle();
+                let fetch = worker.fetch_jobs(&mut fetch_conn, wanted, size, linger);
                 let fetched_jobs = tokio::select! {
                     biased;
                     () = &mut shutdown => break,
@@ -147,6 +155,7 @@ impl<DB: Backend> Worker<DB> {
             }
         }
 
+        drop(fetch_conn);
         // Jobs still waiting for a slot are given back now rather than started.
         for job in ready.stop() {
             worker.end_lease(job.lease);
@@ -257,23 +266,60 @@ impl<DB: Backend> Worker<DB> {
 
     /// Up to `limit` jobs. When batching and the fetch left a batch short (a short queue),
     /// waits [`WorkerConfig::batch_linger`](super::WorkerConfig::batch_linger) once for more to
-    /// fill it.
+    /// fill it, if `linger`: when every slot is busy, so the batch could not start sooner. With
+    /// a slot free a short batch starts at once: the worker has room to spare, and a backlog
+    /// (a load above what one job per transaction keeps up with) fills batches without waiting.
     /// Every job fetched is held, its lease kept, from the moment it arrives.
-    async fn fetch_jobs(&self, limit: usize, size: usize) -> Result<Vec<LeasedJob>> {
-        let (queue, lease) = (&self.config.queue, self.config.lease);
-        let mut jobs = self.queue.fetch(queue, limit as u32, lease).await?;
+    async fn fetch_jobs(
+        &self,
+        conn: &mut Option<PoolConnection<DB>>,
+        limit: usize,
+        size: usize,
+        linger: bool,
+    ) -> Result<Vec<LeasedJob>> {
+        let mut jobs = self.fetch_on(conn, limit).await?;
         self.leases.hold(&jobs);
         let batchable = jobs
             .iter()
             .filter(|job| self.batched.contains(&job.kind))
             .count();
         let short = size - batchable % size;
-        if size > 1 && batchable > 0 && short < size && !self.config.batch_linger.is_zero() {
+        if linger
+            && size > 1
+            && batchable > 0
+            && short < size
+            && !self.config.batch_linger.is_zero()
+        {
             tokio::time::sleep(self.config.batch_linger).await;
-            let more = self.queue.fetch(queue, short as u32, lease).await?;
+            let more = self.fetch_on(conn, short).await?;
             self.leases.hold(&more);
             jobs.extend(more);
         }
+        Ok(jobs)
+    }
+
+    /// Up to `limit` jobs, on the loop's own connection `conn` where the backend allows (taken
+    /// from the pool when there is none yet, and dropped after an error), so that a fetch waits
+    /// neither for the pool nor for its ping.
+    async fn fetch_on(
+        &self,
+        conn: &mut Option<PoolConnection<DB>>,
+        limit: usize,
+    ) -> Result<Vec<LeasedJob>> {
+        let (queue, lease) = (&self.config.queue, self.config.lease);
+        if DB::SINGLE_WRITER {
+            // Its writers take their turn before a connection: none is kept.
+            return self.queue.fetch(queue, limit as u32, lease).await;
+        }
+        let mut kept = match conn.take() {
+            Some(kept) => kept,
+            None => self.queue.pool().acquire().await?,
+        };
+        let jobs = self
+            .queue
+            .fetch_on(&mut kept, queue, limit as u32, lease)
+            .await?;
+        *conn = Some(kept);
         Ok(jobs)
     }
 }

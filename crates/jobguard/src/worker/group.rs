@@ -70,6 +70,11 @@ impl Ready {
         self.waiting.lock().expect("not poisoned").push_back(jobs);
     }
 
+    /// Whether a slot is free: a group pushed now starts at once.
+    pub(super) fn slot_idle(&self) -> bool {
+        self.slots.available_permits() > 0
+    }
+
     /// A free slot, unless none is free or the worker is stopping.
     pub(super) fn free_slot(&self) -> Option<OwnedSemaphorePermit> {
         Arc::clone(&self.slots).try_acquire_owned().ok()

@@ -175,27 +175,34 @@ async fn a_fenced_job_in_a_batch_claims_nothing<DB: TestDb>() {
     for order in 1..=4 {
         enqueue(&queue, order, Act::Credit, TAG).await;
     }
-    // The fetch leases all four and, the batch being short of ten, lingers for more: meanwhile
-    // the test takes over job 2's lease, as a rescue and a second fetch would.
-    let config = WorkerConfig {
-        batch_linger: Duration::from_secs(2),
-        ..batching()
-    };
-    let draining = tokio::spawn(drain::<DB>(queue.clone(), config));
-    let leased =
-        "select count(*) from jobguard_jobs where state = 'available' and leased_until is not null";
-    while DB::count(&pool, leased).await < 4 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Job 2's lease is taken over the moment the worker's fetch takes it, as a rescue and a
+    // second fetch would: a trigger bumps its fencing token after the fetch returned it.
     let mut conn = pool.acquire().await.unwrap();
-    DB::execute(
-        &mut conn,
-        "update jobguard_jobs set lease_token = lease_token + 1
-         where job_key = 'batched:order-2'",
-    )
-    .await
-    .unwrap();
+    let takeover: &[&'static str] = if DB::BACKEND == "postgres" {
+        &[
+            "create function take_over() returns trigger language plpgsql as $$
+             begin
+                 update jobguard_jobs set lease_token = lease_token + 1 where id = new.id;
+                 return null;
+             end $$",
+            "create trigger take_over after update on jobguard_jobs for each row
+             when (new.attempt > old.attempt and new.job_key = 'batched:order-2')
+             execute function take_over()",
+        ]
+    } else {
+        &[
+            "create trigger take_over after update of attempt on jobguard_jobs
+           when new.attempt > old.attempt and new.job_key = 'batched:order-2'
+           begin
+               update jobguard_jobs set lease_token = lease_token + 1 where id = new.id;
+           end",
+        ]
+    };
+    for statement in takeover {
+        DB::execute(&mut conn, statement).await.unwrap();
+    }
     drop(conn);
+    let draining = tokio::spawn(drain::<DB>(queue.clone(), batching()));
     let stats = draining.await.unwrap();
     assert_eq!(
         (stats.applied, stats.fenced, stats.failed, stats.dead),

@@ -76,7 +76,7 @@ impl<DB: LedgerDb> Job<DB> for BenchPickup {
         PICKUPS
             .lock()
             .expect("not poisoned")
-            .record(self.n, epoch_micros().saturating_sub(self.enqueued_us));
+            .record(self.n, epoch_micros());
         DB::append(conn, Ledger::Bench, ACCOUNT, self.amount).await?;
         Ok(())
     }
@@ -93,30 +93,31 @@ pub fn epoch_micros() -> u64 {
 /// but its payload and its transaction, so they report here.
 pub static PICKUPS: Mutex<Pickups> = Mutex::new(Pickups::new());
 
-/// How long each job of a pickup run waited, by its number: the first run counts, so a job
-/// run again after its batch rolled back keeps its real pickup time.
+/// When each job of a pickup run started, by its number, in microseconds since the Unix epoch:
+/// the first run counts, so a job run again after its batch rolled back keeps its real pickup
+/// time.
 pub struct Pickups {
-    waited_us: Vec<Option<u64>>,
+    started_us: Vec<Option<u64>>,
     recorded: usize,
 }
 
 impl Pickups {
     const fn new() -> Self {
         Pickups {
-            waited_us: Vec::new(),
+            started_us: Vec::new(),
             recorded: 0,
         }
     }
 
     /// Forgets the last run and expects `jobs` jobs numbered `0..jobs`.
     pub fn start(&mut self, jobs: usize) {
-        self.waited_us = vec![None; jobs];
+        self.started_us = vec![None; jobs];
         self.recorded = 0;
     }
 
-    fn record(&mut self, n: u64, waited_us: u64) {
-        if let Some(slot @ None) = self.waited_us.get_mut(n as usize) {
-            *slot = Some(waited_us);
+    fn record(&mut self, n: u64, started_us: u64) {
+        if let Some(slot @ None) = self.started_us.get_mut(n as usize) {
+            *slot = Some(started_us);
             self.recorded += 1;
         }
     }
@@ -126,8 +127,13 @@ impl Pickups {
         self.recorded
     }
 
-    /// The waits recorded, in microseconds, in no particular order.
-    pub fn waits(&self) -> Vec<u64> {
-        self.waited_us.iter().flatten().copied().collect()
+    /// How long each job that started waited since `since[n]` (its enqueue sent, or its
+    /// enqueue returned), in microseconds, in job order; a start before it counts as 0.
+    pub fn waits(&self, since: &[u64]) -> Vec<u64> {
+        self.started_us
+            .iter()
+            .zip(since)
+            .filter_map(|(started, since)| Some(started.as_ref()?.saturating_sub(*since)))
+            .collect()
     }
 }

@@ -37,6 +37,17 @@ pub fn poll_interval<DB: LedgerDb>() -> Duration {
 /// How long the worker gets, after the last enqueue, to start the jobs still waiting.
 const CATCH_UP: Duration = Duration::from_secs(60);
 
+/// A pickup run's latency, measured two ways.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Pickup {
+    /// From the enqueue being sent to the run starting: the producer's insert, commit and
+    /// notification included, as a caller sees it.
+    pub sent: Latency,
+    /// From the enqueue returning (its transaction committed and the workers notified) to the
+    /// run starting; 0 for a job that started before the enqueue returned.
+    pub committed: Latency,
+}
+
 /// Pickup latency percentiles and maximum, in milliseconds.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 pub struct Latency {
@@ -60,12 +71,14 @@ pub async fn measure<DB: LedgerDb>(
     shape: WorkerShape,
     jobs: usize,
     rate: f64,
-) -> anyhow::Result<Latency> {
+) -> anyhow::Result<Pickup> {
     PICKUPS.lock().expect("not poisoned").start(jobs);
+    let mut sent_us = Vec::with_capacity(jobs);
+    let mut returned_us = Vec::with_capacity(jobs);
     let worker = worker(queue, shape, false, poll_interval::<DB>())?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let offer = async {
-        let offered = offer(queue, jobs, rate).await;
+        let offered = offer(queue, jobs, rate, &mut sent_us, &mut returned_us).await;
         let started = match offered {
             Ok(()) => all_started(jobs).await,
             Err(error) => Err(error),
@@ -85,21 +98,38 @@ pub async fn measure<DB: LedgerDb>(
     let stats = run.await;
     started?;
     check(&stats?)?;
-    let mut waits = PICKUPS.lock().expect("not poisoned").waits();
-    let mut ms = |p| percentile(&mut waits, p) / 1000.0;
-    Ok(Latency {
-        p50_ms: ms(0.50),
-        p90_ms: ms(0.90),
-        p99_ms: ms(0.99),
-        p999_ms: ms(0.999),
-        max_ms: ms(1.0),
+    let pickups = PICKUPS.lock().expect("not poisoned");
+    Ok(Pickup {
+        sent: Latency::of(pickups.waits(&sent_us)),
+        committed: Latency::of(pickups.waits(&returned_us)),
     })
+}
+
+impl Latency {
+    /// The percentiles of `waits`, in microseconds.
+    fn of(mut waits: Vec<u64>) -> Latency {
+        let mut ms = |p| percentile(&mut waits, p) / 1000.0;
+        Latency {
+            p50_ms: ms(0.50),
+            p90_ms: ms(0.90),
+            p99_ms: ms(0.99),
+            p999_ms: ms(0.999),
+            max_ms: ms(1.0),
+        }
+    }
 }
 
 /// Enqueues jobs `0..jobs` at `rate` jobs/s: every millisecond, the jobs due by then, in one
 /// `enqueue_many`. A slow enqueue delays the next tick, which then sends the jobs that fell
-/// due meanwhile, so the offered rate holds on average.
-async fn offer<DB: LedgerDb>(queue: &Queue<DB>, jobs: usize, rate: f64) -> anyhow::Result<()> {
+/// due meanwhile, so the offered rate holds on average. Records, per job, when its enqueue was
+/// sent and when it returned.
+async fn offer<DB: LedgerDb>(
+    queue: &Queue<DB>,
+    jobs: usize,
+    rate: f64,
+    sent_us: &mut Vec<u64>,
+    returned_us: &mut Vec<u64>,
+) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let started = Instant::now();
@@ -122,6 +152,9 @@ async fn offer<DB: LedgerDb>(queue: &Queue<DB>, jobs: usize, rate: f64) -> anyho
             })
             .collect::<jobguard::Result<Vec<_>>>()?;
         queue.enqueue_many(&chunk).await?;
+        let returned = epoch_micros();
+        sent_us.resize(due, enqueued_us);
+        returned_us.resize(due, returned);
         sent = due;
     }
     Ok(())

@@ -121,7 +121,12 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  leased_until = now() + $3 {micros}
              from picked where j.id = picked.id
              returning j.id, j.kind, j.job_key, j.payload, j.attempt, j.max_attempts,
-                       (extract(epoch from j.leased_until) * 1000000)::int8, j.lease_token"
+                       (extract(epoch from j.leased_until) * 1000000)::int8, j.lease_token,
+                       -- the lease commits without waiting for its WAL flush: the job's own
+                       -- transaction, which completes it under this token, flushes the lease
+                       -- with its commit, and a lease lost with a crash only lets the job be
+                       -- fetched again, which its token and the guard make harmless
+                       set_config('synchronous_commit', 'off', true)"
             ),
             // Rows a transaction of the worker's own holds (a job whose claim locked it) are
             // skipped rather than waited for: one such job must not stall the heartbeats of all the

@@ -64,7 +64,7 @@ macro_rules! queue_statements {
         }
 
         async fn fetch(
-            pool: &sqlx::Pool<Self>,
+            conn: &mut Self::Connection,
             sql: &$crate::store::queue::QueueSql,
             fetch: $crate::store::queue::Fetch<'_>,
         ) -> sqlx::Result<Vec<$crate::store::queue::LeasedJob>> {
@@ -73,7 +73,7 @@ macro_rules! queue_statements {
                 .bind(fetch.queue)
                 .bind(i64::from(fetch.limit))
                 .bind($crate::time::duration_micros(fetch.lease))
-                .fetch_all(pool)
+                .fetch_all(conn)
                 .await?;
             rows.into_iter()
                 .map(|row| {
