@@ -12,6 +12,45 @@ pub mod sqlite;
 /// index with this predicate.
 pub const LIVE_STATES: &str = "state in ('available', 'running')";
 
+/// The names of the live states, read from [`LIVE_STATES`]: the states a user's list of unique
+/// states must include.
+///
+/// ```
+/// assert!(jobguard_core::sql::live_state_names().contains(&"available"));
+/// ```
+pub fn live_state_names() -> Vec<&'static str> {
+    LIVE_STATES.split('\'').skip(1).step_by(2).collect()
+}
+
+/// A job that waits for a worker and that no worker holds: the only job an enqueue that
+/// replaces on conflict rewrites.
+pub const WAITING: &str = "state = 'available'";
+
+/// The bit of a job's `unique_states` that keeps its key taken once it completed.
+pub const KEEP_COMPLETED: i32 = 1;
+/// The bit of a job's `unique_states` that keeps its key taken once it is dead.
+pub const KEEP_DEAD: i32 = 2;
+
+/// Whether a finished job keeps its key taken by its own `unique_states`; `prefix` is a table
+/// alias with its dot, or empty.
+pub fn keeps_key_finished(prefix: &str) -> String {
+    format!(
+        "({prefix}state = 'completed' and ({prefix}unique_states & {KEEP_COMPLETED}) <> 0
+          or {prefix}state = 'dead' and ({prefix}unique_states & {KEEP_DEAD}) <> 0)"
+    )
+}
+
+/// The predicate of the kept-key unique index: a job enqueued with unique states beyond the
+/// live ones holds its key while live, and while finished in a state its mask names. Jobs
+/// enqueued without (`unique_states = 0`) stay out of it, so the default enqueue pays for the
+/// live-key index alone.
+pub fn keeps_key() -> String {
+    format!(
+        "unique_states <> 0 and ({LIVE_STATES} or {})",
+        keeps_key_finished("")
+    )
+}
+
 /// The live job holding the key `$1`: id, kind, payload. One text for both dialects, which
 /// each dialect's `queue` module re-exports beside its `enqueue`.
 pub fn live_job(table: &TableName) -> String {
