@@ -3,7 +3,7 @@
 use sqlx::sqlite::Sqlite;
 
 use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
-use crate::store::queue::queue_states;
+use crate::store::queue::{other_holder, queue_states};
 use crate::store::queue::sql::job_row_columns;
 use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
@@ -17,7 +17,6 @@ impl ConsoleStore for Sqlite {
 
 fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     let t = tables.jobs.quoted();
-    let live = "state in ('available', 'running')";
     let columns = job_row_columns(&super::queue::DIALECT);
     ConsoleSql {
         // Each filter has an index that hands rows out newest first (see the queue's
@@ -35,9 +34,9 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
                  run_at = {NOW}, finished_at = null, leased_until = null
              where j.id = $1
                and (j.state = 'dead' or (j.state = 'available' and j.last_error is not null))
-               and not exists (select 1 from {t} l
-                               where l.job_key = j.job_key and l.{live} and l.id <> j.id)
-             returning queue"
+               and not {other_holder}
+             returning queue",
+            other_holder = other_holder(&t)
         )
         .into(),
         cancel: format!(
@@ -60,7 +59,7 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
         )
         .into(),
         key_record: format!(
-            "select kind, applied_at, fingerprint, result from {} where job_key = $1",
+            "select kind, applied_at, fingerprint, result, claim_token from {} where job_key = $1",
             tables.guard.quoted()
         )
         .into(),
