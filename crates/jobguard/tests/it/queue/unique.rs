@@ -360,3 +360,67 @@ async fn migrate_adds_the_policy_columns_to_an_older_table<DB: TestDb>() {
         UniqueStates::LIVE.with_completed()
     );
 }
+
+backends!(fn the_key_report_tells_the_job_that_applied_from_its_duplicates);
+async fn the_key_report_tells_the_job_that_applied_from_its_duplicates<DB: TestDb>() {
+    use crate::common::{Credit, draining, setup};
+    use jobguard::console::{Console, JobOutcome};
+    use jobguard::{Job, Worker};
+
+    let Some((_pool, queue)) = setup::<DB>("unique_key_report").await else {
+        return;
+    };
+    let drain = || async {
+        let worker = Worker::with_config(queue.clone(), draining())
+            .unwrap()
+            .register::<Credit>();
+        tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
+            .await
+            .expect("drained in time")
+            .unwrap()
+    };
+    let credit = Credit {
+        order: 1,
+        amount: 500,
+    };
+    let first = queue.enqueue_job(&credit).await.unwrap();
+    assert_eq!(drain().await.applied, 1);
+    // Without a policy that keeps completed keys, the same work is enqueued again, and the
+    // guard makes it a duplicate.
+    let second = queue.enqueue_job(&credit).await.unwrap();
+    assert!(second.inserted);
+    assert_eq!(drain().await.duplicates, 1);
+
+    let key = <Credit as Job<DB>>::key(&credit).unwrap();
+    let report = Console::new(queue.clone()).key(key.as_str()).await.unwrap();
+    assert_eq!(report.guard.as_ref().unwrap().applied_by, Some(first.id));
+    let outcomes: Vec<(i64, Option<JobOutcome>, Option<i64>)> = report
+        .jobs
+        .iter()
+        .map(|job| (job.job.id, job.outcome.outcome, job.outcome.duplicate_of))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (second.id, Some(JobOutcome::Duplicate), Some(first.id)),
+            (first.id, Some(JobOutcome::Applied), None),
+        ]
+    );
+    assert!(report.holder.is_none(), "{:?}", report.holder);
+    let detail = Console::new(queue.clone()).job(second.id).await.unwrap();
+    assert_eq!(detail.outcome.duplicate_of, Some(first.id));
+
+    // A third job under a policy that keeps completed keys holds the key once it completed.
+    let kept_job = NewJob::from_job::<DB, _>(&credit)
+        .unwrap()
+        .unique(kept("available,running,completed"));
+    let third = queue.enqueue(&kept_job).await.unwrap();
+    drain().await;
+    let report = Console::new(queue.clone()).key(key.as_str()).await.unwrap();
+    let holder = report.holder.expect("the completed job keeps the key");
+    assert_eq!((holder.id, holder.state, holder.live), (third.id, JobState::Completed, false));
+    let json = serde_json::to_value(&report.jobs[0]).unwrap();
+    assert_eq!(json["outcome"], "duplicate");
+    assert_eq!(json["duplicate_of"], first.id);
+    assert_eq!(json["unique_states"], "available,running,completed");
+}
