@@ -53,8 +53,8 @@ use crate::table::TableName;
 
 use crate::store::console::KeyOutcome as Outcomes;
 pub use crate::store::console::{
-    JobDetail, JobFilter, KeyHolder, KeyJob, KeyMessage, KeyOutcome, KeyRecord, KeyReport,
-    JobOutcome, KeyStep, MAX_PAGE, QueueState,
+    JobDetail, JobFilter, JobOutcome, KeyHolder, KeyJob, KeyMessage, KeyOutcome, KeyRecord,
+    KeyReport, KeyStep, MAX_PAGE, QueueState,
 };
 pub use crate::store::queue::JobRow;
 
@@ -184,15 +184,11 @@ impl<DB: Backend> Console<DB> {
                 job,
             })
             .collect();
-        let holder = self
-            .queue
-            .holder(key)
-            .await?
-            .map(|holder| KeyHolder {
-                id: holder.id,
-                state: holder.state,
-                live: holder.live,
-            });
+        let holder = self.queue.holder(key).await?.map(|holder| KeyHolder {
+            id: holder.id,
+            state: holder.state,
+            live: holder.live,
+        });
         let steps = or_absent(
             DB::console_key_steps(pool, &self.sql, key).await,
             Vec::new(),

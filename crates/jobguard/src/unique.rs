@@ -121,7 +121,11 @@ impl FromStr for UniqueStates {
         let live = live_state_names();
         let mut states = UniqueStates::LIVE;
         let mut named = Vec::new();
-        for name in list.split(',').map(str::trim).filter(|name| !name.is_empty()) {
+        for name in list
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+        {
             match name {
                 "completed" => states.completed = true,
                 "dead" => states.dead = true,
@@ -279,7 +283,12 @@ impl UniqueOpts {
 
     /// The key a job is stored under: `key`, then `queue` when by queue, then the start of
     /// the period `run_at` falls in. Unchanged without either.
-    pub(crate) fn stored_key(&self, key: &JobKey, queue: &str, run_at: SystemTime) -> Result<JobKey> {
+    pub(crate) fn stored_key(
+        &self,
+        key: &JobKey,
+        queue: &str,
+        run_at: SystemTime,
+    ) -> Result<JobKey> {
         if !self.by_queue && self.period.is_none() {
             return Ok(key.clone());
         }
@@ -351,15 +360,31 @@ mod tests {
         assert_eq!(live, UniqueStates::LIVE);
         assert_eq!(live.mask(), 0);
         assert_eq!(all.to_string(), "available,running,completed,dead");
-        for bad in ["available,completed", "completed", "", "available,running,done"] {
+        for bad in [
+            "available,completed",
+            "completed",
+            "",
+            "available,running,done",
+        ] {
             let error = bad.parse::<UniqueStates>().unwrap_err();
             assert!(
-                matches!(error, Error::InvalidUnique { setting: "states", .. }),
+                matches!(
+                    error,
+                    Error::InvalidUnique {
+                        setting: "states",
+                        ..
+                    }
+                ),
                 "{bad}: {error}"
             );
         }
-        let error = "available,running,finished".parse::<UniqueStates>().unwrap_err();
-        assert!(error.to_string().contains("unknown job state `finished`"), "{error}");
+        let error = "available,running,finished"
+            .parse::<UniqueStates>()
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("unknown job state `finished`"),
+            "{error}"
+        );
         let error = "available,completed".parse::<UniqueStates>().unwrap_err();
         assert!(error.to_string().contains("missing: running"), "{error}");
     }
@@ -367,13 +392,23 @@ mod tests {
     #[test]
     fn periods_are_whole_seconds_and_round_down() {
         assert!(UniqueOpts::new().period(Duration::ZERO).is_err());
-        assert!(UniqueOpts::new().period(Duration::from_millis(1500)).is_err());
+        assert!(
+            UniqueOpts::new()
+                .period(Duration::from_millis(1500))
+                .is_err()
+        );
         // 2026-10-02T10:15:07Z
         let at = UNIX_EPOCH + Duration::from_secs(1_790_936_107);
         assert_eq!(period_start(at, Duration::from_secs(86_400)), "2026-10-02");
         assert_eq!(period_start(at, Duration::from_secs(3600)), "2026-10-02T10");
-        assert_eq!(period_start(at, Duration::from_secs(900)), "2026-10-02T10:15");
-        assert_eq!(period_start(at, Duration::from_secs(7)), "2026-10-02T10:15:05");
+        assert_eq!(
+            period_start(at, Duration::from_secs(900)),
+            "2026-10-02T10:15"
+        );
+        assert_eq!(
+            period_start(at, Duration::from_secs(7)),
+            "2026-10-02T10:15:05"
+        );
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
     }

@@ -77,10 +77,7 @@ where
     let policy = UniqueOpts::new()
         .states(UniqueStates::LIVE.with_completed().with_dead())
         .period(std::time::Duration::from_secs(86_400))?;
-    let unique_jobs: Vec<NewJob> = new_jobs
-        .into_iter()
-        .map(|job| job.unique(policy))
-        .collect();
+    let unique_jobs: Vec<NewJob> = new_jobs.into_iter().map(|job| job.unique(policy)).collect();
     let (unique_one_by_one, unique_many, unique_inserted) =
         measure_jobs(pool, &unique_jobs).await?;
     all_inserted &= unique_inserted;

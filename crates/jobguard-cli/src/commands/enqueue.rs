@@ -59,7 +59,8 @@ pub struct EnqueueArgs {
 }
 
 fn parse_states(text: &str) -> Result<UniqueStates, String> {
-    text.parse().map_err(|error: jobguard::Error| error.to_string())
+    text.parse()
+        .map_err(|error: jobguard::Error| error.to_string())
 }
 
 fn parse_period(text: &str) -> Result<Duration, String> {
@@ -71,7 +72,8 @@ fn parse_period(text: &str) -> Result<Duration, String> {
 }
 
 fn parse_on_conflict(text: &str) -> Result<OnConflict, String> {
-    text.parse().map_err(|error: jobguard::Error| error.to_string())
+    text.parse()
+        .map_err(|error: jobguard::Error| error.to_string())
 }
 
 /// What `jobguard enqueue --json` prints.

@@ -47,23 +47,28 @@ async fn run<DB: Backend>(pool: Pool<DB>, args: &KeyArgs) -> anyhow::Result<Exit
 
 fn render(report: &KeyReport) -> String {
     let mut out = match &report.guard {
-        Some(guard) => format!(
-            "key `{}`: applied at {} by kind `{}`{}{}\n",
-            report.key,
-            time(guard.applied_at),
-            guard.kind,
-            match &guard.fingerprint {
-                Some(fingerprint) => format!(", payload fingerprint {}", shorten(fingerprint, 16)),
-                None => String::new(),
-            },
-            match &guard.result {
-                Some(result) => format!(", result {result}"),
-                None => String::new(),
+        Some(guard) => {
+            format!(
+                "key `{}`: applied at {} by kind `{}`{}{}\n",
+                report.key,
+                time(guard.applied_at),
+                guard.kind,
+                match &guard.fingerprint {
+                    Some(fingerprint) =>
+                        format!(", payload fingerprint {}", shorten(fingerprint, 16)),
+                    None => String::new(),
+                },
+                match &guard.result {
+                    Some(result) => format!(", result {result}"),
+                    None => String::new(),
+                }
+            ) + &match guard.applied_by {
+                Some(id) => format!("applied by job {id}\n"),
+                None => {
+                    "applied outside the queue (or by a job that did not record it)\n".to_owned()
+                }
             }
-        ) + &match guard.applied_by {
-            Some(id) => format!("applied by job {id}\n"),
-            None => "applied outside the queue (or by a job that did not record it)\n".to_owned(),
-        },
+        }
         None => format!(
             "key `{}`: not applied (no guard row: never run to its commit, or pruned)\n",
             report.key
@@ -96,7 +101,11 @@ fn render(report: &KeyReport) -> String {
                 Cell::new(format!("{}/{}", job.attempt, job.max_attempts)),
                 Cell::new(time(job.created_at)),
                 Cell::new(job.unique_states),
-                Cell::new(if job.replaced > 0 { format!("{}x", job.replaced) } else { String::new() }),
+                Cell::new(if job.replaced > 0 {
+                    format!("{}x", job.replaced)
+                } else {
+                    String::new()
+                }),
                 Cell::new(shorten(job.last_error.as_deref().unwrap_or(""), 60)),
             ]);
         }

@@ -162,7 +162,9 @@ impl<DB: Backend> Queue<DB> {
                 return Ok(Enqueued::inserted(id));
             }
             if let Some(holder) = DB::holder(conn, sql, job.key.as_str(), kept).await? {
-                return self.settle_conflict(conn, &job, holder, Some(announce)).await;
+                return self
+                    .settle_conflict(conn, &job, holder, Some(announce))
+                    .await;
             }
         }
         Err(kept_changing(&job))
@@ -340,10 +342,7 @@ impl<DB: Backend> Queue<DB> {
                 // A refused key returns here: dropping the transaction rolls the batch back.
                 // Replaced jobs are announced below, with the queues that received jobs.
                 let job = distinct[slot];
-                results[slot] = Some(
-                    self.settle_conflict(&mut tx, job, holder, None)
-                        .await?,
-                );
+                results[slot] = Some(self.settle_conflict(&mut tx, job, holder, None).await?);
                 settled.push(*key);
             }
             for key in settled {

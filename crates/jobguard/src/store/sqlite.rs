@@ -67,7 +67,8 @@ impl Store for Sqlite {
             match done {
                 // SQLite has no `add column if not exists`: a column added by an earlier
                 // migration fails this statement alone, and the transaction goes on.
-                Err(error) if statement.starts_with("alter table") && is_duplicate_column(&error) => {}
+                Err(error)
+                    if statement.starts_with("alter table") && is_duplicate_column(&error) => {}
                 done => {
                     done?;
                 }

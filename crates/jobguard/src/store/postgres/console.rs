@@ -4,8 +4,8 @@ use sqlx::postgres::Postgres;
 
 use super::queue::micros;
 use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
-use crate::store::queue::{other_holder, queue_states};
 use crate::store::queue::sql::job_row_columns;
+use crate::store::queue::{other_holder, queue_states};
 
 impl ConsoleStore for Postgres {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql {

@@ -202,7 +202,10 @@ impl QueueStore for Postgres {
         let payloads: Vec<String> = jobs.iter().map(|job| job.payload.to_string()).collect();
         let attempts: Vec<i32> = jobs.iter().map(|job| job.max_attempts as i32).collect();
         let delays: Vec<i64> = jobs.iter().map(|job| duration_micros(job.delay)).collect();
-        let unique: Vec<i32> = jobs.iter().map(|job| job.unique.states_kept().mask()).collect();
+        let unique: Vec<i32> = jobs
+            .iter()
+            .map(|job| job.unique.states_kept().mask())
+            .collect();
         let rows: Vec<(i64, String)> = sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
             .bind(kinds)
             .bind(keys)

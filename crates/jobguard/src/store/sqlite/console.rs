@@ -3,8 +3,8 @@
 use sqlx::sqlite::Sqlite;
 
 use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
-use crate::store::queue::{other_holder, queue_states};
 use crate::store::queue::sql::job_row_columns;
+use crate::store::queue::{other_holder, queue_states};
 use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
 impl ConsoleStore for Sqlite {

@@ -110,7 +110,11 @@ async fn replace_rewrites_a_waiting_job_and_returns_a_running_one_as_it_is<DB: T
     let key = key("credit", 1);
     let replace = UniqueOpts::new().on_conflict(OnConflict::Replace);
     let first = queue
-        .enqueue(&NewJob::new(key.clone(), &json!({"amount": 1})).unwrap().delay(HOUR))
+        .enqueue(
+            &NewJob::new(key.clone(), &json!({"amount": 1}))
+                .unwrap()
+                .delay(HOUR),
+        )
         .await
         .unwrap();
     let replaced = queue
@@ -146,7 +150,10 @@ async fn replace_rewrites_a_waiting_job_and_returns_a_running_one_as_it_is<DB: T
         (late.id, late.replaced, late.existing_state),
         (first.id, false, Some(JobState::Running))
     );
-    assert_eq!(row::<DB>(&queue, first.id).await.payload, json!({"amount": 2}));
+    assert_eq!(
+        row::<DB>(&queue, first.id).await.payload,
+        json!({"amount": 2})
+    );
     complete::<DB>(&pool, &queue, leased.lease).await.unwrap();
 
     // Another kind under the key is still a reused key.
@@ -192,15 +199,24 @@ async fn a_period_puts_the_run_times_period_in_the_key<DB: TestDb>() {
     // Bad input is a typed error, never a panic.
     assert!(matches!(
         UniqueOpts::new().period(Duration::ZERO),
-        Err(Error::InvalidUnique { setting: "period", .. })
+        Err(Error::InvalidUnique {
+            setting: "period",
+            ..
+        })
     ));
     assert!(matches!(
         "available,completed".parse::<UniqueStates>(),
-        Err(Error::InvalidUnique { setting: "states", .. })
+        Err(Error::InvalidUnique {
+            setting: "states",
+            ..
+        })
     ));
     assert!(matches!(
         "available,running,done".parse::<UniqueStates>(),
-        Err(Error::InvalidUnique { setting: "states", .. })
+        Err(Error::InvalidUnique {
+            setting: "states",
+            ..
+        })
     ));
 }
 
@@ -276,7 +292,9 @@ async fn enqueue_tx_under_a_policy_follows_the_callers_commit_and_rollback<DB: T
     run_to_completion(&pool, &queue).await;
     let mut tx = pool.begin().await.unwrap();
     let after = queue.enqueue_tx(&mut tx, &credit(1, opts)).await;
-    assert!(matches!(after, Err(Error::EnqueueRejected { existing_id, .. }) if existing_id == committed.id));
+    assert!(
+        matches!(after, Err(Error::EnqueueRejected { existing_id, .. }) if existing_id == committed.id)
+    );
     tx.rollback().await.unwrap();
 }
 
@@ -289,7 +307,11 @@ async fn enqueue_many_applies_each_jobs_policy<DB: TestDb>() {
     let done = queue.enqueue(&credit(1, opts)).await.unwrap();
     run_to_completion(&pool, &queue).await;
     let waiting = queue
-        .enqueue(&NewJob::new(key("credit", 2), &json!({"v": 1})).unwrap().delay(HOUR))
+        .enqueue(
+            &NewJob::new(key("credit", 2), &json!({"v": 1}))
+                .unwrap()
+                .delay(HOUR),
+        )
         .await
         .unwrap();
 
@@ -302,13 +324,14 @@ async fn enqueue_many_applies_each_jobs_policy<DB: TestDb>() {
     ];
     let results = queue.enqueue_many(&batch).await.unwrap();
     assert_eq!(
-        (results[0].id, results[0].inserted, results[0].existing_state),
+        (
+            results[0].id,
+            results[0].inserted,
+            results[0].existing_state
+        ),
         (done.id, false, Some(JobState::Completed))
     );
-    assert_eq!(
-        (results[1].id, results[1].replaced),
-        (waiting.id, true)
-    );
+    assert_eq!((results[1].id, results[1].replaced), (waiting.id, true));
     assert!(results[2].inserted);
     assert_eq!(row::<DB>(&queue, waiting.id).await.payload, json!({"v": 2}));
 
@@ -321,7 +344,9 @@ async fn enqueue_many_applies_each_jobs_policy<DB: TestDb>() {
         ])
         .await
         .unwrap_err();
-    assert!(matches!(refused, Error::EnqueueRejected { existing_id, .. } if existing_id == done.id));
+    assert!(
+        matches!(refused, Error::EnqueueRejected { existing_id, .. } if existing_id == done.id)
+    );
     assert_eq!(job_rows::<DB>(&pool).await, rows);
 }
 
@@ -334,27 +359,40 @@ async fn migrate_adds_the_policy_columns_to_an_older_table<DB: TestDb>() {
     // The table as an earlier version made it: no policy columns, no kept-key index, and (on
     // PostgreSQL) the marker of that schema.
     let mut conn = pool.acquire().await.unwrap();
-    DB::execute(&mut conn, "drop index jobguard_jobs_kept_key").await.unwrap();
-    DB::execute(&mut conn, "alter table jobguard_jobs drop column unique_states")
+    DB::execute(&mut conn, "drop index jobguard_jobs_kept_key")
         .await
         .unwrap();
+    DB::execute(
+        &mut conn,
+        "alter table jobguard_jobs drop column unique_states",
+    )
+    .await
+    .unwrap();
     DB::execute(&mut conn, "alter table jobguard_jobs drop column replaced")
         .await
         .unwrap();
     if DB::BACKEND == "postgres" {
-        DB::execute(&mut conn, "comment on table jobguard_jobs is 'jobguard schema 0'")
-            .await
-            .unwrap();
+        DB::execute(
+            &mut conn,
+            "comment on table jobguard_jobs is 'jobguard schema 0'",
+        )
+        .await
+        .unwrap();
     }
     drop(conn);
-    let refused = queue.enqueue(&credit(2, kept("available,running,dead"))).await;
+    let refused = queue
+        .enqueue(&credit(2, kept("available,running,dead")))
+        .await;
     assert!(refused.is_err(), "no column yet: {refused:?}");
 
     queue.migrate().await.unwrap();
     queue.migrate().await.unwrap();
     let opts = kept("available,running,completed");
     assert!(queue.enqueue(&credit(2, opts)).await.unwrap().inserted);
-    assert_eq!(row::<DB>(&queue, old.id).await.unique_states, UniqueStates::LIVE);
+    assert_eq!(
+        row::<DB>(&queue, old.id).await.unique_states,
+        UniqueStates::LIVE
+    );
     assert_eq!(
         row::<DB>(&queue, old.id + 1).await.unique_states,
         UniqueStates::LIVE.with_completed()
@@ -418,7 +456,10 @@ async fn the_key_report_tells_the_job_that_applied_from_its_duplicates<DB: TestD
     drain().await;
     let report = Console::new(queue.clone()).key(key.as_str()).await.unwrap();
     let holder = report.holder.expect("the completed job keeps the key");
-    assert_eq!((holder.id, holder.state, holder.live), (third.id, JobState::Completed, false));
+    assert_eq!(
+        (holder.id, holder.state, holder.live),
+        (third.id, JobState::Completed, false)
+    );
     let json = serde_json::to_value(&report.jobs[0]).unwrap();
     assert_eq!(json["outcome"], "duplicate");
     assert_eq!(json["duplicate_of"], first.id);
