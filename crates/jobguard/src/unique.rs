@@ -320,11 +320,11 @@ pub(crate) fn period_start(at: SystemTime, length: Duration) -> String {
     let (days, rest) = (start / 86_400, start % 86_400);
     let (year, month, day) = civil_from_days(days as i64);
     let (hour, minute, second) = (rest / 3600, rest % 3600 / 60, rest % 60);
-    if length % 86_400 == 0 {
+    if length.is_multiple_of(86_400) {
         format!("{year:04}-{month:02}-{day:02}")
-    } else if length % 3600 == 0 {
+    } else if length.is_multiple_of(3600) {
         format!("{year:04}-{month:02}-{day:02}T{hour:02}")
-    } else if length % 60 == 0 {
+    } else if length.is_multiple_of(60) {
         format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}")
     } else {
         format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}")
