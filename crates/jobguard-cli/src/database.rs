@@ -202,6 +202,15 @@ pub fn is_missing_table(error: &jobguard::Error) -> bool {
     db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
 }
 
+/// PostgreSQL's undefined_column, SQLite's generic error with its message: a table made by an
+/// earlier version, before a migration added the column.
+pub fn is_missing_column(error: &jobguard::Error) -> bool {
+    let jobguard::Error::Database(sqlx::Error::Database(db)) = error else {
+        return false;
+    };
+    db.code().as_deref() == Some("42703") || db.message().contains("has no column named")
+}
+
 /// A read on the queue, with a clear error when there is no queue yet.
 pub fn read_error(error: jobguard::Error, database: &str) -> anyhow::Error {
     if is_missing_table(&error) {

@@ -12,6 +12,56 @@ pub mod sqlite;
 /// index with this predicate.
 pub const LIVE_STATES: &str = "state in ('available', 'running')";
 
+/// The names of the live states, read from [`LIVE_STATES`]: the states a user's list of unique
+/// states must include.
+///
+/// ```
+/// assert!(jobguard_core::sql::live_state_names().contains(&"available"));
+/// ```
+pub fn live_state_names() -> Vec<&'static str> {
+    LIVE_STATES.split('\'').skip(1).step_by(2).collect()
+}
+
+/// A job that waits for a worker and that no worker holds: available, with no lease on it.
+/// The only job an enqueue that replaces on conflict rewrites.
+pub const WAITING: &str = "state = 'available' and leased_until is null";
+
+/// A job a worker holds: its lease is the token and `leased_until`, and its stored state stays
+/// `available`. No index holds `leased_until`, the token or the attempt, so taking, extending
+/// and giving back a lease changes no indexed column: on PostgreSQL a heap-only (HOT) update
+/// that writes no index entry, on SQLite an update of the row alone. Every statement that ends
+/// a lease sets `leased_until` back to null.
+pub const HELD: &str = "state = 'available' and leased_until is not null";
+
+/// The state a job is reported in: `running` while a worker holds it.
+pub const STATE: &str =
+    "case when state = 'available' and leased_until is not null then 'running' else state end";
+
+/// The bit of a job's `unique_states` that keeps its key taken once it completed.
+pub const KEEP_COMPLETED: i32 = 1;
+/// The bit of a job's `unique_states` that keeps its key taken once it is dead.
+pub const KEEP_DEAD: i32 = 2;
+
+/// Whether a finished job keeps its key taken by its own `unique_states`; `prefix` is a table
+/// alias with its dot, or empty.
+pub fn keeps_key_finished(prefix: &str) -> String {
+    format!(
+        "({prefix}state = 'completed' and ({prefix}unique_states & {KEEP_COMPLETED}) <> 0
+          or {prefix}state = 'dead' and ({prefix}unique_states & {KEEP_DEAD}) <> 0)"
+    )
+}
+
+/// The predicate of the kept-key unique index: a job enqueued with unique states beyond the
+/// live ones holds its key while live, and while finished in a state its mask names. Jobs
+/// enqueued without (`unique_states = 0`) stay out of it, so the default enqueue pays for the
+/// live-key index alone.
+pub fn keeps_key() -> String {
+    format!(
+        "unique_states <> 0 and ({LIVE_STATES} or {})",
+        keeps_key_finished("")
+    )
+}
+
 /// The live job holding the key `$1`: id, kind, payload. One text for both dialects, which
 /// each dialect's `queue` module re-exports beside its `enqueue`.
 pub fn live_job(table: &TableName) -> String {

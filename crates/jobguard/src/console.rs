@@ -30,6 +30,9 @@
 //! }
 //! let key = console.key("credit:order-8812").await?;
 //! println!("applied at {:?} by {} jobs", key.guard.map(|g| g.applied_at), key.jobs.len());
+//! for job in &key.jobs {
+//!     println!("job {}: {:?} (duplicate of {:?})", job.job.id, job.outcome.outcome, job.outcome.duplicate_of);
+//! }
 //! # Ok(()) }
 //! ```
 
@@ -48,8 +51,10 @@ use crate::store::Backend;
 use crate::store::console::{ConsoleSql, ConsoleTables};
 use crate::table::TableName;
 
+use crate::store::console::KeyOutcome as Outcomes;
 pub use crate::store::console::{
-    JobDetail, JobFilter, KeyMessage, KeyRecord, KeyReport, KeyStep, MAX_PAGE, QueueState,
+    JobDetail, JobFilter, JobOutcome, KeyHolder, KeyJob, KeyMessage, KeyOutcome, KeyRecord,
+    KeyReport, KeyStep, MAX_PAGE, QueueState,
 };
 pub use crate::store::queue::JobRow;
 
@@ -127,7 +132,34 @@ impl<DB: Backend> Console<DB> {
             DB::console_key_record(pool, &self.sql, &detail.job.key).await,
             None,
         )?;
+        let key = detail.job.key.clone();
+        let applier = self
+            .applier(&key, &mut detail.guard, std::slice::from_ref(&detail.job))
+            .await?;
+        detail.outcome = Outcomes::of(&detail.job, applier);
         Ok(detail)
+    }
+
+    /// The job that applied `key`, as its guard row's claim recorded it, once checked to be a
+    /// job of the key (among `shown`, or by a read); `guard.applied_by` is set to it.
+    async fn applier(
+        &self,
+        key: &str,
+        guard: &mut Option<KeyRecord>,
+        shown: &[JobRow],
+    ) -> Result<Option<i64>> {
+        let Some(record) = guard else {
+            return Ok(None);
+        };
+        let Some(id) = record.applied_by else {
+            return Ok(None);
+        };
+        let of_key = shown.iter().any(|job| job.id == id && job.key == key)
+            || DB::console_job(self.queue.pool(), &self.sql, id)
+                .await?
+                .is_some_and(|job| job.job.key == key);
+        record.applied_by = of_key.then_some(id);
+        Ok(record.applied_by)
     }
 
     /// Everything stored about `key`: its guard row (`None` when it was never applied, or was
@@ -136,7 +168,7 @@ impl<DB: Backend> Console<DB> {
     /// not exist yet read as empty.
     pub async fn key(&self, key: &str) -> Result<KeyReport> {
         let pool = self.queue.pool();
-        let guard = or_absent(DB::console_key_record(pool, &self.sql, key).await, None)?;
+        let mut guard = or_absent(DB::console_key_record(pool, &self.sql, key).await, None)?;
         let jobs = self
             .jobs(&JobFilter {
                 key: Some(key.to_owned()),
@@ -144,6 +176,19 @@ impl<DB: Backend> Console<DB> {
                 ..JobFilter::default()
             })
             .await?;
+        let applier = self.applier(key, &mut guard, &jobs).await?;
+        let jobs = jobs
+            .into_iter()
+            .map(|job| KeyJob {
+                outcome: Outcomes::of(&job, applier),
+                job,
+            })
+            .collect();
+        let holder = self.queue.holder(key).await?.map(|holder| KeyHolder {
+            id: holder.id,
+            state: holder.state,
+            live: holder.live,
+        });
         let steps = or_absent(
             DB::console_key_steps(pool, &self.sql, key).await,
             Vec::new(),
@@ -163,6 +208,7 @@ impl<DB: Backend> Console<DB> {
             key: key.to_owned(),
             guard,
             jobs,
+            holder,
             steps,
             messages,
         })

@@ -46,6 +46,34 @@ pub enum Error {
         key: String,
     },
 
+    /// A unique-job policy given at enqueue is not valid: an unknown state, a list of states
+    /// without both live ones, a zero or fractional period, an unknown on-conflict action.
+    #[error("invalid unique {setting} `{given}`: {reason}")]
+    InvalidUnique {
+        /// What was invalid: `states`, `period` or `on-conflict action`.
+        setting: &'static str,
+        /// What was given.
+        given: String,
+        /// Why, and what to give instead.
+        reason: String,
+    },
+
+    /// An enqueue whose policy rejects conflicts found a job holding its key: nothing was
+    /// enqueued.
+    #[error(
+        "job key `{key}` is taken by job {existing_id} ({state}): nothing was enqueued, as the \
+         unique policy rejects a repeated enqueue; look at job {existing_id}, or enqueue with \
+         another on-conflict action"
+    )]
+    EnqueueRejected {
+        /// The key as stored, with any queue and period appended.
+        key: String,
+        /// The job that holds the key.
+        existing_id: i64,
+        /// Its state when the enqueue found it.
+        state: String,
+    },
+
     /// The payload could not be turned into JSON for its fingerprint.
     #[error("the payload of job `{key}` cannot be serialized to JSON: {source}")]
     Payload {

@@ -62,6 +62,37 @@ pub trait Job<DB: Backend>: Serialize + DeserializeOwned + Send + Sync + 'static
     /// The job's key, derived from the business operation, e.g. `credit:order-8812`.
     fn key(&self) -> Result<JobKey, KeyError>;
 
+    /// The kind's unique policy: which states keep a job's key taken, the period and queue
+    /// appended to the key, what a repeated enqueue does ([`crate::unique`]). Jobs enqueued as
+    /// values take it ([`NewJob::from_job`](crate::queue::NewJob::from_job)); a call can set
+    /// another with [`NewJob::unique`](crate::queue::NewJob::unique). The live states only and
+    /// return the existing job, unless overridden.
+    ///
+    /// ```
+    /// # use jobguard::{Job, JobError, JobKey, KeyError};
+    /// use jobguard::unique::{OnConflict, UniqueOpts, UniqueStates};
+    /// # #[derive(serde::Serialize, serde::Deserialize)]
+    /// # struct Fee { account: u64 }
+    /// impl Job<sqlx::Postgres> for Fee {
+    ///     const KIND: &'static str = "fee";
+    ///     fn key(&self) -> Result<JobKey, KeyError> {
+    ///         JobKey::new("fee", [format!("account-{}", self.account)])
+    ///     }
+    ///     fn unique_opts() -> UniqueOpts {
+    ///         UniqueOpts::new()
+    ///             .states(UniqueStates::LIVE.with_completed())
+    ///             .period(std::time::Duration::from_secs(86_400))
+    ///             .expect("a day is a valid period")
+    ///             .on_conflict(OnConflict::Reject)
+    ///     }
+    ///     async fn run(&self, _: &mut sqlx::PgConnection) -> Result<(), JobError> { Ok(()) }
+    /// }
+    /// assert!(<Fee as Job<sqlx::Postgres>>::unique_opts().states_kept().completed());
+    /// ```
+    fn unique_opts() -> crate::unique::UniqueOpts {
+        crate::unique::UniqueOpts::default()
+    }
+
     /// The job's effect, on the transaction that commits it with the guard row and the job's
     /// completion. Return [`JobError::fatal`] for errors no retry can fix.
     fn run(&self, conn: &mut DB::Connection) -> impl Future<Output = Result<(), JobError>> + Send;

@@ -126,6 +126,7 @@ pub mod steps;
 mod store;
 mod table;
 mod time;
+pub mod unique;
 pub mod worker;
 
 #[cfg(feature = "postgres")]
@@ -153,4 +154,5 @@ pub use retry::RetryPolicy;
 pub use sqlite::SqliteGuard;
 pub use store::{Backend, GuardRecord};
 pub use table::TableName;
+pub use unique::{OnConflict, UniqueOpts, UniqueStates};
 pub use worker::{Worker, WorkerConfig, WorkerStats};

@@ -46,7 +46,7 @@ pub use crate::store::queue::{
     Backlog, Counts, DEFAULT_QUEUE, Enqueued, JobRow, JobState, Lease, LeasedJob, NOTIFY_CHANNEL,
     NewJob, Replay, TERMINAL_COUNT_CAP,
 };
-pub(crate) use crate::store::queue::{Fetch, QueueSql, Settle};
+pub(crate) use crate::store::queue::{Fetch, Holder, QueueSql, Settle};
 
 /// The job queue. Cheap to clone.
 pub struct Queue<DB: Backend> {
@@ -125,6 +125,13 @@ impl<DB: Backend> Queue<DB> {
     /// The pool the queue uses.
     pub fn pool(&self) -> &Pool<DB> {
         &self.inner.pool
+    }
+
+    /// The job holding `key` now: a live one, else a finished one its unique policy keeps the
+    /// key for.
+    pub(crate) async fn holder(&self, key: &str) -> Result<Option<Holder>> {
+        let mut conn = self.inner.pool.acquire().await?;
+        DB::holder(&mut conn, &self.inner.sql, key, true).await
     }
 
     /// Creates the queue's table and indexes when missing.

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
-use jobguard::queue::{Enqueued, NewJob};
+use jobguard::queue::{Enqueued, JobState, NewJob};
+use jobguard::unique::{OnConflict, UniqueOpts, UniqueStates};
 use jobguard::{Backend, JobKey, Queue};
 use serde::Serialize;
 use serde_json::Value;
@@ -13,7 +14,7 @@ use sqlx::Pool;
 
 use crate::args::{Target, parse_duration};
 use crate::builtin_jobs;
-use crate::database::{Database, is_missing_table, redact};
+use crate::database::{Database, is_missing_column, is_missing_table, redact};
 use crate::on_pool;
 use crate::report;
 
@@ -37,17 +38,62 @@ pub struct EnqueueArgs {
     /// Run the job only after this long, e.g. 30s or 5m.
     #[arg(long, value_parser = parse_duration)]
     delay: Option<Duration>,
+    /// The states that keep the job's key taken, comma-separated: available,running (always)
+    /// plus completed and/or dead, e.g. available,running,completed: a key whose job completed
+    /// is then never enqueued again (until retention prunes the job).
+    #[arg(long, value_name = "STATES", value_parser = parse_states)]
+    unique_states: Option<UniqueStates>,
+    /// Append the period the job's run time falls in to its key, e.g. 1d or 1h: one job (and
+    /// one effect) per key per period, counted from the Unix epoch in UTC.
+    #[arg(long, value_name = "PERIOD", value_parser = parse_period)]
+    unique_period: Option<Duration>,
+    /// Append the queue to the job's key: the same work on two queues is two jobs.
+    #[arg(long)]
+    unique_by_queue: bool,
+    /// What to do when a job already holds the key: return it (the default), reject (exit 1
+    /// naming it), or replace its payload and run time while it still waits.
+    #[arg(long, value_name = "ACTION", default_value = "return", value_parser = parse_on_conflict)]
+    on_conflict: OnConflict,
     #[command(flatten)]
     target: Target,
+}
+
+fn parse_states(text: &str) -> Result<UniqueStates, String> {
+    text.parse()
+        .map_err(|error: jobguard::Error| error.to_string())
+}
+
+fn parse_period(text: &str) -> Result<Duration, String> {
+    let period = parse_duration(text)?;
+    UniqueOpts::new()
+        .period(period)
+        .map_err(|error| error.to_string())?;
+    Ok(period)
+}
+
+fn parse_on_conflict(text: &str) -> Result<OnConflict, String> {
+    text.parse()
+        .map_err(|error: jobguard::Error| error.to_string())
 }
 
 /// What `jobguard enqueue --json` prints.
 #[derive(Debug, Serialize)]
 struct EnqueueReport {
+    /// The job inserted, or the one holding the key.
     id: i64,
-    /// False when a job with the same key was already waiting or running.
+    /// False when a job held the key already: waiting or running, or finished in a state its
+    /// unique policy keeps the key in.
     inserted: bool,
+    /// The job that held the key, when one did.
+    existing_id: Option<i64>,
+    /// Its state, when one did.
+    existing_state: Option<JobState>,
+    /// True when the waiting job that held the key took this payload and run time.
+    replaced: bool,
+    /// True when the enqueue was refused (`--on-conflict reject`): the exit code is 1.
+    rejected: bool,
     kind: String,
+    /// The key as stored, with the queue and period appended when asked for.
     key: String,
     queue: String,
 }
@@ -106,7 +152,17 @@ fn new_job(args: &EnqueueArgs) -> anyhow::Result<NewJob> {
         })?
         .max_attempts(args.max_attempts)
         .delay(args.delay.unwrap_or_default());
-    Ok(job)
+    let mut unique = UniqueOpts::new()
+        .states(args.unique_states.unwrap_or_default())
+        .on_conflict(args.on_conflict);
+    if let Some(period) = args.unique_period {
+        unique = unique.period(period)?;
+    }
+    if args.unique_by_queue {
+        unique = unique.by_queue();
+    }
+    // The key as stored, fixed now so that the report names it.
+    Ok(job.unique(unique).resolve_key()?)
 }
 
 async fn run<DB: Backend>(
@@ -116,25 +172,47 @@ async fn run<DB: Backend>(
 ) -> anyhow::Result<ExitCode> {
     let database = redact(&args.target.database_url);
     let queue = Queue::new(pool.clone());
-    let enqueued = enqueue_creating(&queue, job)
-        .await
-        .map_err(|error| match error {
-            jobguard::Error::KeyReused { key } => anyhow!(
-                "job key `{key}` is held by a job that is waiting or running with another \
-                 payload or kind: nothing was enqueued; give different work its own key, or \
-                 enqueue the original payload"
-            ),
-            error => anyhow::Error::new(error)
-                .context(format!("cannot enqueue `{}` in {database}", job.key())),
-        })?;
+    let enqueued = match enqueue_creating(&queue, job).await {
+        Ok(enqueued) => Ok(enqueued),
+        Err(jobguard::Error::EnqueueRejected {
+            existing_id, state, ..
+        }) => Err((existing_id, state.parse::<JobState>().ok())),
+        Err(jobguard::Error::KeyReused { key }) => {
+            return Err(anyhow!(
+                "job key `{key}` is held by a job with another payload or kind: nothing was \
+                 enqueued; give different work its own key, or enqueue the original payload"
+            ));
+        }
+        Err(error) => {
+            return Err(anyhow::Error::new(error)
+                .context(format!("cannot enqueue `{}` in {database}", job.key())));
+        }
+    };
     pool.close().await;
 
-    let report = EnqueueReport {
-        id: enqueued.id,
-        inserted: enqueued.inserted,
-        kind: args.kind.clone(),
-        key: job.key().to_string(),
-        queue: args.queue.clone(),
+    let report = match enqueued {
+        Ok(enqueued) => EnqueueReport {
+            id: enqueued.id,
+            inserted: enqueued.inserted,
+            existing_id: (!enqueued.inserted).then_some(enqueued.id),
+            existing_state: enqueued.existing_state,
+            replaced: enqueued.replaced,
+            rejected: false,
+            kind: args.kind.clone(),
+            key: job.key().to_string(),
+            queue: args.queue.clone(),
+        },
+        Err((existing_id, existing_state)) => EnqueueReport {
+            id: existing_id,
+            inserted: false,
+            existing_id: Some(existing_id),
+            existing_state,
+            replaced: false,
+            rejected: true,
+            kind: args.kind.clone(),
+            key: job.key().to_string(),
+            queue: args.queue.clone(),
+        },
     };
     if !builtin_jobs::KINDS.contains(&args.kind.as_str()) {
         eprintln!(
@@ -145,20 +223,44 @@ async fn run<DB: Backend>(
         );
     }
     report::print(&report, args.target.json, |report| {
+        let state = report
+            .existing_state
+            .map_or_else(|| "unknown".to_owned(), |state| state.to_string());
         if report.inserted {
             format!(
                 "enqueued job {} ({}) on queue `{}`\n",
                 report.id, report.key, report.queue
             )
+        } else if report.rejected {
+            format!(
+                "job key `{}` is taken by job {} ({state}): nothing was enqueued \
+                 (--on-conflict reject)\n",
+                report.key, report.id
+            )
+        } else if report.replaced {
+            format!(
+                "job {} ({}) was waiting: its payload and run time were replaced (replaced: \
+                 true)\n",
+                report.id, report.key
+            )
+        } else if args.on_conflict == OnConflict::Replace {
+            format!(
+                "job {} ({}) holds the key but no longer waits ({state}): returned as it is, \
+                 not replaced (replaced: false)\n",
+                report.id, report.key
+            )
         } else {
             format!(
-                "job {} ({}) is already waiting or running: not enqueued again (inserted: \
-                 false)\n",
+                "job {} ({}) holds the key ({state}): not enqueued again (inserted: false)\n",
                 report.id, report.key
             )
         }
     })?;
-    Ok(ExitCode::SUCCESS)
+    Ok(if report.rejected {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Enqueues, creating the queue's table the first time: no DDL when it exists, as creating
@@ -168,7 +270,8 @@ async fn enqueue_creating<DB: Backend>(
     job: &NewJob,
 ) -> jobguard::Result<Enqueued> {
     match queue.enqueue(job).await {
-        Err(error) if is_missing_table(&error) => {
+        // A table made before the unique policies' columns is migrated the same way.
+        Err(error) if is_missing_table(&error) || is_missing_column(&error) => {
             queue.migrate().await?;
             queue.enqueue(job).await
         }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use comfy_table::{Cell, CellAlignment};
-use jobguard::console::{Console, KeyReport};
+use jobguard::console::{Console, JobOutcome, KeyOutcome, KeyReport};
 use jobguard::{Backend, Queue};
 use sqlx::Pool;
 
@@ -47,20 +47,28 @@ async fn run<DB: Backend>(pool: Pool<DB>, args: &KeyArgs) -> anyhow::Result<Exit
 
 fn render(report: &KeyReport) -> String {
     let mut out = match &report.guard {
-        Some(guard) => format!(
-            "key `{}`: applied at {} by kind `{}`{}{}\n",
-            report.key,
-            time(guard.applied_at),
-            guard.kind,
-            match &guard.fingerprint {
-                Some(fingerprint) => format!(", payload fingerprint {}", shorten(fingerprint, 16)),
-                None => String::new(),
-            },
-            match &guard.result {
-                Some(result) => format!(", result {result}"),
-                None => String::new(),
+        Some(guard) => {
+            format!(
+                "key `{}`: applied at {} by kind `{}`{}{}\n",
+                report.key,
+                time(guard.applied_at),
+                guard.kind,
+                match &guard.fingerprint {
+                    Some(fingerprint) =>
+                        format!(", payload fingerprint {}", shorten(fingerprint, 16)),
+                    None => String::new(),
+                },
+                match &guard.result {
+                    Some(result) => format!(", result {result}"),
+                    None => String::new(),
+                }
+            ) + &match guard.applied_by {
+                Some(id) => format!("applied by job {id}\n"),
+                None => {
+                    "applied outside the queue (or by a job that did not record it)\n".to_owned()
+                }
             }
-        ),
+        }
         None => format!(
             "key `{}`: not applied (no guard row: never run to its commit, or pruned)\n",
             report.key
@@ -75,23 +83,48 @@ fn render(report: &KeyReport) -> String {
             "kind",
             "queue",
             "state",
+            "outcome",
             "attempt",
             "enqueued",
+            "kept while",
+            "replaced",
             "last error",
         ]);
-        for job in &report.jobs {
+        for row in &report.jobs {
+            let job = &row.job;
             jobs.add_row(vec![
                 Cell::new(job.id).set_alignment(CellAlignment::Right),
                 Cell::new(&job.kind),
                 Cell::new(&job.queue),
                 Cell::new(job.state),
+                Cell::new(outcome(&row.outcome)),
                 Cell::new(format!("{}/{}", job.attempt, job.max_attempts)),
                 Cell::new(time(job.created_at)),
+                Cell::new(job.unique_states),
+                Cell::new(if job.replaced > 0 {
+                    format!("{}x", job.replaced)
+                } else {
+                    String::new()
+                }),
                 Cell::new(shorten(job.last_error.as_deref().unwrap_or(""), 60)),
             ]);
         }
         out += &format!("{jobs}\n");
     }
+    // Why a repeated enqueue of the key does not insert.
+    out += &match &report.holder {
+        None => "no job holds the key: an enqueue of it inserts a job\n".to_owned(),
+        Some(holder) if holder.live => format!(
+            "job {} holds the key ({}): an enqueue of it returns that job (--on-conflict \
+             return), is refused (reject), or replaces its payload while it waits (replace)\n",
+            holder.id, holder.state
+        ),
+        Some(holder) => format!(
+            "job {} keeps the key while {}, by its unique policy: an enqueue with a policy of \
+             its own returns it or is refused; one without inserts a job\n",
+            holder.id, holder.state
+        ),
+    };
     for step in &report.steps {
         out += &format!(
             "step `{}` ({}): {}, {} attempts{}\n",
@@ -119,4 +152,14 @@ fn render(report: &KeyReport) -> String {
         );
     }
     out
+}
+
+/// Whether a job applied the key or completed as a duplicate, and of which job.
+fn outcome(outcome: &KeyOutcome) -> String {
+    match (outcome.outcome, outcome.duplicate_of) {
+        (Some(JobOutcome::Applied), _) => "applied".to_owned(),
+        (Some(JobOutcome::Duplicate), Some(of)) => format!("duplicate of {of}"),
+        (Some(JobOutcome::Duplicate), None) => "duplicate".to_owned(),
+        (None, _) => String::new(),
+    }
 }

@@ -20,3 +20,4 @@ mod relay;
 mod retention;
 mod serve;
 mod sqlite_leases;
+mod unique;

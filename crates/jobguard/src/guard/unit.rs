@@ -264,7 +264,7 @@ impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
         worker: &WorkerSql,
         job: Completing<'_>,
     ) -> Result<Claim, Failure> {
-        let token = ClaimToken::new();
+        let token = ClaimToken::for_attempt(job.lease.job_id, job.lease.token);
         let claim = CompletingClaim {
             claim: NewClaim {
                 key: job.key.as_str(),
@@ -292,7 +292,10 @@ impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
         worker: &WorkerSql,
         jobs: &[Completing<'_>],
     ) -> Result<Vec<Option<Claim>>, Failure> {
-        let tokens: Vec<ClaimToken> = jobs.iter().map(|_| ClaimToken::new()).collect();
+        let tokens: Vec<ClaimToken> = jobs
+            .iter()
+            .map(|job| ClaimToken::for_attempt(job.lease.job_id, job.lease.token))
+            .collect();
         let claims: Vec<CompletingClaim<'_>> = jobs
             .iter()
             .zip(&tokens)

@@ -4,9 +4,12 @@
 //! console's retry) calls these.
 //!
 //! Two paths reach the database: [`Queue::enqueue_tx`] inserts one job with the statement the
-//! Python package shares, [`Queue::enqueue_many_tx`] a batch in one statement. Both settle a key
-//! that a live job holds the same way ([`found_live`]) and announce through [`Queue::notify`].
+//! Python package shares (or, for a job whose unique policy keeps its key past the live states,
+//! the one that stores the policy), [`Queue::enqueue_many_tx`] a batch in one statement. Both
+//! settle a key that a job holds the same way ([`Queue::settle_conflict`], by the job's
+//! [`OnConflict`]) and announce through [`Queue::notify`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,21 +19,51 @@ use crate::error::{Error, Result};
 use crate::external::ExternalJob;
 use crate::job::Job;
 use crate::store::Backend;
-use crate::store::queue::LiveJob;
+use crate::store::queue::Holder;
+use crate::unique::OnConflict;
 
 /// How many times an enqueue inserts and reads again: a live job holding a key can finish
 /// between the insert and the read, and then the key is inserted on the next round.
 const ROUNDS: usize = 3;
 
-/// What enqueueing `job` finds when a live job holds its key: that job, unless it carries
-/// another payload or kind, which is [`Error::KeyReused`].
-fn found_live(job: &NewJob, live: LiveJob) -> Result<Enqueued> {
-    if live.kind != job.kind || live.payload != job.payload {
-        return Err(Error::KeyReused { key: live.key });
+/// The job as stored: its key with the queue and period its policy appends. Borrowed when the
+/// policy appends neither, as for every job without one.
+fn resolved(job: &NewJob) -> Result<Cow<'_, NewJob>> {
+    let unique = job.unique_opts();
+    if unique.period_len().is_none() && !unique.is_by_queue() {
+        return Ok(Cow::Borrowed(job));
+    }
+    Ok(Cow::Owned(job.clone().resolve_key()?))
+}
+
+/// Of the jobs found holding `job`'s key, the one its insert conflicted with: a live one, else
+/// (when `job` has a policy of its own, so is in the kept-key index) a finished one kept by
+/// its policy. `None`: the holder went away since the insert, and the next round inserts.
+fn conflicting(job: &NewJob, holders: Vec<Holder>) -> Option<Holder> {
+    let kept = job.unique.states_kept().mask() != 0;
+    let mut found = None;
+    for holder in holders {
+        if holder.live {
+            return Some(holder);
+        }
+        if kept && found.is_none() {
+            found = Some(holder);
+        }
+    }
+    found
+}
+
+/// The job that holds the key, returned: unless it carries another payload or kind, which is
+/// [`Error::KeyReused`].
+fn returned(job: &NewJob, holder: Holder) -> Result<Enqueued> {
+    if holder.kind != job.kind || holder.payload != job.payload {
+        return Err(Error::KeyReused { key: holder.key });
     }
     Ok(Enqueued {
-        id: live.id,
+        id: holder.id,
         inserted: false,
+        replaced: false,
+        existing_state: Some(holder.state),
     })
 }
 
@@ -81,7 +114,9 @@ const NOTIFY_COMMITTED_EVERY: Duration = Duration::from_millis(1);
 impl NewJob {
     /// The job for a [`Job`] value: its kind, key and payload.
     pub fn from_job<DB: Backend, J: Job<DB>>(job: &J) -> Result<Self> {
-        NewJob::new(job.key()?, job)?.kind(J::KIND)
+        Ok(NewJob::new(job.key()?, job)?
+            .kind(J::KIND)?
+            .unique(J::unique_opts()))
     }
 
     /// The job for an [`ExternalJob`] value: its kind, key and payload.
@@ -116,19 +151,76 @@ impl<DB: Backend> Queue<DB> {
         job: &NewJob,
         announce: Announce,
     ) -> Result<Enqueued> {
+        let job = resolved(job)?;
         let sql = &self.inner.sql;
+        let kept = job.unique.states_kept().mask() != 0;
         // A live job holding the key can finish between the insert and the read; then the
         // insert succeeds on the next round.
         for _ in 0..ROUNDS {
-            if let Some(id) = DB::enqueue(conn, sql, job).await? {
+            if let Some(id) = DB::enqueue(conn, sql, &job).await? {
                 self.notify(conn, &job.queue, announce).await?;
-                return Ok(Enqueued { id, inserted: true });
+                return Ok(Enqueued::inserted(id));
             }
-            if let Some(live) = DB::live_job(conn, sql, job.key.as_str()).await? {
-                return found_live(job, live);
+            if let Some(holder) = DB::holder(conn, sql, job.key.as_str(), kept).await? {
+                return self
+                    .settle_conflict(conn, &job, holder, Some(announce))
+                    .await;
             }
         }
-        Err(kept_changing(job))
+        Err(kept_changing(&job))
+    }
+
+    /// What `job`'s enqueue does about `holder`, the job holding its key, by the job's
+    /// [`OnConflict`]: return it, refuse, or replace its payload and run time while it waits
+    /// (then announced as `announce` says, when given).
+    async fn settle_conflict(
+        &self,
+        conn: &mut DB::Connection,
+        job: &NewJob,
+        holder: Holder,
+        announce: Option<Announce>,
+    ) -> Result<Enqueued> {
+        match job.unique.conflict_action() {
+            OnConflict::Return => returned(job, holder),
+            OnConflict::Reject => Err(Error::EnqueueRejected {
+                key: holder.key,
+                existing_id: holder.id,
+                state: holder.state.to_string(),
+            }),
+            OnConflict::Replace => {
+                if holder.kind != job.kind {
+                    return Err(Error::KeyReused { key: holder.key });
+                }
+                let sql = &self.inner.sql;
+                // Only a live holder can still wait; the statement decides whether it does.
+                if holder.live && DB::replace(conn, sql, holder.id, job).await? {
+                    if let Some(announce) = announce {
+                        self.notify(conn, &job.queue, announce).await?;
+                    }
+                    return Ok(Enqueued {
+                        id: holder.id,
+                        inserted: false,
+                        replaced: true,
+                        existing_state: Some(holder.state),
+                    });
+                }
+                // A worker holds it (or took it since the read), or it finished: it runs, or
+                // ran, with the payload it has. Report the state it is in now.
+                let state = match holder.live {
+                    true => DB::holder(conn, sql, &holder.key, true)
+                        .await?
+                        .filter(|now| now.id == holder.id)
+                        .map_or(holder.state, |now| now.state),
+                    false => holder.state,
+                };
+                Ok(Enqueued {
+                    id: holder.id,
+                    inserted: false,
+                    replaced: false,
+                    existing_state: Some(state),
+                })
+            }
+        }
     }
 
     /// Enqueues many jobs in one transaction and, on PostgreSQL, one insert statement: what
@@ -182,9 +274,10 @@ impl<DB: Backend> Queue<DB> {
         conn: &mut DB::Connection,
         jobs: &[NewJob],
     ) -> Result<Vec<Enqueued>> {
+        let jobs: Vec<Cow<'_, NewJob>> = jobs.iter().map(resolved).collect::<Result<_>>()?;
         // One entry per key: a key twice in the batch is one job, and must be the same job.
         let mut first_of_key: HashMap<&str, &NewJob> = HashMap::with_capacity(jobs.len());
-        for job in jobs {
+        for job in &jobs {
             let first = *first_of_key.entry(job.key.as_str()).or_insert(job);
             if first.kind != job.kind || first.payload != job.payload {
                 return Err(Error::KeyReused {
@@ -225,10 +318,7 @@ impl<DB: Backend> Queue<DB> {
                 .collect();
             for inserted in DB::enqueue_many(&mut tx, sql, &batch).await? {
                 if let Some(slot) = waiting.remove(inserted.key.as_str()) {
-                    results[slot] = Some(Enqueued {
-                        id: inserted.id,
-                        inserted: true,
-                    });
+                    results[slot] = Some(Enqueued::inserted(inserted.id));
                 }
             }
             if waiting.is_empty() {
@@ -236,12 +326,27 @@ impl<DB: Backend> Queue<DB> {
                 break;
             }
             let keys: Vec<&str> = waiting.keys().copied().collect();
-            for live in DB::live_jobs(&mut tx, sql, &keys).await? {
-                let Some(slot) = waiting.remove(live.key.as_str()) else {
+            let mut holders_of_key: HashMap<String, Vec<Holder>> = HashMap::new();
+            for holder in DB::holders(&mut tx, sql, &keys).await? {
+                holders_of_key
+                    .entry(holder.key.clone())
+                    .or_default()
+                    .push(holder);
+            }
+            let mut settled = Vec::new();
+            for (key, &slot) in &waiting {
+                let holders = holders_of_key.remove(*key).unwrap_or_default();
+                let Some(holder) = conflicting(distinct[slot], holders) else {
                     continue;
                 };
                 // A refused key returns here: dropping the transaction rolls the batch back.
-                results[slot] = Some(found_live(distinct[slot], live)?);
+                // Replaced jobs are announced below, with the queues that received jobs.
+                let job = distinct[slot];
+                results[slot] = Some(self.settle_conflict(&mut tx, job, holder, None).await?);
+                settled.push(*key);
+            }
+            for key in settled {
+                waiting.remove(key);
             }
             pending = waiting.into_values().collect();
             if pending.is_empty() {
@@ -257,7 +362,7 @@ impl<DB: Backend> Queue<DB> {
         let mut queues: Vec<&str> = distinct
             .iter()
             .zip(&results)
-            .filter(|(_, result)| result.is_some_and(|r| r.inserted))
+            .filter(|(_, result)| result.is_some_and(|r| r.inserted || r.replaced))
             .map(|(job, _)| job.queue.as_str())
             .collect();
         queues.sort_unstable();
@@ -272,7 +377,9 @@ impl<DB: Backend> Queue<DB> {
             .map(|job| {
                 let slot = slot_of_key[job.key.as_str()];
                 let mut result = results[slot].expect("inserted or found live");
-                result.inserted &= !std::mem::replace(&mut reported[slot], true);
+                let again = std::mem::replace(&mut reported[slot], true);
+                result.inserted &= !again;
+                result.replaced &= !again;
                 result
             })
             .collect())

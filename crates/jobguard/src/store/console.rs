@@ -98,6 +98,9 @@ pub struct JobDetail {
     pub lease_token: i64,
     /// The guard row of its key, when the key was applied.
     pub guard: Option<KeyRecord>,
+    /// Whether it applied its key or completed as a duplicate, when known.
+    #[serde(flatten)]
+    pub outcome: KeyOutcome,
 }
 
 /// A key's guard row: the proof that its effect was applied, once.
@@ -112,6 +115,77 @@ pub struct KeyRecord {
     pub fingerprint: Option<String>,
     /// What the job returned, stored with the key.
     pub result: Option<Value>,
+    /// The queued job whose attempt applied the key, as its claim recorded it; `None` when it
+    /// was applied outside the queue ([`Guard::run`](crate::Guard::run), the Python package)
+    /// or before jobs recorded it.
+    pub applied_by: Option<i64>,
+}
+
+/// What a job that carried a key did with it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KeyOutcome {
+    /// `applied` for the job whose attempt applied the key, `duplicate` for a completed job
+    /// that found it applied; `None` for a job that has not completed, or when the guard row
+    /// does not say which job applied (applied outside the queue, or pruned).
+    pub outcome: Option<JobOutcome>,
+    /// For a duplicate: the job that applied the key.
+    pub duplicate_of: Option<i64>,
+}
+
+/// See [`KeyOutcome`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobOutcome {
+    /// Its attempt claimed the key and its effect committed.
+    Applied,
+    /// It completed without running its effect: the key was applied already.
+    Duplicate,
+}
+
+impl KeyOutcome {
+    /// The outcome of `job`, by the job that applied its key (`applied_by`, checked to be one
+    /// of the key's jobs).
+    pub(crate) fn of(job: &JobRow, applied_by: Option<i64>) -> Self {
+        let Some(applier) = applied_by else {
+            return KeyOutcome::default();
+        };
+        match job.state {
+            _ if job.id == applier => KeyOutcome {
+                outcome: Some(JobOutcome::Applied),
+                duplicate_of: None,
+            },
+            JobState::Completed => KeyOutcome {
+                outcome: Some(JobOutcome::Duplicate),
+                duplicate_of: Some(applier),
+            },
+            _ => KeyOutcome::default(),
+        }
+    }
+}
+
+/// A job that carried a key, with what it did with it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KeyJob {
+    /// The job as listed.
+    #[serde(flatten)]
+    pub job: JobRow,
+    /// Applied or duplicate.
+    #[serde(flatten)]
+    pub outcome: KeyOutcome,
+}
+
+/// The job that holds a key now, which a repeated enqueue of the key finds: what it returns,
+/// refuses or replaces, by the enqueue's
+/// [`OnConflict`](crate::unique::OnConflict).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KeyHolder {
+    /// The job.
+    pub id: i64,
+    /// Its state.
+    pub state: JobState,
+    /// False when it is finished and holds the key only because its unique policy keeps it in
+    /// that state; such a job holds it against enqueues with a policy of their own.
+    pub live: bool,
 }
 
 /// An external step of a key, from the step ledger.
@@ -165,9 +239,12 @@ pub struct KeyReport {
     pub key: String,
     /// Its guard row; `None` when it was never applied (or was pruned).
     pub guard: Option<KeyRecord>,
-    /// The jobs that carried it, newest first: the one that applied it and its duplicates
-    /// alike.
-    pub jobs: Vec<JobRow>,
+    /// The jobs that carried it, newest first, each with whether it applied the key or
+    /// completed as a duplicate of the one that did.
+    pub jobs: Vec<KeyJob>,
+    /// The job that holds the key now: why a repeated enqueue of it is returned, refused or
+    /// replaces it, rather than inserted.
+    pub holder: Option<KeyHolder>,
     /// Its external steps.
     pub steps: Vec<KeyStep>,
     /// The outbox messages its job published.
@@ -371,12 +448,13 @@ macro_rules! console_statements {
             else {
                 return Ok(None);
             };
-            let leased_until: Option<i64> = row.try_get(12)?;
+            let leased_until: Option<i64> = row.try_get(14)?;
             Ok(Some($crate::store::console::JobDetail {
                 job: $crate::store::queue::JobRow::from_row(&row)?,
                 leased_until: leased_until.map($crate::time::micros_to_time),
-                lease_token: row.try_get(13)?,
+                lease_token: row.try_get(15)?,
                 guard: None,
+                outcome: $crate::store::console::KeyOutcome::default(),
             }))
         }
 
@@ -464,17 +542,19 @@ macro_rules! console_statements {
                 i64,
                 Option<Vec<u8>>,
                 Option<sqlx::types::Json<serde_json::Value>>,
+                Vec<u8>,
             )> = sqlx::query_as(sqlx::AssertSqlSafe(sql.key_record.clone()))
                 .bind(key)
                 .fetch_optional(pool)
                 .await?;
-            Ok(row.map(|(kind, applied_at, fingerprint, result)| {
+            Ok(row.map(|(kind, applied_at, fingerprint, result, token)| {
                 $crate::store::console::KeyRecord {
                     kind,
                     applied_at: $crate::time::micros_to_time(applied_at),
                     fingerprint: fingerprint
                         .map(|bytes| bytes.iter().map(|byte| format!("{byte:02x}")).collect()),
                     result: result.map(|json| json.0),
+                    applied_by: $crate::store::guard::ClaimToken::applied_by(&token),
                 }
             }))
         }

@@ -18,6 +18,7 @@ use crate::payload::payload_problem;
 use crate::store::database::StateCount;
 use crate::store::guard::GuardStore;
 use crate::table::TableName;
+use crate::unique::{UniqueOpts, UniqueStates};
 
 pub(crate) mod sql;
 mod statements;
@@ -39,12 +40,7 @@ pub(crate) fn queue_states(table: &TableName) -> String {
 /// and giving back a lease changes no indexed column: on PostgreSQL a heap-only (HOT) update
 /// that writes no index entry, on SQLite an update of the row alone. Every statement that ends
 /// a lease sets `leased_until` back to null.
-pub(crate) const HELD: &str = "state = 'available' and leased_until is not null";
-/// A job waiting for a worker: available, and no lease on it.
-pub(crate) const WAITING: &str = "state = 'available' and leased_until is null";
-/// The state a job is reported in: `running` while a worker holds it.
-pub(crate) const STATE: &str =
-    "case when state = 'available' and leased_until is not null then 'running' else state end";
+pub(crate) use jobguard_core::sql::{HELD, STATE, WAITING};
 
 /// Statements that bring a jobs table from an earlier schema to this one, run by every
 /// migration after the table's own statements (each does nothing the second time): jobs
@@ -60,17 +56,55 @@ pub(crate) fn job_upgrades(table: &TableName) -> Vec<String> {
     ]
 }
 
+/// The columns of the unique-job policies, added to a jobs table made before them: `add` is
+/// the dialect's `add column` (PostgreSQL's with `if not exists`; SQLite has none, and its
+/// migration skips a column already there). After the table, before [`job_indexes`].
+pub(crate) fn unique_columns(table: &TableName, add: &str) -> Vec<String> {
+    let t = table.quoted();
+    vec![
+        // The finished states in which the job keeps its key (`jobguard_core::sql::KEEP_*`
+        // bits); 0, the default, for live states only.
+        format!("alter table {t} {add} unique_states integer not null default 0"),
+        // How many times an enqueue replaced the job's payload and run time while it waited.
+        format!("alter table {t} {add} replaced integer not null default 0"),
+    ]
+}
+
+/// Whether a job other than `j` (the alias of the outer statement's row, on the jobs table
+/// `t`, quoted) holds `j`'s key in a way that would refuse `j` coming back to life: a live job,
+/// or, when `j` has a unique policy, a finished job its own policy keeps the key for. The
+/// statements that bring a job back (replay, the console's retry) test it, as the unique indexes
+/// would refuse them otherwise.
+pub(crate) fn other_holder(t: &str) -> String {
+    format!(
+        "exists (select 1 from {t} l
+                 where l.job_key = j.job_key and l.id <> j.id
+                   and (l.{} or (j.unique_states <> 0 and {})))",
+        jobguard_core::sql::LIVE_STATES,
+        jobguard_core::sql::keeps_key_finished("l.")
+    )
+}
+
 /// The indexes of a jobs table, the same statements on both backends (their SQL is common to
-/// PostgreSQL and SQLite), created after the table itself.
+/// PostgreSQL and SQLite), created after the table itself and its [`unique_columns`].
 pub(crate) fn job_indexes(table: &TableName) -> Vec<String> {
     let t = table.quoted();
-    let live = "state in ('available', 'running')";
+    let live = jobguard_core::sql::LIVE_STATES;
     vec![
         // One live job per key: a producer that enqueues the same work twice gets the job
         // that is already waiting or running, enforced by the index, not a check-then-insert.
         format!(
             "create unique index if not exists {} on {t} (job_key) where {live}",
             table.derived("live_key")
+        ),
+        // One job per key among the jobs enqueued with a unique policy that keeps the key past
+        // the live states, in the states their own `unique_states` names: a repeated enqueue of
+        // a key whose job completed (or died) under such a policy inserts nothing. Jobs without
+        // one are not in it, and cost nothing more to insert.
+        format!(
+            "create unique index if not exists {} on {t} (job_key) where {}",
+            table.derived("kept_key"),
+            jobguard_core::sql::keeps_key()
         ),
         format!(
             "create index if not exists {} on {t} (queue, run_at, id) where state = 'available'",
@@ -124,6 +158,7 @@ pub struct NewJob {
     pub(crate) queue: String,
     pub(crate) max_attempts: u32,
     pub(crate) delay: Duration,
+    pub(crate) unique: UniqueOpts,
 }
 
 impl NewJob {
@@ -149,6 +184,7 @@ impl NewJob {
             queue: DEFAULT_QUEUE.to_owned(),
             max_attempts: 10,
             delay: Duration::ZERO,
+            unique: UniqueOpts::default(),
         })
     }
 
@@ -178,9 +214,33 @@ impl NewJob {
         self
     }
 
+    /// Enqueues the job under a unique policy: which states keep its key, the period and
+    /// queue appended to it, what a conflicting enqueue does. Replaces the kind's default
+    /// ([`Job::unique_opts`](crate::Job::unique_opts)) for [`from_job`](Self::from_job).
+    pub fn unique(mut self, opts: UniqueOpts) -> Self {
+        self.unique = opts;
+        self
+    }
+
+    /// The job's unique policy.
+    pub fn unique_opts(&self) -> UniqueOpts {
+        self.unique
+    }
+
     /// The job's key.
     pub fn key(&self) -> &JobKey {
         &self.key
+    }
+
+    /// The job as it is stored: its key with its queue (when unique by queue) and the start
+    /// of the period its run time (now plus its delay, by this process's clock) falls in
+    /// appended. Enqueueing does this itself; call it to know the stored key first, or to fix
+    /// the period before a delay crosses into the next one. Unchanged without either.
+    pub fn resolve_key(mut self) -> Result<Self> {
+        let run_at = std::time::SystemTime::now() + self.delay;
+        self.key = self.unique.stored_key(&self.key, &self.queue, run_at)?;
+        self.unique = self.unique.keyed();
+        Ok(self)
     }
 }
 
@@ -189,9 +249,26 @@ impl NewJob {
 pub struct Enqueued {
     /// The job's id.
     pub id: i64,
-    /// False when a job with the same key was already waiting or running and was returned
-    /// instead of inserting another.
+    /// False when a job holding the same key (waiting or running, or finished in a state its
+    /// unique policy keeps the key in) was returned instead of inserting another.
     pub inserted: bool,
+    /// True when the enqueue replaced the payload and run time of the waiting job that held
+    /// the key ([`OnConflict::Replace`](crate::unique::OnConflict::Replace)).
+    pub replaced: bool,
+    /// The state the job holding the key was in, when one did (`inserted` false).
+    pub existing_state: Option<JobState>,
+}
+
+impl Enqueued {
+    /// A job inserted.
+    pub(crate) fn inserted(id: i64) -> Self {
+        Enqueued {
+            id,
+            inserted: true,
+            replaced: false,
+            existing_state: None,
+        }
+    }
 }
 
 /// The right to finish one attempt of a job.
@@ -314,12 +391,19 @@ pub struct JobRow {
     pub finished_at: Option<SystemTime>,
     /// The payload.
     pub payload: Value,
+    /// The states in which it keeps its key taken (`available,running` unless enqueued with a
+    /// unique policy that keeps it longer).
+    #[serde(serialize_with = "serialize_display")]
+    pub unique_states: UniqueStates,
+    /// How many times an enqueue replaced its payload and run time while it waited.
+    pub replaced: i32,
 }
 
 impl JobRow {
     /// Decodes the columns every listing selects, in this order: id, kind, key, queue, state,
     /// attempt, max attempts, run time (microseconds), last error, creation and finish times
-    /// (microseconds), payload. A statement may select more after them.
+    /// (microseconds), payload, unique states, times replaced. A statement may select more
+    /// after them.
     pub(crate) fn from_row<R>(row: &R) -> Result<Self>
     where
         R: sqlx::Row,
@@ -345,8 +429,18 @@ impl JobRow {
             created_at: micros_to_time(row.try_get(9)?),
             finished_at: row.try_get::<Option<i64>, _>(10)?.map(micros_to_time),
             payload: payload.0,
+            unique_states: UniqueStates::from_mask(row.try_get(12)?),
+            replaced: row.try_get(13)?,
         })
     }
+}
+
+/// A value as its `Display` text.
+fn serialize_display<T: fmt::Display, S: serde::Serializer>(
+    value: &T,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_str(value)
 }
 
 /// A time as milliseconds since the Unix epoch, as the JSON of every report has them.
@@ -435,12 +529,21 @@ pub struct QueueSql {
     pub(crate) table: TableName,
     pub(crate) create: Vec<Arc<str>>,
     pub(crate) enqueue: Arc<str>,
-    pub(crate) live_job: Arc<str>,
-    /// Inserts a batch of jobs in one statement, skipping keys a live job holds; returns the
-    /// id and key of each row inserted.
+    /// The enqueue of a job whose unique policy keeps its key past the live states (the core
+    /// crate's `enqueue_unique`).
+    pub(crate) enqueue_unique: Arc<str>,
+    /// The job holding key `$1`: live, or (when `$2` is not 0) finished in a state its policy
+    /// keeps the key in; a live one first. Id, key, kind, payload, state, live.
+    pub(crate) holder: Arc<str>,
+    /// Inserts a batch of jobs in one statement, skipping keys a job holds; returns the id and
+    /// key of each row inserted.
     pub(crate) enqueue_many: Arc<str>,
-    /// The live jobs holding any of a batch of keys: id, key, kind, payload.
-    pub(crate) live_jobs: Arc<str>,
+    /// The jobs holding any of a batch of keys, live or kept by their policy: id, key, kind,
+    /// payload, state, live.
+    pub(crate) holders: Arc<str>,
+    /// Replaces the payload (`$2`) and run time (`$3` microseconds from now) of job `$1` while
+    /// it waits; returns its id when it did.
+    pub(crate) replace: Arc<str>,
     pub(crate) fetch: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) retry: Arc<str>,
@@ -481,34 +584,45 @@ pub enum Settle<'a> {
 pub trait QueueStore: GuardStore {
     fn queue_sql(table: &TableName) -> Result<QueueSql>;
 
-    /// Inserts `job`; its id, or `None` when a live job holds its key.
+    /// Inserts `job`; its id, or `None` when a job holds its key.
     fn enqueue(
         conn: &mut Self::Connection,
         sql: &QueueSql,
         job: &NewJob,
     ) -> impl Future<Output = sqlx::Result<Option<i64>>> + Send;
 
-    /// The live job holding `key`, if any.
-    fn live_job(
+    /// The job holding `key`, if any: a live one, or when `kept` a finished one whose policy
+    /// keeps the key.
+    fn holder(
         conn: &mut Self::Connection,
         sql: &QueueSql,
         key: &str,
-    ) -> impl Future<Output = sqlx::Result<Option<LiveJob>>> + Send;
+        kept: bool,
+    ) -> impl Future<Output = Result<Option<Holder>>> + Send;
+
+    /// Replaces the payload and run time of job `id` with `job`'s while it waits; false when
+    /// it no longer waits.
+    fn replace(
+        conn: &mut Self::Connection,
+        sql: &QueueSql,
+        id: i64,
+        job: &NewJob,
+    ) -> impl Future<Output = sqlx::Result<bool>> + Send;
 
     /// Inserts `jobs` (distinct keys) in one statement; returns the jobs inserted, leaving out
-    /// those whose key a live job holds.
+    /// those whose key a job holds.
     fn enqueue_many(
         conn: &mut Self::Connection,
         sql: &QueueSql,
         jobs: &[&NewJob],
     ) -> impl Future<Output = sqlx::Result<Vec<InsertedJob>>> + Send;
 
-    /// The live jobs holding any of `keys`.
-    fn live_jobs(
+    /// The jobs holding any of `keys`, live or finished and kept by their policy.
+    fn holders(
         conn: &mut Self::Connection,
         sql: &QueueSql,
         keys: &[&str],
-    ) -> impl Future<Output = sqlx::Result<Vec<LiveJob>>> + Send;
+    ) -> impl Future<Output = Result<Vec<Holder>>> + Send;
 
     /// Sends `payload` on `channel` with the backend's `statement` ([`QueueSql::notify`]).
     fn notify(
@@ -605,13 +719,18 @@ pub struct Fetch<'a> {
     pub(crate) lease: Duration,
 }
 
-/// A live job (available or running) as found holding its key.
+/// A job found holding its key: live (available or running), or finished in a state its
+/// unique policy keeps the key in.
 #[derive(Debug)]
-pub struct LiveJob {
+pub struct Holder {
     pub(crate) id: i64,
     pub(crate) key: String,
     pub(crate) kind: String,
     pub(crate) payload: Value,
+    pub(crate) state: JobState,
+    /// Whether it is live (`jobguard_core::sql::LIVE_STATES`), so holds the key against every
+    /// enqueue; a finished holder holds it only against enqueues with a policy of their own.
+    pub(crate) live: bool,
 }
 
 /// A job [`QueueStore::enqueue_many`] inserted.
@@ -627,14 +746,20 @@ impl From<(i64, String)> for InsertedJob {
     }
 }
 
-impl From<(i64, String, String, sqlx::types::Json<Value>)> for LiveJob {
-    /// The columns of [`QueueSql::live_jobs`]: id, key, kind, payload.
-    fn from((id, key, kind, payload): (i64, String, String, sqlx::types::Json<Value>)) -> Self {
-        LiveJob {
+/// The columns of [`QueueSql::holders`]: id, key, kind, payload, state, live.
+pub(crate) type HolderColumns = (i64, String, String, sqlx::types::Json<Value>, String, bool);
+
+impl TryFrom<HolderColumns> for Holder {
+    type Error = Error;
+
+    fn try_from((id, key, kind, payload, state, live): HolderColumns) -> Result<Self> {
+        Ok(Holder {
             id,
             key,
             kind,
             payload: payload.0,
-        }
+            state: state.parse()?,
+            live,
+        })
     }
 }

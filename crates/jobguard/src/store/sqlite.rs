@@ -39,6 +39,13 @@ pub(super) fn no_schema(table: &TableName) -> crate::Result<()> {
     }
 }
 
+/// The error of `alter table ... add column` for a column the table has.
+fn is_duplicate_column(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|e| e.message().starts_with("duplicate column name"))
+}
+
 impl Backend for Sqlite {
     const BACKEND: &'static str = "sqlite";
 }
@@ -54,9 +61,18 @@ impl Store for Sqlite {
         // `begin immediate` already makes concurrent migrations take turns.
         let mut tx = pool.begin_with("begin immediate").await?;
         for statement in statements {
-            sqlx::query(AssertSqlSafe(statement.clone()))
+            let done = sqlx::query(AssertSqlSafe(statement.clone()))
                 .execute(&mut *tx)
-                .await?;
+                .await;
+            match done {
+                // SQLite has no `add column if not exists`: a column added by an earlier
+                // migration fails this statement alone, and the transaction goes on.
+                Err(error)
+                    if statement.starts_with("alter table") && is_duplicate_column(&error) => {}
+                done => {
+                    done?;
+                }
+            }
         }
         tx.commit().await
     }

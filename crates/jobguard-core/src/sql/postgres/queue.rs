@@ -26,3 +26,19 @@ pub fn enqueue(table: &TableName) -> String {
         t = table.quoted()
     )
 }
+
+/// Inserts a job under a unique policy that keeps its key beyond the live states: the
+/// parameters of [`enqueue`], then `$7` the job's `unique_states` (not 0); returns its id, or no
+/// row when a job holds the key, live or finished in a state its own policy keeps the key in.
+/// No conflict target: a conflict in either unique index (live key, kept key) inserts nothing,
+/// and a concurrent enqueue of the key waits for this transaction, as with [`enqueue`].
+pub fn enqueue_unique(table: &TableName) -> String {
+    format!(
+        "insert into {t}
+                 (kind, job_key, queue, payload, state, max_attempts, run_at, unique_states)
+             values ($1, $2, $3, $4, 'available', $5, now() + $6 * interval '1 microsecond', $7)
+             on conflict do nothing
+             returning id",
+        t = table.quoted()
+    )
+}

@@ -5,7 +5,7 @@ use sqlx::postgres::Postgres;
 use super::queue::micros;
 use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
 use crate::store::queue::sql::job_row_columns;
-use crate::store::queue::{WAITING, queue_states};
+use crate::store::queue::{WAITING, other_holder, queue_states};
 
 impl ConsoleStore for Postgres {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
@@ -17,7 +17,6 @@ impl ConsoleStore for Postgres {
 
 fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     let t = tables.jobs.quoted();
-    let live = "state in ('available', 'running')";
     let columns = job_row_columns(&super::queue::DIALECT);
     ConsoleSql {
         // Each filter has an index that hands rows out newest first: the primary key for none,
@@ -32,8 +31,9 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
         state_of: console::state_of(&t).into(),
         live_holder: console::live_holder(&t).into(),
         // A dead job comes back with fresh attempts, as a replay; a failed job waiting for its
-        // backoff runs now. Never while another live job holds the key: the live-key index
-        // would refuse it, and that job is the one to watch.
+        // backoff runs now. Never while another job holds the key (live, or finished and kept
+        // by its unique policy): the unique indexes would refuse it, and that job is the one to
+        // watch.
         retry: format!(
             "update {t} j
              set state = 'available',
@@ -42,9 +42,9 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
              where j.id = $1
                and (j.state = 'dead' or (j.state = 'available' and j.leased_until is null
                     and j.last_error is not null))
-               and not exists (select 1 from {t} l
-                               where l.job_key = j.job_key and l.{live} and l.id <> j.id)
-             returning j.queue"
+               and not {other_holder}
+             returning j.queue",
+            other_holder = other_holder(&t)
         )
         .into(),
         // Only a job no worker holds: a running job's row is locked by its attempt's
@@ -70,7 +70,7 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
         )
         .into(),
         key_record: format!(
-            "select kind, {}, fingerprint, result from {} where job_key = $1",
+            "select kind, {}, fingerprint, result, claim_token from {} where job_key = $1",
             micros("applied_at"),
             tables.guard.quoted()
         )

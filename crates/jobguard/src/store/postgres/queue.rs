@@ -3,14 +3,13 @@
 
 use jobguard_core::sql::postgres::queue as core;
 use sqlx::AssertSqlSafe;
-use sqlx::types::Json;
 
 use sqlx::postgres::Postgres;
 
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
-    HELD, InsertedJob, LiveJob, NewJob, QueueSql, QueueStore, WAITING, job_indexes, job_upgrades,
-    queue_states,
+    HELD, Holder, HolderColumns, InsertedJob, NewJob, QueueSql, QueueStore, STATE, WAITING,
+    job_indexes, job_upgrades, queue_states, unique_columns,
 };
 use crate::table::TableName;
 use crate::time::duration_micros;
@@ -38,7 +37,7 @@ pub(super) const DIALECT: QueueDialect = QueueDialect {
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
     let paused_table = queue_states(table);
-    let live = "state in ('available', 'running')";
+    let live = jobguard_core::sql::LIVE_STATES;
     let micros = "* interval '1 microsecond'";
     let mut create = Vec::new();
     if let Some(schema) = table.schema() {
@@ -67,6 +66,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     // (which change no indexed column) are heap-only updates; for a table made before, the
     // pages written from now on.
     create.push(format!("alter table {t} set (fillfactor = 70)"));
+    create.extend(unique_columns(table, "add column if not exists"));
     create.extend(job_indexes(table));
     create.extend(job_upgrades(table));
     // Queues an operator paused: the fetch below takes nothing from them.
@@ -85,24 +85,29 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             create,
             // The single enqueue is shared with the Python package: one text for both.
             enqueue: core::enqueue(table),
+            enqueue_unique: core::enqueue_unique(table),
             // A batch in one statement: one array per column, unnested into rows, so the statement
-            // is the same for any batch size. `on conflict ... do nothing` against the live-key
-            // index leaves out, without an error, each key a live job already holds (or that a
-            // concurrent transaction inserts first: the statement waits for it to commit or roll
-            // back), and `returning` names the rows inserted; the caller reads the others with
-            // `live_jobs`. The caller passes the keys sorted, so that two batches sharing keys
+            // is the same for any batch size. `on conflict do nothing`, against either unique index
+            // (live key, kept key), leaves out, without an error, each key a job already holds
+            // (or that a concurrent transaction inserts first: the statement waits for it to
+            // commit or roll back), and `returning` names the rows inserted; the caller reads the
+            // others with `holders`. The caller passes the keys sorted, so that two batches sharing keys
             // wait for each other in the same order instead of deadlocking.
             enqueue_many: format!(
-                "insert into {t} (kind, job_key, queue, payload, state, max_attempts, run_at)
+                "insert into {t}
+                 (kind, job_key, queue, payload, state, max_attempts, run_at, unique_states)
              select b.kind, b.job_key, b.queue, b.payload::jsonb, 'available', b.max_attempts,
-                    now() + b.delay {micros}
-             from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[])
-                  as b(kind, job_key, queue, payload, max_attempts, delay)
-             on conflict (job_key) where {live} do nothing
+                    now() + b.delay {micros}, b.unique_states
+             from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[],
+                         $7::int4[])
+                  as b(kind, job_key, queue, payload, max_attempts, delay, unique_states)
+             on conflict do nothing
              returning id, job_key"
             ),
-            live_jobs: format!(
-                "select id, job_key, kind, payload from {t} where job_key = any($1::text[]) and {live}"
+            holders: format!(
+                "select id, job_key, kind, payload, {STATE}, {live} from {t}
+                 where job_key = any($1::text[]) and ({live} or {kept})",
+                kept = jobguard_core::sql::keeps_key_finished("")
             ),
             // `skip locked`: concurrent workers take different jobs instead of queueing on one.
             fetch: format!(
@@ -207,6 +212,10 @@ impl QueueStore for Postgres {
         let payloads: Vec<String> = jobs.iter().map(|job| job.payload.to_string()).collect();
         let attempts: Vec<i32> = jobs.iter().map(|job| job.max_attempts as i32).collect();
         let delays: Vec<i64> = jobs.iter().map(|job| duration_micros(job.delay)).collect();
+        let unique: Vec<i32> = jobs
+            .iter()
+            .map(|job| job.unique.states_kept().mask())
+            .collect();
         let rows: Vec<(i64, String)> = sqlx::query_as(AssertSqlSafe(sql.enqueue_many.clone()))
             .bind(kinds)
             .bind(keys)
@@ -214,22 +223,22 @@ impl QueueStore for Postgres {
             .bind(payloads)
             .bind(attempts)
             .bind(delays)
+            .bind(unique)
             .fetch_all(conn)
             .await?;
         Ok(rows.into_iter().map(InsertedJob::from).collect())
     }
 
-    /// The live jobs holding any of `keys`.
-    async fn live_jobs(
+    /// The jobs holding any of `keys`.
+    async fn holders(
         conn: &mut Self::Connection,
         sql: &QueueSql,
         keys: &[&str],
-    ) -> sqlx::Result<Vec<LiveJob>> {
-        let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
-            sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
-                .bind(keys)
-                .fetch_all(conn)
-                .await?;
-        Ok(rows.into_iter().map(LiveJob::from).collect())
+    ) -> crate::Result<Vec<Holder>> {
+        let rows: Vec<HolderColumns> = sqlx::query_as(AssertSqlSafe(sql.holders.clone()))
+            .bind(keys)
+            .fetch_all(conn)
+            .await?;
+        rows.into_iter().map(Holder::try_from).collect()
     }
 }

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use super::{HELD, QueueSql, STATE, TERMINAL_COUNT_CAP, WAITING};
+use jobguard_core::sql::{HELD, LIVE_STATES, STATE, WAITING, keeps_key_finished};
+
+use super::{QueueSql, TERMINAL_COUNT_CAP, other_holder};
 use crate::table::TableName;
 
 /// What the queue's shared statements differ in between dialects.
@@ -29,8 +31,9 @@ pub(crate) struct QueueDialect {
 pub(crate) struct DialectStatements {
     pub create: Vec<String>,
     pub enqueue: String,
+    pub enqueue_unique: String,
     pub enqueue_many: String,
-    pub live_jobs: String,
+    pub holders: String,
     pub fetch: String,
     pub heartbeat_many: String,
     pub rescue: String,
@@ -44,7 +47,8 @@ pub(crate) struct DialectStatements {
 pub(crate) fn job_row_columns(dialect: &QueueDialect) -> String {
     let micros = dialect.as_micros;
     format!(
-        "id, kind, job_key, queue, {STATE}, attempt, max_attempts, {}, last_error, {}, {}, payload",
+        "id, kind, job_key, queue, {STATE}, attempt, max_attempts, {}, last_error, {}, {}, payload,
+         unique_states, replaced",
         micros("run_at"),
         micros("created_at"),
         micros("finished_at"),
@@ -64,17 +68,34 @@ impl QueueSql {
             estimated_total,
         } = dialect;
         let t = table.quoted();
-        let live = "state in ('available', 'running')";
+        let live = LIVE_STATES;
         let fenced = format!("where id = $1 and lease_token = $2 and {HELD}");
         let columns = job_row_columns(dialect);
         QueueSql {
             table: table.clone(),
             create: own.create.into_iter().map(Into::into).collect(),
             enqueue: own.enqueue.into(),
-            // The Python package's text too, the same in every dialect.
-            live_job: jobguard_core::sql::live_job(table).into(),
+            enqueue_unique: own.enqueue_unique.into(),
+            // Read after an insert found the key taken: a new statement, so under read
+            // committed it sees the row a concurrent enqueue committed while the insert waited.
+            holder: format!(
+                "select id, job_key, kind, payload, {STATE}, {live} from {t}
+                 where job_key = $1 and ({live} or ($2 <> 0 and {}))
+                 order by {live} desc, id desc limit 1",
+                keeps_key_finished("")
+            )
+            .into(),
             enqueue_many: own.enqueue_many.into(),
-            live_jobs: own.live_jobs.into(),
+            holders: own.holders.into(),
+            // Only while the job waits: a worker that fetched it holds it under a lease, and its
+            // attempt runs with the payload it fetched. Neither the lease token nor the attempt
+            // changes, so no worker's fencing depends on a replace.
+            replace: format!(
+                "update {t} set payload = $2, run_at = {now} + $3{m}, replaced = replaced + 1
+                 where id = $1 and {WAITING}
+                 returning id"
+            )
+            .into(),
             fetch: own.fetch.into(),
             // Every statement that ends or extends a lease names the attempt that holds it, so a
             // worker whose lease expired and was taken over changes nothing.
@@ -134,7 +155,8 @@ impl QueueSql {
                  order by id desc limit $3"
             )
             .into(),
-            // The newest dead job of a key comes back, and only when no live job holds the key.
+            // The newest dead job of a key comes back, and only when no other job holds the key:
+            // a live one, or a finished one kept by a unique policy.
             replay: format!(
                 "update {t} as j
                  set state = 'available', attempt = 0, run_at = {now}, finished_at = null,
@@ -143,8 +165,9 @@ impl QueueSql {
                    and ($1{int8} is null or j.id = $1) and ($2{text} is null or j.kind = $2)
                    and j.id = (select max(d.id) from {t} d
                                where d.job_key = j.job_key and d.state = 'dead')
-                   and not exists (select 1 from {t} l where l.job_key = j.job_key and l.{live})
-                 returning id"
+                   and not {}
+                 returning id",
+                other_holder(&t)
             )
             .into(),
             notify: own.notify.map(Arc::from),

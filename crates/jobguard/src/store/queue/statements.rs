@@ -20,33 +20,49 @@ macro_rules! queue_statements {
             sql: &$crate::store::queue::QueueSql,
             job: &$crate::store::queue::NewJob,
         ) -> sqlx::Result<Option<i64>> {
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.enqueue.clone()))
+            // A job whose policy keeps its key past the live states takes the statement that
+            // stores its policy; every other the one the Python package shares.
+            let mask = job.unique.states_kept().mask();
+            let statement = if mask == 0 { &sql.enqueue } else { &sql.enqueue_unique };
+            let query = sqlx::query_scalar(sqlx::AssertSqlSafe(statement.clone()))
                 .bind(&job.kind)
                 .bind(job.key.as_str())
                 .bind(&job.queue)
                 .bind(sqlx::types::Json(&job.payload))
                 .bind(job.max_attempts as i32)
-                .bind($crate::time::duration_micros(job.delay))
-                .fetch_optional(conn)
-                .await
+                .bind($crate::time::duration_micros(job.delay));
+            let query = if mask == 0 { query } else { query.bind(mask) };
+            query.fetch_optional(conn).await
         }
 
-        async fn live_job(
+        async fn holder(
             conn: &mut Self::Connection,
             sql: &$crate::store::queue::QueueSql,
             key: &str,
-        ) -> sqlx::Result<Option<$crate::store::queue::LiveJob>> {
-            let row: Option<(i64, String, sqlx::types::Json<serde_json::Value>)> =
-                sqlx::query_as(sqlx::AssertSqlSafe(sql.live_job.clone()))
+            kept: bool,
+        ) -> $crate::Result<Option<$crate::store::queue::Holder>> {
+            let row: Option<$crate::store::queue::HolderColumns> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql.holder.clone()))
                     .bind(key)
+                    .bind(i32::from(kept))
                     .fetch_optional(conn)
                     .await?;
-            Ok(row.map(|(id, kind, payload)| $crate::store::queue::LiveJob {
-                id,
-                key: key.to_owned(),
-                kind,
-                payload: payload.0,
-            }))
+            row.map($crate::store::queue::Holder::try_from).transpose()
+        }
+
+        async fn replace(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::queue::QueueSql,
+            id: i64,
+            job: &$crate::store::queue::NewJob,
+        ) -> sqlx::Result<bool> {
+            let replaced: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.replace.clone()))
+                .bind(id)
+                .bind(sqlx::types::Json(&job.payload))
+                .bind($crate::time::duration_micros(job.delay))
+                .fetch_optional(conn)
+                .await?;
+            Ok(replaced.is_some())
         }
 
         async fn notify(

@@ -4,7 +4,7 @@ use sqlx::sqlite::Sqlite;
 
 use crate::store::console::{self, ConsoleSql, ConsoleStore, ConsoleTables};
 use crate::store::queue::sql::job_row_columns;
-use crate::store::queue::{WAITING, queue_states};
+use crate::store::queue::{WAITING, other_holder, queue_states};
 use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 
 impl ConsoleStore for Sqlite {
@@ -17,7 +17,6 @@ impl ConsoleStore for Sqlite {
 
 fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     let t = tables.jobs.quoted();
-    let live = "state in ('available', 'running')";
     let columns = job_row_columns(&super::queue::DIALECT);
     ConsoleSql {
         // Each filter has an index that hands rows out newest first (see the queue's
@@ -36,9 +35,9 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
              where j.id = $1
                and (j.state = 'dead' or (j.state = 'available' and j.leased_until is null
                     and j.last_error is not null))
-               and not exists (select 1 from {t} l
-                               where l.job_key = j.job_key and l.{live} and l.id <> j.id)
-             returning queue"
+               and not {other_holder}
+             returning queue",
+            other_holder = other_holder(&t)
         )
         .into(),
         cancel: format!(
@@ -61,7 +60,7 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
         )
         .into(),
         key_record: format!(
-            "select kind, applied_at, fingerprint, result from {} where job_key = $1",
+            "select kind, applied_at, fingerprint, result, claim_token from {} where job_key = $1",
             tables.guard.quoted()
         )
         .into(),

@@ -6,15 +6,14 @@ use jobguard_core::sql::sqlite::queue as core;
 use std::time::Duration;
 
 use super::heartbeat;
-use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, Pool};
 
 use sqlx::sqlite::Sqlite;
 
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
-    HELD, InsertedJob, Lease, LiveJob, NewJob, QueueSql, QueueStore, WAITING, job_indexes,
-    job_upgrades, queue_states,
+    HELD, Holder, HolderColumns, InsertedJob, Lease, NewJob, QueueSql, QueueStore, STATE, WAITING,
+    job_indexes, job_upgrades, queue_states, unique_columns,
 };
 use crate::table::TableName;
 use crate::time::duration_micros;
@@ -36,7 +35,7 @@ pub(super) const DIALECT: QueueDialect = QueueDialect {
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
     let paused_table = queue_states(table);
-    let live = "state in ('available', 'running')";
+    let live = jobguard_core::sql::LIVE_STATES;
     let mut create = vec![format!(
         "create table if not exists {t} (
                 id           integer primary key autoincrement,
@@ -56,6 +55,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                 finished_at  integer
             )"
     )];
+    create.extend(unique_columns(table, "add column"));
     create.extend(job_indexes(table));
     create.extend(job_upgrades(table));
     // Queues an operator paused: the fetch below takes nothing from them.
@@ -74,26 +74,30 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             create,
             // The single enqueue is shared with the Python package: one text for both.
             enqueue: core::enqueue(table),
+            enqueue_unique: core::enqueue_unique(table),
             // A batch in one statement and one bound parameter: a JSON array of
             // `[kind, key, queue, payload, max_attempts, delay]` rows, so neither the statement nor
             // SQLite's limit on bound parameters depends on the batch size. The payload travels as
-            // a JSON string whose text is stored as is. `on conflict ... do nothing` against the
-            // live-key index leaves out each key a live job holds, and `returning` names the rows
-            // inserted. (`where true`: SQLite would read `on conflict` after a bare `from` as a
+            // a JSON string whose text is stored as is. `on conflict do nothing`, against either
+            // unique index (live key, kept key), leaves out each key a job holds, and `returning`
+            // names the rows inserted. (`where true`: SQLite would read `on conflict` after a bare `from` as a
             // join's `on`.)
             enqueue_many: format!(
                 "insert into {t}
-                 (kind, job_key, queue, payload, state, max_attempts, run_at, created_at)
+                 (kind, job_key, queue, payload, state, max_attempts, run_at, created_at,
+                  unique_states)
              select json_extract(value, '$[0]'), json_extract(value, '$[1]'),
                     json_extract(value, '$[2]'), json_extract(value, '$[3]'), 'available',
-                    json_extract(value, '$[4]'), {NOW} + json_extract(value, '$[5]'), {NOW}
+                    json_extract(value, '$[4]'), {NOW} + json_extract(value, '$[5]'), {NOW},
+                    json_extract(value, '$[6]')
              from json_each($1) where true
-             on conflict (job_key) where {live} do nothing
+             on conflict do nothing
              returning id, job_key"
             ),
-            live_jobs: format!(
-                "select id, job_key, kind, payload from {t}
-             where job_key in (select value from json_each($1)) and {live}"
+            holders: format!(
+                "select id, job_key, kind, payload, {STATE}, {live} from {t}
+             where job_key in (select value from json_each($1)) and ({live} or {kept})",
+                kept = jobguard_core::sql::keeps_key_finished("")
             ),
             // One statement, atomic on its own: SQLite's one writer at a time makes two workers
             // take different jobs.
@@ -172,6 +176,7 @@ impl QueueStore for Sqlite {
                     job.payload.to_string(),
                     job.max_attempts as i32,
                     duration_micros(job.delay),
+                    job.unique.states_kept().mask(),
                 )
             })
             .collect();
@@ -183,19 +188,18 @@ impl QueueStore for Sqlite {
         Ok(rows.into_iter().map(InsertedJob::from).collect())
     }
 
-    /// The live jobs holding any of `keys`.
-    async fn live_jobs(
+    /// The jobs holding any of `keys`.
+    async fn holders(
         conn: &mut Self::Connection,
         sql: &QueueSql,
         keys: &[&str],
-    ) -> sqlx::Result<Vec<LiveJob>> {
+    ) -> crate::Result<Vec<Holder>> {
         let keys = serde_json::to_string(keys).expect("strings serialize");
-        let rows: Vec<(i64, String, String, Json<serde_json::Value>)> =
-            sqlx::query_as(AssertSqlSafe(sql.live_jobs.clone()))
-                .bind(keys)
-                .fetch_all(conn)
-                .await?;
-        Ok(rows.into_iter().map(LiveJob::from).collect())
+        let rows: Vec<HolderColumns> = sqlx::query_as(AssertSqlSafe(sql.holders.clone()))
+            .bind(keys)
+            .fetch_all(conn)
+            .await?;
+        rows.into_iter().map(Holder::try_from).collect()
     }
 
     fn beat_aside(

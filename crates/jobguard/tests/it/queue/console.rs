@@ -188,7 +188,7 @@ async fn a_key_report_holds_its_own_rows_only<DB: TestDb>() {
     assert_eq!(record.kind, "credit");
     assert_eq!(record.result, Some(json!({"charge": "ch_1"})));
     assert!(record.fingerprint.is_some_and(|f| f.len() == 64));
-    let ids: Vec<i64> = report.jobs.iter().map(|job| job.id).collect();
+    let ids: Vec<i64> = report.jobs.iter().map(|job| job.job.id).collect();
     assert_eq!(ids, [first]);
     let messages: Vec<&str> = report.messages.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(messages, ["credit:x/invoices"]);

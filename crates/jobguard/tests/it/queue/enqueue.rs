@@ -219,7 +219,9 @@ async fn enqueue_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
         queue.enqueue_tx(&mut tx, &job).await.unwrap(),
         jobguard::queue::Enqueued {
             id: enqueued.id,
-            inserted: false
+            inserted: false,
+            replaced: false,
+            existing_state: Some(JobState::Available),
         },
         "the same transaction sees its own job"
     );

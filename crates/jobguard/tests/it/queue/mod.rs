@@ -20,6 +20,7 @@ mod enqueue;
 mod fetch_and_lease;
 mod replay;
 mod retry_and_dead;
+mod unique;
 
 /// A lease no test outlives.
 const LONG: Duration = Duration::from_secs(60);
