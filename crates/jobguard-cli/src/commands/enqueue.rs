@@ -249,9 +249,16 @@ async fn run<DB: Backend>(
                  not replaced (replaced: false)\n",
                 report.id, report.key
             )
+        } else if matches!(state.as_str(), "available" | "running") {
+            format!(
+                "job {} ({}) is already waiting or running ({state}): not enqueued again \
+                 (inserted: false)\n",
+                report.id, report.key
+            )
         } else {
             format!(
-                "job {} ({}) holds the key ({state}): not enqueued again (inserted: false)\n",
+                "job {} ({}) keeps the key under its unique policy ({state}): not enqueued \
+                 again (inserted: false)\n",
                 report.id, report.key
             )
         }
