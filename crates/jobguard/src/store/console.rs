@@ -30,7 +30,8 @@ pub struct JobFilter {
     pub queue: Option<String>,
     /// Only jobs carrying this key, exactly as stored.
     pub key: Option<String>,
-    /// Only jobs older than this id: the id of the last job of the previous page.
+    /// The id of the last job of the previous page: only jobs listed after it (older ones,
+    /// or for the `running` filter, which lists oldest first, newer ones).
     pub before: Option<i64>,
     /// How many jobs at most, 1 to [`MAX_PAGE`] (clamped).
     pub limit: u32,
@@ -68,8 +69,13 @@ impl JobFilter {
         if self.key.is_some() {
             condition("job_key", "=");
         }
+        // Running jobs are listed oldest first: no index holds a lease (so that taking one
+        // writes no index entry), and the jobs held are the oldest of those stored
+        // `available`, which the `(state, id)` index hands out first, while newest first would
+        // walk the whole backlog of waiting jobs to find them.
+        let oldest_first = self.state == Some(JobState::Running);
         if self.before.is_some() {
-            condition("id", "<");
+            condition("id", if oldest_first { ">" } else { "<" });
         }
         conditions.extend(lease.map(str::to_owned));
         let filter = if conditions.is_empty() {
@@ -77,7 +83,8 @@ impl JobFilter {
         } else {
             format!("where {}", conditions.join(" and "))
         };
-        format!("{filter} order by id desc limit ${next}")
+        let order = if oldest_first { "state, id" } else { "id desc" };
+        format!("{filter} order by {order} limit ${next}")
     }
 
     pub(crate) fn page(&self) -> i64 {

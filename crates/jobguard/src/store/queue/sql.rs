@@ -124,13 +124,16 @@ impl QueueSql {
             heartbeat: format!("update {t} set leased_until = {now} + $3{m} {fenced}").into(),
             heartbeat_many: own.heartbeat_many.into(),
             rescue: own.rescue.into(),
-            // Live states are counted exactly through the fetch index's entries (every job in
-            // stored state `available`, held or waiting, checked against its row), finished ones up to TERMINAL_COUNT_CAP rows through the `finished`
-            // index, so a sample costs the same with 10M finished rows as with none. `estimated
-            // total` is what finished states above the cap are estimated from.
+            // Live states are counted exactly, in one pass over the jobs stored `available`
+            // (held and waiting, told apart by their lease); finished ones up to
+            // TERMINAL_COUNT_CAP rows through the `finished` index, so a sample costs the same
+            // with 10M finished rows as with none. `estimated total` is what finished states
+            // above the cap are estimated from.
             counts: format!(
-                "select 'available', count(*) from {t} where {WAITING}
-                 union all select 'running', count(*) from {t} where {HELD}
+                "with live as (select count(*) as jobs, count(leased_until) as held
+                               from {t} where state = 'available')
+                 select 'available', jobs - held from live
+                 union all select 'running', held from live
                  union all select 'completed', count(*) from
                      (select 1 from {t} where state = 'completed'
                       order by state, finished_at limit {TERMINAL_COUNT_CAP}) c

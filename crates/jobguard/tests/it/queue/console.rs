@@ -228,3 +228,42 @@ async fn a_key_report_holds_its_own_rows_only<DB: TestDb>() {
             .is_empty()
     );
 }
+
+// The console lists waiting jobs newest first and running jobs oldest first (the jobs held are
+// the oldest stored `available`, and no index holds a lease), each paging on from the last id
+// of the page before.
+backends!(fn the_console_tells_running_jobs_from_waiting_ones);
+async fn the_console_tells_running_jobs_from_waiting_ones<DB: TestDb>() {
+    let Some((_pool, queue)) = open::<DB>("the_console_tells_running_from_waiting", 4).await
+    else {
+        return;
+    };
+    let console = Console::new(queue.clone());
+    let mut ids = Vec::new();
+    for n in 0..7 {
+        ids.push(queue.enqueue(&job("credit", n)).await.unwrap().id);
+    }
+    let held = queue.fetch(DEFAULT_QUEUE, 4, LONG).await.unwrap();
+    assert_eq!(held.len(), 4);
+    let listed = |state, before| {
+        let console = console.clone();
+        async move {
+            let filter = JobFilter {
+                state: Some(state),
+                before,
+                limit: 3,
+                ..JobFilter::default()
+            };
+            let jobs = console.jobs(&filter).await.unwrap();
+            assert!(jobs.iter().all(|job| job.state == state), "{jobs:?}");
+            jobs.iter().map(|job| job.id).collect::<Vec<_>>()
+        }
+    };
+    let first = listed(JobState::Running, None).await;
+    assert_eq!(first, ids[..3], "oldest first");
+    assert_eq!(listed(JobState::Running, Some(ids[2])).await, ids[3..4]);
+    let waiting = listed(JobState::Available, None).await;
+    assert_eq!(waiting, [ids[6], ids[5], ids[4]], "newest first");
+    assert!(listed(JobState::Available, Some(ids[4])).await.is_empty());
+    assert_eq!(queue.counts().await.unwrap(), counts(3, 4, 0, 0));
+}
