@@ -234,8 +234,7 @@ async fn a_key_report_holds_its_own_rows_only<DB: TestDb>() {
 // of the page before.
 backends!(fn the_console_tells_running_jobs_from_waiting_ones);
 async fn the_console_tells_running_jobs_from_waiting_ones<DB: TestDb>() {
-    let Some((_pool, queue)) = open::<DB>("the_console_tells_running_from_waiting", 4).await
-    else {
+    let Some((_pool, queue)) = open::<DB>("the_console_tells_running_from_waiting", 4).await else {
         return;
     };
     let console = Console::new(queue.clone());
