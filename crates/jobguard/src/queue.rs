@@ -149,24 +149,14 @@ impl<DB: Backend> Queue<DB> {
     pub async fn fetch(&self, queue: &str, limit: u32, lease: Duration) -> Result<Vec<LeasedJob>> {
         let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
-        self.fetch_locked(&mut conn, queue, limit, lease).await
+        self.fetch_on(&mut conn, queue, limit, lease).await
     }
 
     /// [`fetch`](Self::fetch) on a connection the caller keeps: a worker's loop fetches on one
     /// connection of its own, so that its fetches neither wait for the pool nor pay its ping.
-    /// Not on a single-writer backend, whose writers take their turn before a connection.
+    /// Takes no writer's turn: on a single-writer backend the caller takes it first, before
+    /// its connection (the worker keeps no connection there).
     pub(crate) async fn fetch_on(
-        &self,
-        conn: &mut DB::Connection,
-        queue: &str,
-        limit: u32,
-        lease: Duration,
-    ) -> Result<Vec<LeasedJob>> {
-        let _writer = self.inner.writer.acquire().await;
-        self.fetch_locked(conn, queue, limit, lease).await
-    }
-
-    async fn fetch_locked(
         &self,
         conn: &mut DB::Connection,
         queue: &str,
