@@ -46,7 +46,7 @@ pub use crate::store::queue::{
     Backlog, Counts, DEFAULT_QUEUE, Enqueued, JobRow, JobState, Lease, LeasedJob, NOTIFY_CHANNEL,
     NewJob, Replay, TERMINAL_COUNT_CAP,
 };
-pub(crate) use crate::store::queue::{Fetch, Holder, QueueSql, Settle};
+pub(crate) use crate::store::queue::{Fetch, Holder, Place, QueueSql, Settle};
 
 /// The job queue. Cheap to clone.
 pub struct Queue<DB: Backend> {
@@ -147,9 +147,20 @@ impl<DB: Backend> Queue<DB> {
     /// Takes up to `limit` available jobs of `queue`, oldest run time first, each under a lease
     /// of `lease` by the database clock.
     pub async fn fetch(&self, queue: &str, limit: u32, lease: Duration) -> Result<Vec<LeasedJob>> {
+        self.fetch_after(queue, limit, lease, None).await
+    }
+
+    /// [`fetch`](Self::fetch), of the jobs past `after` in the queue's order when given.
+    pub(crate) async fn fetch_after(
+        &self,
+        queue: &str,
+        limit: u32,
+        lease: Duration,
+        after: Option<Place>,
+    ) -> Result<Vec<LeasedJob>> {
         let _writer = self.inner.writer.acquire().await;
         let mut conn = self.inner.pool.acquire().await?;
-        self.fetch_on(&mut conn, queue, limit, lease).await
+        self.fetch_on(&mut conn, queue, limit, lease, after).await
     }
 
     /// [`fetch`](Self::fetch) on a connection the caller keeps: a worker's loop fetches on one
@@ -162,11 +173,13 @@ impl<DB: Backend> Queue<DB> {
         queue: &str,
         limit: u32,
         lease: Duration,
+        after: Option<Place>,
     ) -> Result<Vec<LeasedJob>> {
         let fetch = Fetch {
             queue,
             limit,
             lease,
+            after,
         };
         let mut jobs = DB::fetch(conn, &self.inner.sql, fetch).await?;
         jobs.sort_by_key(|job| job.lease.job_id);

@@ -19,3 +19,9 @@ pub(crate) fn duration_micros(duration: Duration) -> i64 {
 pub(crate) fn micros_duration(micros: i64) -> Duration {
     Duration::from_micros(micros.max(0) as u64)
 }
+
+/// A time as microseconds since the Unix epoch, as [`micros_to_time`] reads it back (zero
+/// before the epoch).
+pub(crate) fn time_to_micros(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, duration_micros)
+}

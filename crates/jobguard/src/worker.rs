@@ -70,6 +70,7 @@
 // The pipeline, in order: fetch, group, run (one job, or a batch), settle; the leases of every
 // job held kept meanwhile.
 mod batch_limit;
+mod cursor;
 mod fetch;
 mod group;
 mod leases;

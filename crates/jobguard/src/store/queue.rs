@@ -301,6 +301,8 @@ pub struct LeasedJob {
     pub max_attempts: i32,
     /// When the lease expires, by the database clock.
     pub leased_until: SystemTime,
+    /// When the job was due: with its id, its place in the order the queue gives jobs out.
+    pub run_at: SystemTime,
 }
 
 /// Where a job is in its life.
@@ -544,7 +546,11 @@ pub struct QueueSql {
     /// Replaces the payload (`$2`) and run time (`$3` microseconds from now) of job `$1` while
     /// it waits; returns its id when it did.
     pub(crate) replace: Arc<str>,
+    /// Leases up to `$2` waiting jobs of queue `$1` for `$3` microseconds, in run time order.
     pub(crate) fetch: Arc<str>,
+    /// [`fetch`](Self::fetch) of the jobs after run time `$4` (microseconds) and id `$5` in
+    /// that order.
+    pub(crate) fetch_after: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) retry: Arc<str>,
     pub(crate) dead: Arc<str>,
@@ -711,12 +717,32 @@ pub trait QueueStore: GuardStore {
     ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
 }
 
-/// What [`QueueStore::fetch`] takes: up to `limit` jobs of `queue`, each leased for `lease`.
+/// What [`QueueStore::fetch`] takes: up to `limit` jobs of `queue`, each leased for `lease`;
+/// with `after`, only jobs past that place in the queue's order.
 #[derive(Clone, Copy, Debug)]
 pub struct Fetch<'a> {
     pub(crate) queue: &'a str,
     pub(crate) limit: u32,
     pub(crate) lease: Duration,
+    pub(crate) after: Option<Place>,
+}
+
+/// A job's place in the order a queue gives jobs out: its run time (microseconds since the
+/// Unix epoch) and its id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Place {
+    pub(crate) run_at_us: i64,
+    pub(crate) id: i64,
+}
+
+impl Place {
+    /// The place of `job`.
+    pub(crate) fn of(job: &LeasedJob) -> Place {
+        Place {
+            run_at_us: crate::time::time_to_micros(job.run_at),
+            id: job.lease.job_id,
+        }
+    }
 }
 
 /// A job found holding its key: live (available or running), or finished in a state its

@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 use sqlx::pool::PoolConnection;
 use tokio::task::JoinSet;
 
+use super::cursor::Cursor;
 use super::group::Ready;
 use super::{Counters, Worker, WorkerStats};
 use crate::dispatch::log_join;
 use crate::error::Result;
-use crate::queue::LeasedJob;
+use crate::queue::{LeasedJob, Place};
 use crate::retention::{PruneReport, Pruner, Retention};
 use crate::steps::Steps;
 use crate::store::{Backend, Wakeup};
@@ -68,6 +69,8 @@ impl<DB: Backend> Worker<DB> {
         let mut last_rescue: Option<Instant> = None;
         // The loop's own connection for fetching (see `fetch_on`).
         let mut fetch_conn = None;
+        // Where the next fetch starts reading the queue (see `cursor.rs`).
+        let mut cursor = Cursor::default();
         let mut shutdown = std::pin::pin!(shutdown);
 
         loop {
@@ -99,6 +102,8 @@ impl<DB: Backend> Worker<DB> {
             }
             let free = ready.free_places();
             let mut fetched = 0;
+            // A fetch past the cursor came back short: the next, from the head, runs at once.
+            let mut read_head = false;
             // With batches, enough jobs to fill a batch per free place. Read once for the fetch
             // and its grouping: contention may change it meanwhile.
             let size = worker.batch_size();
@@ -106,7 +111,8 @@ impl<DB: Backend> Worker<DB> {
             if free > 0 && (free >= refill_at || slots.is_empty()) {
                 // A short batch lingers for more only when no slot could start it now.
                 let linger = !ready.slot_idle();
-                let fetch = worker.fetch_jobs(&mut fetch_conn, wanted, size, linger);
+                let start = cursor.start(Instant::now());
+                let fetch = worker.fetch_jobs(&mut fetch_conn, wanted, size, linger, start);
                 let fetched_jobs = tokio::select! {
                     biased;
                     () = &mut shutdown => break,
@@ -115,7 +121,8 @@ impl<DB: Backend> Worker<DB> {
                 match fetched_jobs {
                     Ok(jobs) => {
                         fetched = jobs.len();
-                        queue_drained = fetched < wanted;
+                        read_head = cursor.record(start, wanted, &jobs, Instant::now());
+                        queue_drained = fetched < wanted && !read_head;
                         let groups = worker.group(jobs, size);
                         // A slot for each new group while slots are free; running slots take
                         // the rest as they finish.
@@ -138,7 +145,7 @@ impl<DB: Backend> Worker<DB> {
                     Err(error) => tracing::warn!(%error, "fetching jobs failed; retrying"),
                 }
             }
-            if fetched > 0 && fetched == wanted {
+            if (fetched > 0 && fetched == wanted) || read_head {
                 continue;
             }
             if worker.config.stop_when_idle && fetched == 0 && slots.is_empty() && ready.is_empty()
@@ -270,14 +277,18 @@ impl<DB: Backend> Worker<DB> {
     /// a slot free a short batch starts at once: the worker has room to spare, and a backlog
     /// (a load above what one job per transaction keeps up with) fills batches without waiting.
     /// Every job fetched is held, its lease kept, from the moment it arrives.
+    ///
+    /// The first fetch reads the queue past `after`, when given; the one after the linger reads
+    /// it from the head.
     async fn fetch_jobs(
         &self,
         conn: &mut Option<PoolConnection<DB>>,
         limit: usize,
         size: usize,
         linger: bool,
+        after: Option<Place>,
     ) -> Result<Vec<LeasedJob>> {
-        let mut jobs = self.fetch_on(conn, limit).await?;
+        let mut jobs = self.fetch_on(conn, limit, after).await?;
         self.leases.hold(&jobs);
         let batchable = jobs
             .iter()
@@ -291,25 +302,29 @@ impl<DB: Backend> Worker<DB> {
             && !self.config.batch_linger.is_zero()
         {
             tokio::time::sleep(self.config.batch_linger).await;
-            let more = self.fetch_on(conn, short).await?;
+            let more = self.fetch_on(conn, short, None).await?;
             self.leases.hold(&more);
             jobs.extend(more);
         }
         Ok(jobs)
     }
 
-    /// Up to `limit` jobs, on the loop's own connection `conn` where the backend allows (taken
-    /// from the pool when there is none yet, and dropped after an error), so that a fetch waits
-    /// neither for the pool nor for its ping.
+    /// Up to `limit` jobs past `after` (from the head without), on the loop's own connection
+    /// `conn` where the backend allows (taken from the pool when there is none yet, and dropped
+    /// after an error), so that a fetch waits neither for the pool nor for its ping.
     async fn fetch_on(
         &self,
         conn: &mut Option<PoolConnection<DB>>,
         limit: usize,
+        after: Option<Place>,
     ) -> Result<Vec<LeasedJob>> {
         let (queue, lease) = (&self.config.queue, self.config.lease);
         if DB::SINGLE_WRITER {
             // Its writers take their turn before a connection: none is kept.
-            return self.queue.fetch(queue, limit as u32, lease).await;
+            return self
+                .queue
+                .fetch_after(queue, limit as u32, lease, after)
+                .await;
         }
         let mut kept = match conn.take() {
             Some(kept) => kept,
@@ -317,7 +332,7 @@ impl<DB: Backend> Worker<DB> {
         };
         let jobs = self
             .queue
-            .fetch_on(&mut kept, queue, limit as u32, lease)
+            .fetch_on(&mut kept, queue, limit as u32, lease, after)
             .await?;
         *conn = Some(kept);
         Ok(jobs)

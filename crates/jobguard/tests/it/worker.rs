@@ -441,6 +441,60 @@ async fn a_job_fetched_ahead_keeps_its_lease_while_it_waits_for_a_slot<DB: TestD
     assert_eq!(ledger_rows(&pool).await, 2);
 }
 
+backends!(fn a_job_given_back_behind_a_busy_workers_fetches_still_runs);
+/// While a backlog keeps its fetches full, the worker reads the queue from past the last job
+/// it took, not from the head: a job that lands behind that place (here one given back by
+/// another holder, which keeps its early run time) is still run, before a draining worker
+/// stops.
+async fn a_job_given_back_behind_a_busy_workers_fetches_still_runs<DB: TestDb>() {
+    let Some((pool, queue)) = setup::<DB>("worker_behind_the_cursor").await else {
+        return;
+    };
+    // First in the queue's order, and held elsewhere while the worker starts on the rest.
+    queue
+        .enqueue_job(&Credit {
+            order: 1,
+            amount: 500,
+        })
+        .await
+        .unwrap();
+    let held = queue
+        .fetch(jobguard::queue::DEFAULT_QUEUE, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1);
+    let slow = 200;
+    for order in 0..slow {
+        queue.enqueue_job(&Slow { order, millis: 5 }).await.unwrap();
+    }
+    let worker = Worker::with_config(queue.clone(), draining())
+        .unwrap()
+        .register::<Credit>()
+        .register::<Slow>();
+    let run = tokio::spawn(worker.run(std::future::pending()));
+    // Well into the backlog, with most of it still to run, the job comes back at the head.
+    while ledger_rows(&pool).await < 20 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    queue.release(held[0].lease).await.unwrap();
+    let stats = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the worker drained the queue in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (stats.applied, stats.failed, stats.dead),
+        (u64::from(slow) + 1, 0, 0),
+        "{stats:?}"
+    );
+    let counts = queue.counts().await.unwrap();
+    assert_eq!(
+        (counts.completed, counts.available, counts.running),
+        (i64::from(slow) + 1, 0, 0)
+    );
+    assert_eq!(ledger_total(&pool).await, i64::from(slow) + 500);
+}
+
 backends!(fn shutdown_gives_back_jobs_fetched_ahead_without_starting_them);
 async fn shutdown_gives_back_jobs_fetched_ahead_without_starting_them<DB: TestDb>() {
     let Some((pool, queue)) = setup::<DB>("worker_prefetch_shutdown").await else {

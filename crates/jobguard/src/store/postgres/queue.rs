@@ -78,6 +78,37 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             )",
         queue_states(table)
     ));
+    // `skip locked`: concurrent workers take different jobs instead of queueing on one. With
+    // `after`, the scan starts past the last job a worker's previous fetch took (see
+    // `worker/fetch.rs`), over neither the jobs it holds nor the entries completed jobs left.
+    let fetch = |after: &str| {
+        format!(
+            "with picked as (
+                 select id from {t}
+                 where {WAITING} and queue = $1 and run_at <= now() {after}
+                   -- a paused queue gives out nothing; jobs already leased run on
+                   and not exists (select 1 from {paused_table} p
+                                   where p.name = $1 and p.paused)
+                 order by run_at, id
+                 limit $2
+                 for update skip locked
+             ),
+             -- the lease commits without waiting for its WAL flush: the job's own transaction,
+             -- which completes it under this token, flushes the lease with its commit, and a
+             -- lease lost with a crash only lets the job be fetched again, which its token and
+             -- the guard make harmless (set once per fetch, not per job)
+             asynchronous as materialized (
+                 select set_config('synchronous_commit', 'off', true)
+             )
+             update {t} j
+             set attempt = j.attempt + 1, lease_token = j.lease_token + 1,
+                 leased_until = now() + $3 {micros}
+             from picked, asynchronous where j.id = picked.id
+             returning j.id, j.kind, j.job_key, j.payload, j.attempt, j.max_attempts,
+                       (extract(epoch from j.leased_until) * 1000000)::int8, j.lease_token,
+                       (extract(epoch from j.run_at) * 1000000)::int8"
+        )
+    };
     QueueSql::new(
         table,
         &DIALECT,
@@ -109,29 +140,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  where job_key = any($1::text[]) and ({live} or {kept})",
                 kept = jobguard_core::sql::keeps_key_finished("")
             ),
-            // `skip locked`: concurrent workers take different jobs instead of queueing on one.
-            fetch: format!(
-                "with picked as (
-                 select id from {t}
-                 where {WAITING} and queue = $1 and run_at <= now()
-                   -- a paused queue gives out nothing; jobs already leased run on
-                   and not exists (select 1 from {paused_table} p
-                                   where p.name = $1 and p.paused)
-                 order by run_at, id
-                 limit $2
-                 for update skip locked
-             )
-             update {t} j
-             set attempt = j.attempt + 1, lease_token = j.lease_token + 1,
-                 leased_until = now() + $3 {micros}
-             from picked where j.id = picked.id
-             returning j.id, j.kind, j.job_key, j.payload, j.attempt, j.max_attempts,
-                       (extract(epoch from j.leased_until) * 1000000)::int8, j.lease_token,
-                       -- the lease commits without waiting for its WAL flush: the job's own
-                       -- transaction, which completes it under this token, flushes the lease
-                       -- with its commit, and a lease lost with a crash only lets the job be
-                       -- fetched again, which its token and the guard make harmless
-                       set_config('synchronous_commit', 'off', true)"
+            fetch: fetch(""),
+            fetch_after: fetch(
+                "and (run_at, id) > ('epoch'::timestamptz + $4 * interval '1 microsecond', $5)",
             ),
             // Rows a transaction of the worker's own holds (a job whose claim locked it) are
             // skipped rather than waited for: one such job must not stall the heartbeats of all the

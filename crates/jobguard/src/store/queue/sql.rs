@@ -35,6 +35,7 @@ pub(crate) struct DialectStatements {
     pub enqueue_many: String,
     pub holders: String,
     pub fetch: String,
+    pub fetch_after: String,
     pub heartbeat_many: String,
     pub rescue: String,
     pub prune_jobs: String,
@@ -97,6 +98,7 @@ impl QueueSql {
             )
             .into(),
             fetch: own.fetch.into(),
+            fetch_after: own.fetch_after.into(),
             // Every statement that ends or extends a lease names the attempt that holds it, so a
             // worker whose lease expired and was taken over changes nothing.
             complete: format!(

@@ -85,12 +85,16 @@ macro_rules! queue_statements {
             fetch: $crate::store::queue::Fetch<'_>,
         ) -> sqlx::Result<Vec<$crate::store::queue::LeasedJob>> {
             use sqlx::Row as _;
-            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.fetch.clone()))
+            let statement = if fetch.after.is_some() { &sql.fetch_after } else { &sql.fetch };
+            let query = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
                 .bind(fetch.queue)
                 .bind(i64::from(fetch.limit))
-                .bind($crate::time::duration_micros(fetch.lease))
-                .fetch_all(conn)
-                .await?;
+                .bind($crate::time::duration_micros(fetch.lease));
+            let query = match fetch.after {
+                Some(place) => query.bind(place.run_at_us).bind(place.id),
+                None => query,
+            };
+            let rows = query.fetch_all(conn).await?;
             rows.into_iter()
                 .map(|row| {
                     let payload: sqlx::types::Json<serde_json::Value> = row.try_get(3)?;
@@ -105,6 +109,7 @@ macro_rules! queue_statements {
                         payload: payload.0,
                         max_attempts: row.try_get(5)?,
                         leased_until: $crate::time::micros_to_time(row.try_get(6)?),
+                        run_at: $crate::time::micros_to_time(row.try_get(8)?),
                     })
                 })
                 .collect()

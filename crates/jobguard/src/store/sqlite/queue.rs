@@ -67,6 +67,24 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             )",
         queue_states(table)
     ));
+    // One statement, atomic on its own: SQLite's one writer at a time makes two workers take
+    // different jobs. With `after`, the scan starts past the last job a worker's previous fetch
+    // took (see `worker/fetch.rs`), over none of the jobs it holds.
+    let fetch = |after: &str| {
+        format!(
+            "update {t}
+             set attempt = attempt + 1, lease_token = lease_token + 1,
+                 leased_until = {NOW} + $3
+             where id in (select id from {t}
+                          where {WAITING} and queue = $1 and run_at <= {NOW} {after}
+                            -- a paused queue gives out nothing
+                            and not exists (select 1 from {paused_table} p
+                                            where p.name = $1 and p.paused <> 0)
+                          order by run_at, id limit $2)
+             returning id, kind, job_key, payload, attempt, max_attempts, leased_until, lease_token,
+                       run_at"
+        )
+    };
     QueueSql::new(
         table,
         &DIALECT,
@@ -99,20 +117,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
              where job_key in (select value from json_each($1)) and ({live} or {kept})",
                 kept = jobguard_core::sql::keeps_key_finished("")
             ),
-            // One statement, atomic on its own: SQLite's one writer at a time makes two workers
-            // take different jobs.
-            fetch: format!(
-            "update {t}
-             set attempt = attempt + 1, lease_token = lease_token + 1,
-                 leased_until = {NOW} + $3
-             where id in (select id from {t}
-                          where {WAITING} and queue = $1 and run_at <= {NOW}
-                            -- a paused queue gives out nothing
-                            and not exists (select 1 from {paused_table} p
-                                            where p.name = $1 and p.paused <> 0)
-                          order by run_at, id limit $2)
-             returning id, kind, job_key, payload, attempt, max_attempts, leased_until, lease_token"
-        ),
+            fetch: fetch(""),
+            fetch_after: fetch("and (run_at, id) > ($4, $5)"),
             // For an in-memory database, or when a heartbeat file cannot be written.
             heartbeat_many: format!(
                 "update {t} set leased_until = {NOW} + $2
