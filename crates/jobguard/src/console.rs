@@ -118,7 +118,7 @@ impl<DB: Backend> Console<DB> {
     /// Jobs matching every filter given, newest first, at most `filter.limit` (1 to
     /// [`MAX_PAGE`]). The next page: the same filter with `before` set to the last id.
     pub async fn jobs(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
-        DB::console_jobs(self.queue.pool(), &self.sql, filter).await
+        self.queue.list_where(filter, filter.page()).await
     }
 
     /// Job `id` with its payload, its lease while it runs, and the guard row of its key; an

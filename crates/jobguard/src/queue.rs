@@ -43,10 +43,10 @@ use self::enqueue::Announced;
 pub use crate::payload::MAX_PAYLOAD_BYTES;
 pub(crate) use crate::store::StateCount;
 pub use crate::store::queue::{
-    Backlog, Counts, DEFAULT_QUEUE, Enqueued, JobRow, JobState, Lease, LeasedJob, NOTIFY_CHANNEL,
-    NewJob, Replay, TERMINAL_COUNT_CAP,
+    Backlog, Counts, DEFAULT_QUEUE, Enqueued, HELD_COUNT_SPAN, JobRow, JobState, Lease, LeasedJob,
+    NOTIFY_CHANNEL, NewJob, Replay, TERMINAL_COUNT_CAP,
 };
-pub(crate) use crate::store::queue::{Fetch, Holder, Place, QueueSql, Settle};
+pub(crate) use crate::store::queue::{Fetch, Holder, JobFilter, Place, QueueSql, Settle};
 
 /// The job queue. Cheap to clone.
 pub struct Queue<DB: Backend> {
@@ -343,7 +343,8 @@ impl<DB: Backend> Queue<DB> {
 
     /// Job counts by state: exact for live jobs, and for finished ones up to
     /// [`TERMINAL_COUNT_CAP`] per state, estimated above (see [`Counts`]). Each state is read
-    /// from its own index, never by scanning the whole table.
+    /// from its own index, never by scanning the whole table; the rows read are those of the
+    /// first [`HELD_COUNT_SPAN`] jobs of each queue, where the held ones are.
     pub async fn counts(&self) -> Result<Counts> {
         let mut counts = Counts::default();
         let mut total = -1;
@@ -378,7 +379,8 @@ impl<DB: Backend> Queue<DB> {
     }
 
     /// The statement behind [`counts`](Self::counts), to read its plan on your own table with
-    /// `explain`: every state is counted through an index, never by reading the whole table.
+    /// `explain`: every state is counted through an index, never by reading the whole table,
+    /// and the rows read for the held jobs are at most [`HELD_COUNT_SPAN`] per queue.
     ///
     /// ```no_run
     /// # async fn f(pool: sqlx::PgPool) -> jobguard::Result<()> {
@@ -418,26 +420,32 @@ impl<DB: Backend> Queue<DB> {
     /// The jobs ready to run and waiting for a worker, per queue that has any, with how long
     /// the oldest has been due: a backlog that grows, or an oldest wait that grows, means the
     /// workers do not keep up. Jobs scheduled for later (a delay, a retry's backoff) are not
-    /// counted until their time comes.
+    /// counted until their time comes. Read as [`counts`](Self::counts) reads the live jobs:
+    /// the due ones from the fetch index, the held ones among each queue's first
+    /// [`HELD_COUNT_SPAN`].
     pub async fn backlog(&self) -> Result<Vec<Backlog>> {
         Ok(DB::backlog(&self.inner.pool, &self.inner.sql).await?)
     }
 
-    /// The newest jobs, optionally of one state and kind.
+    /// The newest jobs, optionally of one state and kind (held jobs, `running`, oldest first).
     pub async fn list(
         &self,
         state: Option<JobState>,
         kind: Option<&str>,
         limit: u32,
     ) -> Result<Vec<JobRow>> {
-        DB::list(
-            &self.inner.pool,
-            &self.inner.sql,
-            state.map(|s| s.as_str()),
-            kind,
-            limit,
-        )
-        .await
+        let filter = JobFilter {
+            state,
+            kind: kind.map(str::to_owned),
+            ..JobFilter::default()
+        };
+        self.list_where(&filter, i64::from(limit)).await
+    }
+
+    /// The jobs `filter` takes, at most `limit`: the one statement every listing runs, each
+    /// combination of filters planned for the index that serves it.
+    pub(crate) async fn list_where(&self, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>> {
+        DB::list(&self.inner.pool, &self.inner.sql, filter, limit).await
     }
 
     /// Makes dead jobs available again with fresh attempts. A job whose key has a live job

@@ -15,82 +15,7 @@ use sqlx::Pool;
 use crate::store::queue::{HELD, JobRow, JobState, STATE, serialize_optional_time, serialize_time};
 use crate::table::TableName;
 
-/// The most jobs one page of [`Console::jobs`](crate::console::Console::jobs) returns.
-pub const MAX_PAGE: u32 = 500;
-
-/// Which jobs [`Console::jobs`](crate::console::Console::jobs) lists: every filter given must
-/// hold. Newest first; `before` pages on by id.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct JobFilter {
-    /// Only jobs in this state.
-    pub state: Option<JobState>,
-    /// Only jobs of this kind.
-    pub kind: Option<String>,
-    /// Only jobs on this queue.
-    pub queue: Option<String>,
-    /// Only jobs carrying this key, exactly as stored.
-    pub key: Option<String>,
-    /// The id of the last job of the previous page: only jobs listed after it (older ones,
-    /// or for the `running` filter, which lists oldest first, newer ones).
-    pub before: Option<i64>,
-    /// How many jobs at most, 1 to [`MAX_PAGE`] (clamped).
-    pub limit: u32,
-}
-
-impl JobFilter {
-    /// The filter's `where` clause, its conditions in a fixed order with numbered parameters
-    /// (`$1`...), then the limit's parameter: each combination of filters is its own statement,
-    /// so PostgreSQL plans it for the one index that serves it, and never a generic plan that
-    /// has to allow for an absent filter.
-    pub(crate) fn clause(&self) -> String {
-        let mut conditions = Vec::new();
-        let mut lease = None;
-        let mut next = 1;
-        let mut condition = |column: &str, op: &str| {
-            conditions.push(format!("{column} {op} ${next}"));
-            next += 1;
-        };
-        if let Some(state) = self.state {
-            condition("state", "=");
-            // Held and waiting jobs share the stored state `available`: their lease tells
-            // them apart.
-            lease = match state {
-                JobState::Available => Some("leased_until is null"),
-                JobState::Running => Some("leased_until is not null"),
-                JobState::Completed | JobState::Dead => None,
-            };
-        }
-        if self.kind.is_some() {
-            condition("kind", "=");
-        }
-        if self.queue.is_some() {
-            condition("queue", "=");
-        }
-        if self.key.is_some() {
-            condition("job_key", "=");
-        }
-        // Running jobs are listed oldest first: no index holds a lease (so that taking one
-        // writes no index entry), and the jobs held are the oldest of those stored
-        // `available`, which the `(state, id)` index hands out first, while newest first would
-        // walk the whole backlog of waiting jobs to find them.
-        let oldest_first = self.state == Some(JobState::Running);
-        if self.before.is_some() {
-            condition("id", if oldest_first { ">" } else { "<" });
-        }
-        conditions.extend(lease.map(str::to_owned));
-        let filter = if conditions.is_empty() {
-            String::new()
-        } else {
-            format!("where {}", conditions.join(" and "))
-        };
-        let order = if oldest_first { "state, id" } else { "id desc" };
-        format!("{filter} order by {order} limit ${next}")
-    }
-
-    pub(crate) fn page(&self) -> i64 {
-        i64::from(self.limit.clamp(1, MAX_PAGE))
-    }
-}
+pub use crate::store::queue::{JobFilter, MAX_PAGE};
 
 /// One job in full: [`Console::job`](crate::console::Console::job).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -282,9 +207,6 @@ pub struct JobStateOf {
 /// The console's statements, built once from the validated names of the tables it reads.
 #[derive(Debug)]
 pub struct ConsoleSql {
-    /// `select <job row columns> from <jobs>`, which [`JobFilter::clause`] completes: the
-    /// columns [`JobRow::from_row`] decodes.
-    pub(crate) list: String,
     /// One job by id (`$1`): its row's columns, then its lease and token.
     pub(crate) job: Arc<str>,
     /// A job's state and key by id.
@@ -316,12 +238,6 @@ pub struct ConsoleTables {
 // The console's statements that every dialect writes alike, on the jobs table `t` (quoted);
 // each backend's `console_sql` takes them from here.
 
-/// Jobs as listed, newest first: `columns` are the dialect's `job_row_columns`, and
-/// [`JobFilter::clause`] completes the statement.
-pub(crate) fn list(t: &str, columns: &str) -> String {
-    format!("select {columns} from {t}")
-}
-
 pub(crate) fn state_of(t: &str) -> String {
     format!("select {STATE}, job_key from {t} where id = $1")
 }
@@ -341,12 +257,6 @@ pub(crate) fn delete(t: &str) -> String {
 /// The console's statements each backend implements.
 pub trait ConsoleStore: sqlx::Database {
     fn console_sql(tables: &ConsoleTables) -> ConsoleSql;
-
-    fn console_jobs(
-        pool: &Pool<Self>,
-        sql: &ConsoleSql,
-        filter: &JobFilter,
-    ) -> impl Future<Output = crate::Result<Vec<JobRow>>> + Send;
 
     /// Job `id` in full, but for its key's guard row (`guard` is `None`).
     fn console_job(
@@ -417,31 +327,6 @@ pub trait ConsoleStore: sqlx::Database {
 /// `impl ConsoleStore`, where the backend's types are concrete.
 macro_rules! console_statements {
     () => {
-        async fn console_jobs(
-            pool: &sqlx::Pool<Self>,
-            sql: &$crate::store::console::ConsoleSql,
-            filter: &$crate::store::console::JobFilter,
-        ) -> $crate::Result<Vec<$crate::store::queue::JobRow>> {
-            let statement = format!("{} {}", sql.list, filter.clause());
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(statement));
-            if let Some(state) = filter.state {
-                query = query.bind(state.stored());
-            }
-            for text in [&filter.kind, &filter.queue, &filter.key]
-                .into_iter()
-                .flatten()
-            {
-                query = query.bind(text.as_str());
-            }
-            if let Some(before) = filter.before {
-                query = query.bind(before);
-            }
-            let rows = query.bind(filter.page()).fetch_all(pool).await?;
-            rows.iter()
-                .map($crate::store::queue::JobRow::from_row)
-                .collect()
-        }
-
         async fn console_job(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::console::ConsoleSql,
@@ -622,35 +507,3 @@ macro_rules! console_statements {
     };
 }
 pub(crate) use console_statements;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_filter_numbers_its_parameter_in_order() {
-        let all = JobFilter {
-            state: Some(JobState::Dead),
-            kind: Some("credit".into()),
-            queue: Some("default".into()),
-            key: Some("credit:o-1".into()),
-            before: Some(10),
-            limit: 50,
-        };
-        assert_eq!(
-            all.clause(),
-            "where state = $1 and kind = $2 and queue = $3 and job_key = $4 and id < $5 \
-             order by id desc limit $6"
-        );
-        let none = JobFilter::default();
-        assert_eq!(none.clause(), " order by id desc limit $1");
-        assert_eq!(none.page(), 1);
-        let kind = JobFilter {
-            kind: Some("credit".into()),
-            limit: 10_000,
-            ..JobFilter::default()
-        };
-        assert_eq!(kind.clause(), "where kind = $1 order by id desc limit $2");
-        assert_eq!(kind.page(), i64::from(MAX_PAGE));
-    }
-}

@@ -20,8 +20,11 @@ use crate::store::guard::GuardStore;
 use crate::table::TableName;
 use crate::unique::{UniqueOpts, UniqueStates};
 
+mod filter;
 pub(crate) mod sql;
 mod statements;
+
+pub use filter::{JobFilter, MAX_PAGE};
 
 pub(crate) use statements::queue_statements;
 
@@ -483,9 +486,23 @@ pub enum Replay {
 /// above this many it estimates, so that a dashboard sample stays cheap on a huge table.
 pub const TERMINAL_COUNT_CAP: i64 = 100_000;
 
+/// How many of each queue's first jobs in its order (run time, id) [`Queue::counts`] and
+/// [`Queue::backlog`] read to tell the jobs a worker holds from the waiting ones.
+///
+/// A held job's lease is in no index, so that taking it writes no index entry; the jobs stored
+/// `available` are counted from the fetch index alone, and only these first rows are read. A
+/// worker takes the first waiting jobs of the queue, so every held job is among the first jobs
+/// held or being taken at that moment, plus the few whose enqueue committed after it with an
+/// earlier run time: the split is exact unless one queue has nearly this many jobs held at once.
+///
+/// [`Queue::counts`]: crate::Queue::counts
+/// [`Queue::backlog`]: crate::Queue::backlog
+pub const HELD_COUNT_SPAN: i64 = 10_000;
+
 /// Job counts by state, from [`Queue::counts`](crate::Queue::counts).
 ///
-/// Live jobs (available, running) are counted exactly. Finished ones are counted exactly up to
+/// Live jobs (available, running) are counted exactly, told apart among the first
+/// [`HELD_COUNT_SPAN`] jobs of each queue. Finished ones are counted exactly up to
 /// [`TERMINAL_COUNT_CAP`] per state; above it the count is estimated (on PostgreSQL from the
 /// planner's row count of the table, on SQLite from the span of job ids), never less than the
 /// cap, and [`is_estimated`](Self::is_estimated) says so.
@@ -562,7 +579,12 @@ pub struct QueueSql {
     pub(crate) rescue: Arc<str>,
     pub(crate) counts: Arc<str>,
     pub(crate) backlog: Arc<str>,
+    /// `select <job row columns> from <jobs>`, which [`JobFilter::clause`] completes: the
+    /// columns [`JobRow::from_row`] decodes.
     pub(crate) list: Arc<str>,
+    /// The condition a listing of running jobs puts on the jobs stored `available`: that a
+    /// worker holds the job, read where the dialect's planner finds the held jobs at once.
+    pub(crate) held: Arc<str>,
     pub(crate) replay: Arc<str>,
     pub(crate) notify: Option<Arc<str>>,
     /// Deletes a batch of finished jobs of one state: `$1` state, `$2` cutoff, `$3` limit,
@@ -704,9 +726,8 @@ pub trait QueueStore: GuardStore {
     fn list(
         pool: &Pool<Self>,
         sql: &QueueSql,
-        state: Option<&str>,
-        kind: Option<&str>,
-        limit: u32,
+        filter: &JobFilter,
+        limit: i64,
     ) -> impl Future<Output = Result<Vec<JobRow>>> + Send;
 
     fn replay(

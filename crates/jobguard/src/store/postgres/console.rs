@@ -22,7 +22,6 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
         // Each filter has an index that hands rows out newest first: the primary key for none,
         // `(state, id)`, `(kind, id)`, `(queue, id)` and `(job_key, id)` for one (see the
         // queue's migration); with several, the planner walks the most selective.
-        list: console::list(&t, &columns),
         job: format!(
             "select {columns}, {}, lease_token from {t} where id = $1",
             micros("leased_until")

@@ -8,8 +8,8 @@ use sqlx::postgres::Postgres;
 
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
-    HELD, Holder, HolderColumns, InsertedJob, NewJob, QueueSql, QueueStore, STATE, WAITING,
-    job_indexes, job_upgrades, queue_states, unique_columns,
+    HELD, HELD_COUNT_SPAN, Holder, HolderColumns, InsertedJob, NewJob, QueueSql, QueueStore, STATE,
+    WAITING, job_indexes, job_upgrades, queue_states, unique_columns,
 };
 use crate::table::TableName;
 use crate::time::duration_micros;
@@ -141,6 +141,19 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                 kept = jobguard_core::sql::keeps_key_finished("")
             ),
             fetch: fetch(""),
+            // The held jobs at the head of each queue, as the counts find them, looked up by id:
+            // with the state a constant, the planner would otherwise read the jobs in id order
+            // by the primary key and walk every finished job older than the first held one.
+            held: format!(
+                "id = any(array(
+                     select h.id from
+                         (select queue from {t} where state = 'available' group by queue) q
+                         cross join lateral
+                         (select h.id, h.leased_until from {t} h
+                          where h.state = 'available' and h.queue = q.queue
+                          order by h.run_at, h.id limit {HELD_COUNT_SPAN}) h
+                     where h.leased_until is not null))"
+            ),
             fetch_after: fetch(
                 "and (run_at, id) > ('epoch'::timestamptz + $4 * interval '1 microsecond', $5)",
             ),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use jobguard_core::sql::{HELD, LIVE_STATES, STATE, WAITING, keeps_key_finished};
 
-use super::{QueueSql, TERMINAL_COUNT_CAP, other_holder};
+use super::{HELD_COUNT_SPAN, QueueSql, TERMINAL_COUNT_CAP, other_holder};
 use crate::table::TableName;
 
 /// What the queue's shared statements differ in between dialects.
@@ -36,6 +36,7 @@ pub(crate) struct DialectStatements {
     pub holders: String,
     pub fetch: String,
     pub fetch_after: String,
+    pub held: String,
     pub heartbeat_many: String,
     pub rescue: String,
     pub prune_jobs: String,
@@ -53,6 +54,18 @@ pub(crate) fn job_row_columns(dialect: &QueueDialect) -> String {
         micros("run_at"),
         micros("created_at"),
         micros("finished_at"),
+    )
+}
+
+/// The held jobs among the first [`HELD_COUNT_SPAN`] jobs stored `available` of queue
+/// `q.queue` in its order (those also meeting `and_also`, a condition on `h`): a scalar
+/// subquery, correlated with a `q` that names the queue.
+fn held_at_head(t: &str, and_also: &str) -> String {
+    format!(
+        "(select count(leased_until) from
+             (select h.leased_until from {t} h
+              where h.state = 'available' and h.queue = q.queue {and_also}
+              order by h.run_at, h.id limit {HELD_COUNT_SPAN}) head)"
     )
 }
 
@@ -126,14 +139,22 @@ impl QueueSql {
             heartbeat: format!("update {t} set leased_until = {now} + $3{m} {fenced}").into(),
             heartbeat_many: own.heartbeat_many.into(),
             rescue: own.rescue.into(),
-            // Live states are counted exactly, in one pass over the jobs stored `available`
-            // (held and waiting, told apart by their lease); finished ones up to
-            // TERMINAL_COUNT_CAP rows through the `finished` index, so a sample costs the same
-            // with 10M finished rows as with none. `estimated total` is what finished states
-            // above the cap are estimated from.
+            // Finished states are counted up to TERMINAL_COUNT_CAP rows through the `finished`
+            // index, so a sample costs the same with 10M finished rows as with none; `estimated
+            // total` is what finished states above the cap are estimated from. Live ones: the
+            // jobs stored `available` per queue from the fetch index alone, and among them the
+            // held ones, whose lease no index holds (so that taking it writes no index entry),
+            // from the rows of the first HELD_COUNT_SPAN jobs of each queue in its order: a
+            // worker takes jobs from the head, so they are all there (see `HELD_COUNT_SPAN`).
             counts: format!(
-                "with live as (select count(*) as jobs, count(leased_until) as held
-                               from {t} where state = 'available')
+                "with queues as (
+                     select q.jobs, {held} as held
+                     from (select queue, count(*) as jobs from {t} where state = 'available'
+                           group by queue) q
+                 ),
+                 live as (select coalesce(sum(jobs), 0){int8} as jobs,
+                                 coalesce(sum(held), 0){int8} as held
+                          from queues)
                  select 'available', jobs - held from live
                  union all select 'running', held from live
                  union all select 'completed', count(*) from
@@ -143,23 +164,31 @@ impl QueueSql {
                      (select 1 from {t} where state = 'dead'
                       order by state, finished_at limit {TERMINAL_COUNT_CAP}) d
                  union all select 'estimated total', {}",
-                estimated_total(&t)
+                estimated_total(&t),
+                held = held_at_head(&t, "")
             )
             .into(),
-            // Served by the fetch index (queue, run_at, id) where state = 'available'.
+            // Per queue: the jobs due, from the fetch index alone, less the held ones at its head
+            // (as for the counts); the oldest waiting job is the first of the queue's order that
+            // no worker holds, found past the held ones.
             backlog: format!(
-                "select queue, count(*), {}
-                 from {t} where {WAITING} and run_at <= {now}
-                 group by queue order by queue",
-                as_micros(&format!("{now} - min(run_at)"))
+                "select queue, ready, {} from
+                     (select q.queue, q.due - {held} as ready,
+                             (select w.run_at from {t} w
+                              where w.queue = q.queue and {WAITING_W} and w.run_at <= {now}
+                              order by w.run_at, w.id limit 1) as oldest
+                      from (select queue, count(*) as due from {t}
+                            where state = 'available' and run_at <= {now}
+                            group by queue) q) b
+                 where ready > 0
+                 order by queue",
+                as_micros(&format!("{now} - oldest")),
+                held = held_at_head(&t, &format!("and h.run_at <= {now}")),
+                WAITING_W = "w.state = 'available' and w.leased_until is null",
             )
             .into(),
-            list: format!(
-                "select {columns} from {t}
-                 where ($1{text} is null or {STATE} = $1) and ($2{text} is null or kind = $2)
-                 order by id desc limit $3"
-            )
-            .into(),
+            list: format!("select {columns} from {t}").into(),
+            held: own.held.into(),
             // The newest dead job of a key comes back, and only when no other job holds the key:
             // a live one, or a finished one kept by a unique policy.
             replay: format!(

@@ -212,16 +212,24 @@ macro_rules! queue_statements {
         async fn list(
             pool: &sqlx::Pool<Self>,
             sql: &$crate::store::queue::QueueSql,
-            state: Option<&str>,
-            kind: Option<&str>,
-            limit: u32,
+            filter: &$crate::store::queue::JobFilter,
+            limit: i64,
         ) -> $crate::Result<Vec<$crate::store::queue::JobRow>> {
-            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.list.clone()))
-                .bind(state)
-                .bind(kind)
-                .bind(i64::from(limit))
-                .fetch_all(pool)
-                .await?;
+            let statement = format!("{} {}", sql.list, filter.clause(&sql.held));
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(statement));
+            if let Some(state) = filter.state {
+                query = query.bind(state.stored());
+            }
+            for text in [&filter.kind, &filter.queue, &filter.key]
+                .into_iter()
+                .flatten()
+            {
+                query = query.bind(text.as_str());
+            }
+            if let Some(before) = filter.before {
+                query = query.bind(before);
+            }
+            let rows = query.bind(limit).fetch_all(pool).await?;
             rows.iter().map($crate::store::queue::JobRow::from_row).collect()
         }
 

@@ -21,7 +21,6 @@ fn console_sql(tables: &ConsoleTables) -> ConsoleSql {
     ConsoleSql {
         // Each filter has an index that hands rows out newest first (see the queue's
         // migration).
-        list: console::list(&t, &columns),
         job: format!("select {columns}, leased_until, lease_token from {t} where id = $1").into(),
         state_of: console::state_of(&t).into(),
         live_holder: console::live_holder(&t).into(),

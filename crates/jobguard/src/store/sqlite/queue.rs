@@ -119,6 +119,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             ),
             fetch: fetch(""),
             fetch_after: fetch("and (run_at, id) > ($4, $5)"),
+            // The `(state, id)` index hands out the oldest jobs stored `available` first, where
+            // the held ones are.
+            held: "leased_until is not null".into(),
             // For an in-memory database, or when a heartbeat file cannot be written.
             heartbeat_many: format!(
                 "update {t} set leased_until = {NOW} + $2

@@ -161,6 +161,70 @@ async fn fetch_respects_queues_delays_and_order<DB: TestDb>() {
     assert_eq!(queue.counts().await.unwrap(), counts(1, 4, 0, 0));
 }
 
+backends!(fn counts_and_backlog_tell_held_jobs_from_waiting_ones_past_the_span);
+/// The live counts and the backlog read the held jobs' rows among each queue's first
+/// [`HELD_COUNT_SPAN`] jobs only: with more jobs than that waiting, the split is still exact,
+/// per queue, with delayed jobs and finished ones left out where they should be.
+async fn counts_and_backlog_tell_held_jobs_from_waiting_ones_past_the_span<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("counts_past_the_span", 4).await else {
+        return;
+    };
+    let waiting = HELD_COUNT_SPAN as usize + 50;
+    let jobs: Vec<NewJob> = (0..waiting).map(|n| job("credit", n)).collect();
+    for chunk in jobs.chunks(2_000) {
+        queue.enqueue_many(chunk).await.unwrap();
+    }
+    for n in 0..5 {
+        let on_mail = job("mail", n).queue("mail").unwrap();
+        queue.enqueue(&on_mail).await.unwrap();
+    }
+    for n in 0..3 {
+        queue.enqueue(&job("later", n).delay(HOUR)).await.unwrap();
+    }
+    let held = queue.fetch(DEFAULT_QUEUE, 30, LONG).await.unwrap();
+    assert_eq!(held.len(), 30);
+    assert_eq!(queue.fetch("mail", 2, LONG).await.unwrap().len(), 2);
+    let done = queue.fetch(DEFAULT_QUEUE, 4, LONG).await.unwrap();
+    for leased in &done {
+        complete::<DB>(&pool, &queue, leased.lease).await.unwrap();
+    }
+
+    let default_waiting = (waiting - 34) as i64;
+    assert_eq!(
+        queue.counts().await.unwrap(),
+        counts(default_waiting + 3 + 3, 32, 4, 0)
+    );
+    let backlog: Vec<(String, i64)> = queue
+        .backlog()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| (b.queue, b.ready))
+        .collect();
+    assert_eq!(
+        backlog,
+        [
+            (DEFAULT_QUEUE.to_string(), default_waiting),
+            ("mail".to_string(), 3)
+        ]
+    );
+
+    // Every job of the other queue held: it has no backlog left.
+    assert_eq!(queue.fetch("mail", 10, LONG).await.unwrap().len(), 3);
+    let queues: Vec<String> = queue
+        .backlog()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.queue)
+        .collect();
+    assert_eq!(queues, [DEFAULT_QUEUE]);
+    assert_eq!(
+        queue.counts().await.unwrap(),
+        counts(default_waiting + 3, 35, 4, 0)
+    );
+}
+
 // 7.
 backends!(fn expired_lease_is_fenced_after_rescue);
 async fn expired_lease_is_fenced_after_rescue<DB: TestDb>() {

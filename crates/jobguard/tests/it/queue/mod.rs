@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jobguard::queue::{
-    Counts, DEFAULT_QUEUE, JobRow, JobState, Lease, LeasedJob, MAX_PAYLOAD_BYTES, NewJob, Queue,
-    Replay,
+    Counts, DEFAULT_QUEUE, HELD_COUNT_SPAN, JobRow, JobState, Lease, LeasedJob, MAX_PAYLOAD_BYTES,
+    NewJob, Queue, Replay,
 };
 use jobguard::{Backend, Error, JobKey, KeyError, TableName};
 use serde_json::json;
