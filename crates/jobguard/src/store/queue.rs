@@ -21,10 +21,12 @@ use crate::table::TableName;
 use crate::unique::{UniqueOpts, UniqueStates};
 
 mod filter;
+mod place;
 pub(crate) mod sql;
 mod statements;
 
 pub use filter::{JobFilter, MAX_PAGE};
+pub(crate) use place::Place;
 
 pub(crate) use statements::queue_statements;
 
@@ -491,9 +493,9 @@ pub const TERMINAL_COUNT_CAP: i64 = 100_000;
 ///
 /// A held job's lease is in no index, so that taking it writes no index entry; the jobs stored
 /// `available` are counted from the fetch index alone, and only these first rows are read. A
-/// worker takes the first waiting jobs of the queue, so every held job is among the first jobs
-/// held or being taken at that moment, plus the few whose enqueue committed after it with an
-/// earlier run time: the split is exact unless one queue has nearly this many jobs held at once.
+/// worker takes the first waiting jobs of the queue, so the only jobs ahead of a held one are
+/// other held ones and the few whose enqueue committed later with an earlier run time: the
+/// split is exact unless one queue has nearly this many jobs held at once.
 ///
 /// [`Queue::counts`]: crate::Queue::counts
 /// [`Queue::backlog`]: crate::Queue::backlog
@@ -746,24 +748,6 @@ pub struct Fetch<'a> {
     pub(crate) limit: u32,
     pub(crate) lease: Duration,
     pub(crate) after: Option<Place>,
-}
-
-/// A job's place in the order a queue gives jobs out: its run time (microseconds since the
-/// Unix epoch) and its id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Place {
-    pub(crate) run_at_us: i64,
-    pub(crate) id: i64,
-}
-
-impl Place {
-    /// The place of `job`.
-    pub(crate) fn of(job: &LeasedJob) -> Place {
-        Place {
-            run_at_us: crate::time::time_to_micros(job.run_at),
-            id: job.lease.job_id,
-        }
-    }
 }
 
 /// A job found holding its key: live (available or running), or finished in a state its
