@@ -22,6 +22,7 @@
 //! | [`OUTBOX_RETRIED_TOTAL`] `jobguard_outbox_retried_total` | counter | `topic` |
 //! | [`OUTBOX_DEAD_TOTAL`] `jobguard_outbox_dead_total` | counter | `topic` |
 //! | [`KAFKA_OFFSET_OUT_OF_RANGE_TOTAL`] `jobguard_kafka_offset_out_of_range_total` | counter | `topic`, `reason`, `action` |
+//! | [`KAFKA_PARTITIONS_RESTARTED_TOTAL`] `jobguard_kafka_partitions_restarted_total` | counter | `topic` |
 //!
 //! Counters, histograms and the spike gauge are recorded by the process that runs the jobs (a
 //! [`Worker`](crate::Worker), a [`Guard`](crate::Guard)); the gauges marked *sampled* describe
@@ -139,6 +140,17 @@ pub(crate) fn count_kafka_offset_out_of_range(
         "action" => action
     )
     .increment(1);
+}
+
+/// Kafka partitions this consumer owned whose messages stopped coming, found by their log
+/// holding messages the consumer had not received, and fetched again:
+/// `jobguard_kafka_partitions_restarted_total{topic}` (see `broker::kafka::KafkaConfig::stalled_after`).
+/// Any increase is a client that left a partition unfetched, and needs a look at the logs.
+pub const KAFKA_PARTITIONS_RESTARTED_TOTAL: &str = "jobguard_kafka_partitions_restarted_total";
+
+/// Counts a partition fetched again after it stopped.
+pub(crate) fn count_kafka_partition_restarted(topic: &str) {
+    metrics::counter!(KAFKA_PARTITIONS_RESTARTED_TOTAL, "topic" => topic.to_owned()).increment(1);
 }
 
 /// Jobs ready to run now and waiting for a worker, per queue: `jobguard_queue_depth{queue}`.

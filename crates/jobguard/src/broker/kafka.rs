@@ -62,8 +62,10 @@ use jobguard_core::url::redact;
 
 mod consumer;
 mod dead_letter;
+mod lane;
 mod out_of_range;
 mod source;
+mod stall;
 
 #[allow(unused_imports)] // Linked from the module documentation.
 use super::{Consumer, Offsets};
@@ -106,6 +108,11 @@ pub struct KafkaConfig {
     /// the others (Kafka's `session.timeout.ms`, default 10 s). Heartbeats come from the
     /// client's own thread, whatever the jobs do.
     pub session_timeout: Duration,
+    /// How long a partition this consumer owns may stay quiet, its lane with nothing to run,
+    /// before its log is asked whether it holds messages the consumer has not received; when it
+    /// does, the client fetches the partition again from there (default 10 s). Each check of a
+    /// partition that stays quiet waits twice as long as the one before, up to five minutes.
+    pub stalled_after: Duration,
     /// Partitions of the topic when it is created (default 3).
     pub partitions: i32,
     /// Create the topic and the dead-letter topic when missing (default true).
@@ -135,6 +142,7 @@ impl KafkaConfig {
             buffer: 100,
             max_deliveries: 5,
             session_timeout: Duration::from_secs(10),
+            stalled_after: Duration::from_secs(10),
             partitions: 3,
             declare: true,
             offsets_table: TableName::new(crate::store::offsets::DEFAULT_OFFSETS_TABLE)

@@ -79,7 +79,7 @@ async fn partitions_handed_back_after_a_rebalance_resume() {
 
     let mut a = kafka_member(&queue, &db, "a", &ONE_AT_A_TIME);
     wait_for_assignments(&mut a, 1).await;
-    wait_for_ledger(&db, 1, &mut [&mut a]).await;
+    wait_for_ledger(&db, &queue.name, 1, &mut [&mut a]).await;
     let mut b = kafka_member(&queue, &db, "b", &ONE_AT_A_TIME);
     // A is handed back partitions it paused, B gets its own.
     wait_for_assignments(&mut b, 1).await;
@@ -96,7 +96,7 @@ async fn partitions_handed_back_after_a_rebalance_resume() {
     let b = b.report().await;
     wait_for_assignments(&mut c, 3).await;
     let keys = KEYS as i64;
-    wait_for_ledger(&db, keys, &mut [&mut c]).await;
+    wait_for_ledger(&db, &queue.name, keys, &mut [&mut c]).await;
     c.0.signal("TERM");
     let c = c.report().await;
     let reports = [&a, &b, &c];
@@ -199,8 +199,9 @@ async fn wait_for_assignments(consumer: &mut Consumer, count: usize) {
 
 /// Waits until `jobguard_ledger` holds at least `rows` rows while `consumers` run; the rows it
 /// holds then. Fails the test when a consumer ends first, or when no row was added for
-/// [`DEADLINE`]: the partitions left stopped.
-async fn wait_for_ledger(db: &Db, rows: i64, consumers: &mut [&mut Consumer]) -> i64 {
+/// [`DEADLINE`]: the partitions left stopped (the members' last log lines of their partitions
+/// and the stored offsets then said).
+async fn wait_for_ledger(db: &Db, topic: &str, rows: i64, consumers: &mut [&mut Consumer]) -> i64 {
     let mut started = Instant::now();
     let mut last = -1;
     loop {
@@ -219,10 +220,26 @@ async fn wait_for_ledger(db: &Db, rows: i64, consumers: &mut [&mut Consumer]) ->
                 );
             }
         }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "{held} of {rows} rows applied, none for {DEADLINE:?}: a partition stopped"
-        );
+        if started.elapsed() >= DEADLINE {
+            // What each member last said of its partitions, and where each partition stands.
+            let said: Vec<String> = consumers
+                .iter()
+                .map(|consumer| {
+                    let stderr = consumer.stderr();
+                    let lines: Vec<&str> = stderr
+                        .lines()
+                        .filter(|line| line.contains("partition") || line.contains("WARN"))
+                        .collect();
+                    lines[lines.len().saturating_sub(12)..].join("\n")
+                })
+                .collect();
+            panic!(
+                "{held} of {rows} rows applied, none for {DEADLINE:?}: a partition stopped; \
+                 stored offsets {:?}; the members' last words:\n{}",
+                stored_offsets(db, topic).await,
+                said.join("\n----\n")
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -321,7 +338,7 @@ async fn no_key_lost_or_applied_twice_with_consumers_killed_and_frozen() {
     eprintln!("faults: {}", faults.join(", "));
     let keys = KEYS as i64;
     let mut running: Vec<&mut Consumer> = members.iter_mut().collect();
-    wait_for_ledger(&db, keys, &mut running).await;
+    wait_for_ledger(&db, &queue.name, keys, &mut running).await;
     let ends = tokio::task::spawn_blocking({
         let (url, topic) = (queue.url.clone(), queue.name.clone());
         move || kafka_ends(&url, &topic)

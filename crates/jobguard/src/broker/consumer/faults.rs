@@ -9,6 +9,10 @@
 //!   the client. A consumer stopped there leaves a committed effect and a message the broker
 //!   delivers again, which the guard reports as a duplicate.
 //!
+//! - [`Consumer::kafka_pause_unseen_at`]: on Kafka, once a partition settled up to an
+//!   offset, the client pauses it without the consumer's loop knowing, as a pause that reached
+//!   the client after the resume meant to end it would. The partition's messages stop coming.
+//!
 //! A hook stops the consumer by returning a future that never resolves. Without the feature the
 //! points are still called, and do nothing.
 
@@ -40,6 +44,10 @@ pub(in crate::broker) struct Faults {
     before_ack: Option<BeforeAck>,
     #[cfg(feature = "fault-injection")]
     before_commit: Option<BeforeCommit>,
+    /// The offset at which a Kafka partition is paused behind the loop's back, and whether it
+    /// was.
+    #[cfg(feature = "fault-injection")]
+    pause_unseen_at: Option<(i64, Arc<std::sync::atomic::AtomicBool>)>,
 }
 
 impl Faults {
@@ -58,6 +66,19 @@ impl Faults {
         }
         #[cfg(not(feature = "fault-injection"))]
         drop(claimed);
+    }
+
+    /// Whether a Kafka partition whose lane settled up to `next` is to be paused in the client
+    /// now, behind the loop's back: once, at the first offset at or past the one asked for.
+    pub(in crate::broker) fn pause_unseen(&self, next: i64) -> bool {
+        #[cfg(feature = "fault-injection")]
+        if let Some((at, paused)) = &self.pause_unseen_at
+            && next >= *at
+        {
+            return !paused.swap(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        let _ = next;
+        false
     }
 
     /// The point after a message's transaction ended with `outcome` and before its
@@ -96,6 +117,15 @@ impl<DB: Backend> Consumer<DB> {
         F: Fn(Vec<JobKey>) -> BoxFuture<'static, ()> + Send + Sync + 'static,
     {
         self.faults.before_commit = Some(Arc::new(hook));
+        self
+    }
+
+    /// For fault-injection tests, on Kafka: once a partition's messages are settled up to
+    /// `offset`, the client pauses the partition without the consumer's loop knowing (once).
+    /// Its messages stop coming until the consumer finds the partition stopped
+    /// ([`KafkaConfig::stalled_after`](crate::broker::kafka::KafkaConfig::stalled_after)).
+    pub fn kafka_pause_unseen_at(mut self, offset: i64) -> Self {
+        self.faults.pause_unseen_at = Some((offset, Arc::default()));
         self
     }
 }

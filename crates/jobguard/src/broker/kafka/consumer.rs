@@ -20,11 +20,13 @@ use rdkafka::producer::FutureProducer;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::Instrument;
 
+use super::lane::{Lane, Received};
 use super::out_of_range::{self, OutOfRange};
 use super::source::{Event, KafkaSource};
+use super::stall;
 use super::{KafkaConfig, kafka_error};
 use crate::broker::consumer::{
-    Consumer, ConsumerStats, Counters, Decoded, MAX_RECEIVE_FAILURES, kind_of, retry_delay,
+    Consumer, ConsumerStats, Counters, MAX_RECEIVE_FAILURES, kind_of, retry_delay,
 };
 use crate::broker::offsets::{Offsets, Position};
 use crate::dispatch::log_join;
@@ -32,83 +34,6 @@ use crate::error::{Error, Result, effect_error};
 use crate::guard::{Claim, Failure, Outcome, UnitOfWork, duplicate_of, fingerprint_of};
 use crate::spikes::record_outcome;
 use crate::store::Backend;
-
-/// A message received from a partition, decoded.
-pub(super) struct Received<DB: Backend> {
-    pub(super) offset: i64,
-    pub(super) key: Option<Vec<u8>>,
-    pub(super) body: Vec<u8>,
-    pub(super) decoded: Decoded<DB>,
-}
-
-/// One partition's messages, as this consumer holds them.
-struct Lane<DB: Backend> {
-    /// Received, not yet settled, in offset order.
-    queue: VecDeque<Received<DB>>,
-    /// Whether the group assigns the partition to this consumer.
-    owned: bool,
-    /// Bumped on every assignment and revocation: a unit's result from before is stale.
-    generation: u64,
-    /// Whether a unit of the lane runs.
-    running: bool,
-    /// Failed attempts of the message at the head, as this process saw them: a head that
-    /// failed runs alone. Its runs are counted in the database (`Offsets::count_attempt_tx`).
-    failures: u32,
-    /// When the head may be tried again, after a failure.
-    retry_at: Option<Instant>,
-    /// Whether the partition is paused in the client.
-    paused: bool,
-    /// When a short batch stops waiting for more messages.
-    ready_at: Option<Instant>,
-    /// The stored offset the partition was assigned at, until a message at it arrives.
-    expected: Option<i64>,
-    /// Whether the partition was read again from its start because the broker skipped past
-    /// `expected`, and whether a message before `expected` has come since.
-    rewound: bool,
-    rewound_below: bool,
-    /// Whether the partition's log was asked whether it still holds `expected`.
-    range_checked: bool,
-    /// The offset after the last message this process settled: anything before it was
-    /// applied or dead-lettered, and is skipped when it comes again.
-    settled_next: i64,
-}
-
-impl<DB: Backend> Lane<DB> {
-    fn new() -> Self {
-        Lane {
-            queue: VecDeque::new(),
-            owned: false,
-            generation: 0,
-            running: false,
-            failures: 0,
-            retry_at: None,
-            paused: false,
-            ready_at: None,
-            expected: None,
-            rewound: false,
-            rewound_below: false,
-            range_checked: false,
-            settled_next: 0,
-        }
-    }
-
-    /// A new assignment or revocation: what the lane held belongs to the old one.
-    fn reset(&mut self, owned: bool) {
-        self.owned = owned;
-        self.generation += 1;
-        self.queue.clear();
-        self.failures = 0;
-        self.retry_at = None;
-        // As the client holds it once the partition is assigned again: the rebalance callback
-        // resumes every partition it assigns (`source.rs`).
-        self.paused = false;
-        self.ready_at = None;
-        self.expected = None;
-        self.rewound = false;
-        self.rewound_below = false;
-        self.range_checked = false;
-    }
-}
 
 /// Consecutive messages of one partition, to run as one transaction (or one by one).
 struct Unit<DB: Backend> {
@@ -193,6 +118,11 @@ impl<DB: Backend> Consumer<DB> {
         let buffer = shared.config.buffer.max(1);
         let batch_size = this.batch_size();
         let linger = this.config.batch_linger;
+        let stalled_after = shared.config.stalled_after;
+        let mut stall_checks = tokio::time::interval(
+            stalled_after.clamp(Duration::from_millis(100), Duration::from_secs(1)),
+        );
+        stall_checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut lanes: BTreeMap<i32, Lane<DB>> = BTreeMap::new();
         let mut revoking: Vec<(Vec<i32>, std::sync::mpsc::Sender<()>)> = Vec::new();
         let mut units = tokio::task::JoinSet::new();
@@ -270,12 +200,15 @@ impl<DB: Backend> Consumer<DB> {
                 () = &mut shutdown => break,
                 Some(joined) = units.join_next() => {
                     let Some(ran) = joined_unit(joined) else { continue };
-                    let lane = lanes.entry(ran.partition).or_insert_with(Lane::new);
+                    let lane = lanes.entry(ran.partition).or_insert_with(|| Lane::new(stalled_after));
                     lane.running = false;
                     if let Some(next) = ran.next_offset {
                         lane.settled_next = lane.settled_next.max(next);
                         if let Err(error) = client.store_offset(&topic, ran.partition, next) {
                             tracing::debug!(%error, "Kafka did not take the offset; the stored one stands");
+                        }
+                        if this.faults.pause_unseen(next) {
+                            let _ = client.pause(&partition_list(&topic, ran.partition));
                         }
                     }
                     if ran.generation == lane.generation && lane.owned {
@@ -312,6 +245,7 @@ impl<DB: Backend> Consumer<DB> {
                             let Some(lane) = lanes.get_mut(&partition).filter(|lane| lane.owned) else {
                                 continue;
                             };
+                            lane.quiet.heard();
                             if let Some(expected) = lane.expected {
                                 let offset = message.offset();
                                 if offset != expected && !lane.rewound && !lane.range_checked {
@@ -352,9 +286,10 @@ impl<DB: Backend> Consumer<DB> {
                                     // its start; what is before the stored offset is dropped.
                                     if !lane.rewound {
                                         tracing::warn!(partition, expected, offset, "the broker skipped past the stored offset; reading the partition from its start");
-                                        lane.rewound = true;
-                                        if let Err(error) = client.seek(&topic, partition, rdkafka::Offset::Beginning, Duration::ZERO) {
-                                            tracing::warn!(%error, partition, "cannot read the partition again");
+                                        // A seek refused is asked again at the next message.
+                                        match client.seek(&topic, partition, rdkafka::Offset::Beginning, Duration::ZERO) {
+                                            Ok(()) => lane.rewound = true,
+                                            Err(error) => tracing::warn!(%error, partition, "cannot read the partition again"),
                                         }
                                     }
                                     continue;
@@ -383,7 +318,7 @@ impl<DB: Backend> Consumer<DB> {
                             joined = true;
                             last_message = Instant::now();
                             for (partition, start, gone) in partitions {
-                                let lane = lanes.entry(partition).or_insert_with(Lane::new);
+                                let lane = lanes.entry(partition).or_insert_with(|| Lane::new(stalled_after));
                                 lane.reset(true);
                                 if let Some(gone) = gone {
                                     // Counted and logged; a reset stored (before any message of
@@ -402,6 +337,20 @@ impl<DB: Backend> Consumer<DB> {
                             }
                             if failure.is_some() {
                                 break;
+                            }
+                            // The callback resumed them as it assigned them, but a pause this
+                            // loop asked for on the old assignment may have reached the client
+                            // after that resume (a rebalance that failed gives partitions up
+                            // without waiting for this loop): resumed again from here, after
+                            // any such pause, as the lanes say.
+                            let mut resumed = TopicPartitionList::new();
+                            for (&partition, lane) in lanes.iter().filter(|(_, lane)| lane.owned) {
+                                if !lane.paused {
+                                    resumed.add_partition(&topic, partition);
+                                }
+                            }
+                            if let Err(error) = client.resume(&resumed) {
+                                tracing::debug!(%error, "cannot resume the assigned partitions");
                             }
                         }
                         Event::Revoked { partitions, done } => {
@@ -423,6 +372,21 @@ impl<DB: Backend> Consumer<DB> {
                     }
                 }
                 () = sleep_until(next_retry) => {}
+                _ = stall_checks.tick() => {
+                    for (&partition, lane) in lanes.iter_mut() {
+                        if !lane.owned || lane.running || !lane.queue.is_empty() || !lane.quiet.due() {
+                            continue;
+                        }
+                        let next = lane.settled_next.max(lane.expected.unwrap_or(0));
+                        if stall::restart_if_stopped(&client, &topic, partition, next, &mut lane.quiet).await {
+                            lane.paused = false;
+                            lane.expected = Some(next);
+                            lane.rewound = false;
+                            lane.rewound_below = false;
+                            lane.range_checked = true;
+                        }
+                    }
+                }
                 () = tokio::time::sleep(Duration::from_millis(100)), if idle_check.is_some() => {
                     let idle = idle_check.expect("checked");
                     // Idle once in the group: joining may take longer than the idle time.

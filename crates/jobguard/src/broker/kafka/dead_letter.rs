@@ -6,7 +6,8 @@
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 
-use super::consumer::{Received, Shared};
+use super::consumer::Shared;
+use super::lane::Received;
 use super::{ORIGIN_HEADER, PRODUCE_TIMEOUT, REASON_HEADER};
 use crate::broker::consumer::{Consumer, Counters, kind_of};
 use crate::broker::offsets::Position;

@@ -632,3 +632,61 @@ async fn a_recreated_topic_is_consumed_from_its_start_when_told<DB: TestDb>() {
     assert_eq!(stored, [(0, 4)].into(), "the new log's end");
     fixture.cleanup().await;
 }
+
+backends!(fn a_partition_the_client_stopped_fetching_is_fetched_again);
+/// The client pauses a partition behind the consumer's back once its first ten messages are
+/// settled, as a pause that reached the client after the resume meant to end it would; ten more
+/// are then published. The lane is idle and its partition's log holds messages it never
+/// received: after `stalled_after` the consumer fetches the partition again from its next
+/// offset, and every message applies once. Without that check the consumer goes idle with ten
+/// applied and ten left in the log.
+async fn a_partition_the_client_stopped_fetching_is_fetched_again<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("stalled").await else {
+        return;
+    };
+    let one = Settings {
+        partitions: 1,
+        prefetch: 1,
+        ..Settings::default()
+    };
+    fixture.prepare(one).await;
+    let credits: Vec<Credit> = (0..20)
+        .map(|n| Credit {
+            order: format!("stalled-{n}"),
+            ..Credit::new(n, 10)
+        })
+        .collect();
+    fixture
+        .publish(credits[..10].iter().map(Credit::body).collect())
+        .await;
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(6), 1)
+        .await
+        .kafka_pause_unseen_at(10);
+    let config = KafkaConfig {
+        stalled_after: Duration::from_secs(1),
+        ..Kafka::config(&fixture.name, one)
+    };
+    let source = consumer
+        .kafka_source(&fixture.url, config)
+        .await
+        .expect("join the group");
+    let run = tokio::spawn(consumer.run_kafka(source, std::future::pending()));
+    let started = std::time::Instant::now();
+    while ledger_rows(&fixture.pool).await < 10 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the first ten applied"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fixture
+        .publish(credits[10..].iter().map(Credit::body).collect())
+        .await;
+    let stats = run.await.unwrap().expect("the consumer ran");
+    assert_eq!((stats.applied, stats.duplicates), (20, 0), "{stats:?}");
+    assert_eq!(ledger_rows(&fixture.pool).await, 20);
+    for credit in &credits {
+        assert_eq!(effect_runs::<DB>(&credit.order), 1, "{}", credit.order);
+    }
+    fixture.cleanup().await;
+}

@@ -1,0 +1,91 @@
+//! A partition's lane: the messages this consumer received of it and has not settled, and
+//! where the partition stands for this consumer (owned, running, paused, waiting out a retry,
+//! expecting its stored offset, quiet).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::stall::Quiet;
+use crate::broker::consumer::Decoded;
+use crate::store::Backend;
+
+/// A message received from a partition, decoded.
+pub(super) struct Received<DB: Backend> {
+    pub(super) offset: i64,
+    pub(super) key: Option<Vec<u8>>,
+    pub(super) body: Vec<u8>,
+    pub(super) decoded: Decoded<DB>,
+}
+
+/// One partition's messages, as this consumer holds them.
+pub(super) struct Lane<DB: Backend> {
+    /// Received, not yet settled, in offset order.
+    pub(super) queue: VecDeque<Received<DB>>,
+    /// Whether the group assigns the partition to this consumer.
+    pub(super) owned: bool,
+    /// Bumped on every assignment and revocation: a unit's result from before is stale.
+    pub(super) generation: u64,
+    /// Whether a unit of the lane runs.
+    pub(super) running: bool,
+    /// Failed attempts of the message at the head, as this process saw them: a head that
+    /// failed runs alone. Its runs are counted in the database (`Offsets::count_attempt_tx`).
+    pub(super) failures: u32,
+    /// When the head may be tried again, after a failure.
+    pub(super) retry_at: Option<Instant>,
+    /// Whether the partition is paused in the client.
+    pub(super) paused: bool,
+    /// When a short batch stops waiting for more messages.
+    pub(super) ready_at: Option<Instant>,
+    /// The stored offset the partition was assigned at, until a message at it arrives.
+    pub(super) expected: Option<i64>,
+    /// Whether the partition was read again from its start because the broker skipped past
+    /// `expected`, and whether a message before `expected` has come since.
+    pub(super) rewound: bool,
+    pub(super) rewound_below: bool,
+    /// Whether the partition's log was asked whether it still holds `expected`.
+    pub(super) range_checked: bool,
+    /// The offset after the last message this process settled: anything before it was
+    /// applied or dead-lettered, and is skipped when it comes again.
+    pub(super) settled_next: i64,
+    /// When a message of the partition last came, for the check of a partition that stopped.
+    pub(super) quiet: Quiet,
+}
+
+impl<DB: Backend> Lane<DB> {
+    pub(super) fn new(stalled_after: Duration) -> Self {
+        Lane {
+            queue: VecDeque::new(),
+            owned: false,
+            generation: 0,
+            running: false,
+            failures: 0,
+            retry_at: None,
+            paused: false,
+            ready_at: None,
+            expected: None,
+            rewound: false,
+            rewound_below: false,
+            range_checked: false,
+            settled_next: 0,
+            quiet: Quiet::new(stalled_after),
+        }
+    }
+
+    /// A new assignment or revocation: what the lane held belongs to the old one.
+    pub(super) fn reset(&mut self, owned: bool) {
+        self.owned = owned;
+        self.generation += 1;
+        self.queue.clear();
+        self.failures = 0;
+        self.retry_at = None;
+        // As the client holds it once the partition is assigned again: the rebalance callback
+        // resumes every partition it assigns (`source.rs`).
+        self.paused = false;
+        self.ready_at = None;
+        self.expected = None;
+        self.rewound = false;
+        self.rewound_below = false;
+        self.range_checked = false;
+        self.quiet.heard();
+    }
+}

@@ -1,0 +1,121 @@
+//! A partition this consumer owns whose messages stopped coming: the log holds messages past
+//! the last one the lane settled, yet none arrived for [`KafkaConfig::stalled_after`] while the
+//! lane had nothing to run. The client's fetch of it is then started again from that offset.
+//!
+//! The loop pauses and resumes partitions in the client, and so does the rebalance callback on
+//! the client's own thread; the client also keeps a pause across a revocation. A pause that
+//! reaches the client after the resume meant to end it, or a seek the client dropped, leaves a
+//! partition assigned and never fetched: its messages wait in the log for ever and the lane
+//! looks idle. This is the check that finds such a partition, whatever left it so.
+//!
+//! [`KafkaConfig::stalled_after`]: super::KafkaConfig::stalled_after
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use super::out_of_range;
+
+/// The longest wait between two checks of a partition found caught up, or restarted: a
+/// partition with nothing to receive is asked about less and less often.
+const LONGEST_WAIT: Duration = Duration::from_secs(300);
+
+/// When a lane last heard of its partition, and how long it may stay quiet before the log is
+/// asked whether it holds anything the lane has not received.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Quiet {
+    since: Instant,
+    wait: Duration,
+    first: Duration,
+}
+
+impl Quiet {
+    pub(super) fn new(first: Duration) -> Self {
+        Quiet {
+            since: Instant::now(),
+            wait: first,
+            first,
+        }
+    }
+
+    /// A message of the partition came, or the partition was assigned: the wait starts over.
+    pub(super) fn heard(&mut self) {
+        self.since = Instant::now();
+        self.wait = self.first;
+    }
+
+    /// Whether the partition was quiet long enough to be checked.
+    pub(super) fn due(&self) -> bool {
+        self.since.elapsed() >= self.wait
+    }
+
+    /// Checked: the next check waits twice as long, up to [`LONGEST_WAIT`].
+    fn checked(&mut self) {
+        self.since = Instant::now();
+        self.wait = (self.wait * 2).min(LONGEST_WAIT.max(self.first));
+    }
+}
+
+/// Asks the log of `partition` where it ends. When it holds messages from `next` on that the
+/// quiet lane never received, the client fetches the partition again from `next` (a seek, and a
+/// resume in case it was paused) and `true` is returned: the lane then expects the message at
+/// `next`. Either way the next check waits longer.
+pub(super) async fn restart_if_stopped<C: ConsumerContext + 'static>(
+    client: &Arc<BaseConsumer<C>>,
+    topic: &str,
+    partition: i32,
+    next: i64,
+    quiet: &mut Quiet,
+) -> bool {
+    let quiet_for = quiet.since.elapsed();
+    quiet.checked();
+    let Some((_, high)) = out_of_range::log_range(client, topic, partition).await else {
+        return false;
+    };
+    if high <= next {
+        return false;
+    }
+    tracing::warn!(
+        topic,
+        partition,
+        next,
+        log_end = high,
+        quiet_for = ?quiet_for,
+        "the partition holds messages this consumer has not received, and none came while it \
+         waited for them: fetching it again from the next offset"
+    );
+    crate::metrics::count_kafka_partition_restarted(topic);
+    if let Err(error) = client.seek(topic, partition, Offset::Offset(next), Duration::ZERO) {
+        tracing::warn!(%error, partition, "cannot fetch the partition again");
+        return false;
+    }
+    let mut list = TopicPartitionList::with_capacity(1);
+    list.add_partition(topic, partition);
+    if let Err(error) = client.resume(&list) {
+        tracing::warn!(%error, partition, "cannot resume the partition");
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quiet_partition_is_due_after_its_wait_and_each_check_doubles_it() {
+        let quiet = Quiet::new(Duration::ZERO);
+        assert!(quiet.due());
+        let mut quiet = Quiet::new(Duration::from_secs(10));
+        assert!(!quiet.due());
+        quiet.checked();
+        assert_eq!(quiet.wait, Duration::from_secs(20));
+        for _ in 0..10 {
+            quiet.checked();
+        }
+        assert_eq!(quiet.wait, LONGEST_WAIT);
+        quiet.heard();
+        assert_eq!(quiet.wait, Duration::from_secs(10));
+    }
+}
