@@ -91,7 +91,7 @@ pub(crate) async fn catch_panic<F: Future>(work: F) -> Result<F::Output, String>
         .map_err(|panic| format!("the job panicked: {}", panic_message(&*panic)))
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

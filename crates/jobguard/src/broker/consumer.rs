@@ -301,7 +301,8 @@ impl<DB: Backend> Consumer<DB> {
     /// another delivery or a dead letter is not one (see [`ConsumerStats`] and the logs). An
     /// acknowledgement can still fail after the call, and the message then comes again, as a
     /// duplicate. `observer` runs on the message's task: keep it short, and hand anything slow
-    /// to a task of its own.
+    /// to a task of its own. A panic in it is logged as an error and the message is
+    /// acknowledged all the same.
     ///
     /// ```no_run
     /// # async fn f(consumer: jobguard::broker::Consumer<sqlx::Postgres>) {
@@ -583,8 +584,18 @@ impl<DB: Backend> Consumer<DB> {
     /// What runs once a message's transaction committed with `outcome`, before its
     /// acknowledgement: the observer, then the fault-injection point.
     pub(super) async fn settled(&self, key: &JobKey, outcome: &Outcome<()>) {
-        if let Some(observer) = &self.on_outcome {
-            observer(key, outcome);
+        // An observer that panics loses its own call, never the message's acknowledgement (on
+        // Kafka, its partition's next unit).
+        if let Some(observer) = &self.on_outcome
+            && let Err(panic) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer(key, outcome)))
+        {
+            tracing::error!(
+                %key,
+                outcome = outcome.label(),
+                panic = crate::dispatch::panic_message(&*panic),
+                "the on_outcome observer panicked; the message is settled all the same"
+            );
         }
         self.faults.before_ack(key, outcome).await;
     }

@@ -14,6 +14,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt as _;
 use rdkafka::consumer::Consumer as _;
 use rdkafka::message::Message as _;
 use rdkafka::producer::FutureProducer;
@@ -52,6 +53,9 @@ struct Ran<DB: Backend> {
     next_offset: Option<i64>,
     /// The attempt on which the first unsettled message failed, when one did.
     failed_attempt: Option<u32>,
+    /// The unit's task panicked outside the job: how far it got is unknown, and its messages
+    /// are gone with it. The lane fetches the partition again from its last settled offset.
+    lost: bool,
 }
 
 /// What every unit of a run shares.
@@ -211,7 +215,14 @@ impl<DB: Backend> Consumer<DB> {
                             let _ = client.pause(&partition_list(&topic, ran.partition));
                         }
                     }
-                    if ran.generation == lane.generation && lane.owned {
+                    if ran.lost && ran.generation == lane.generation && lane.owned {
+                        lane.queue.clear();
+                        let next = lane.settled_next;
+                        // Expected even when the seek was refused: a later message then
+                        // reads the partition again from its start (as when a broker skips).
+                        stall::refetch(&client, &topic, ran.partition, next);
+                        lane.expect_from(next);
+                    } else if ran.generation == lane.generation && lane.owned {
                         for message in ran.unsettled.into_iter().rev() {
                             lane.queue.push_front(message);
                         }
@@ -379,11 +390,7 @@ impl<DB: Backend> Consumer<DB> {
                         }
                         let next = lane.settled_next.max(lane.expected.unwrap_or(0));
                         if stall::restart_if_stopped(&client, &topic, partition, next, &mut lane.quiet).await {
-                            lane.paused = false;
-                            lane.expected = Some(next);
-                            lane.rewound = false;
-                            lane.rewound_below = false;
-                            lane.range_checked = true;
+                            lane.expect_from(next);
                         }
                     }
                 }
@@ -490,7 +497,7 @@ impl<DB: Backend> Consumer<DB> {
             messages = messages.len(),
         );
         let max = shared.config.max_deliveries.max(1);
-        async move {
+        let work = async move {
             let mut messages = VecDeque::from(messages);
             let mut next_offset = None;
             let unsettled = |messages: VecDeque<Received<DB>>, next_offset, attempt| Ran {
@@ -499,6 +506,7 @@ impl<DB: Backend> Consumer<DB> {
                 unsettled: messages.into(),
                 next_offset,
                 failed_attempt: Some(attempt),
+                lost: false,
             };
             // The first message's run, counted already: by a batch that rolled back (its
             // messages then run alone at once, the same attempt), or one that did not run.
@@ -527,6 +535,7 @@ impl<DB: Backend> Consumer<DB> {
                                 unsettled: Vec::new(),
                                 next_offset: Some(last + 1),
                                 failed_attempt: None,
+                                lost: false,
                             };
                         }
                         Err(error) => {
@@ -594,10 +603,31 @@ impl<DB: Backend> Consumer<DB> {
                 unsettled: Vec::new(),
                 next_offset,
                 failed_attempt: None,
+                lost: false,
             }
         }
-        .instrument(span)
-        .await
+        .instrument(span);
+        // A panic outside the job (the job's own is caught as its failure) must not leave the
+        // lane running for ever: the loop is told the unit was lost.
+        match std::panic::AssertUnwindSafe(work).catch_unwind().await {
+            Ok(ran) => ran,
+            Err(panic) => {
+                tracing::error!(
+                    partition,
+                    panic = crate::dispatch::panic_message(&*panic),
+                    "a partition's unit panicked outside the job; the partition is fetched again \
+                     from its last settled offset"
+                );
+                Ran {
+                    partition,
+                    generation,
+                    unsettled: Vec::new(),
+                    next_offset: None,
+                    failed_attempt: None,
+                    lost: true,
+                }
+            }
+        }
     }
 
     /// Counts a run of the message at `offset` of `partition` in a transaction of its own,

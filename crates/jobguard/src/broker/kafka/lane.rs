@@ -71,6 +71,17 @@ impl<DB: Backend> Lane<DB> {
         }
     }
 
+    /// The client fetches the partition again from `next`, unpaused: the lane expects the
+    /// message at `next` (a broker that skips past it is met as after an assignment), its
+    /// log range already asked.
+    pub(super) fn expect_from(&mut self, next: i64) {
+        self.paused = false;
+        self.expected = Some(next);
+        self.rewound = false;
+        self.rewound_below = false;
+        self.range_checked = true;
+    }
+
     /// A new assignment or revocation: what the lane held belongs to the old one.
     pub(super) fn reset(&mut self, owned: bool) {
         self.owned = owned;

@@ -87,6 +87,17 @@ pub(super) async fn restart_if_stopped<C: ConsumerContext + 'static>(
          waited for them: fetching it again from the next offset"
     );
     crate::metrics::count_kafka_partition_restarted(topic);
+    refetch(client, topic, partition, next)
+}
+
+/// The client fetches `partition` again from `next`: a seek, and a resume in case it was
+/// paused. False when the client refused the seek.
+pub(super) fn refetch<C: ConsumerContext + 'static>(
+    client: &Arc<BaseConsumer<C>>,
+    topic: &str,
+    partition: i32,
+    next: i64,
+) -> bool {
     if let Err(error) = client.seek(topic, partition, Offset::Offset(next), Duration::ZERO) {
         tracing::warn!(%error, partition, "cannot fetch the partition again");
         return false;

@@ -230,6 +230,46 @@ async fn applies_each_key_once_and_acknowledges_the_duplicates<DB: TestDb, Broke
     fixture.cleanup().await;
 }
 
+brokers!(fn an_outcome_observer_that_panics_loses_no_message);
+/// An `on_outcome` observer that panics on every message: each message is still settled (its
+/// key applied once, acknowledged, its partition going on on Kafka), and nothing comes back.
+async fn an_outcome_observer_that_panics_loses_no_message<DB: TestDb, Broker: TestBroker>() {
+    let Some(fixture) = Fixture::<DB, Broker>::new("observer_panics").await else {
+        return;
+    };
+    let credits: Vec<Credit> = (0..10).map(|n| Credit::new(n, 100)).collect();
+    fixture
+        .publish(credits.iter().map(Credit::body).collect())
+        .await;
+    let settings = Settings::default();
+    let observed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let consumer = {
+        let observed = Arc::clone(&observed);
+        fixture
+            .batch_consumer(Duration::from_secs(1), 1)
+            .await
+            .on_outcome(move |key, _outcome| {
+                observed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                panic!("the observer of {key} panicked");
+            })
+    };
+    let stats = fixture
+        .run(consumer, settings, std::future::pending())
+        .await;
+    assert_eq!((stats.applied, stats.duplicates), (10, 0), "{stats:?}");
+    assert_eq!(
+        (stats.failed, stats.dead, stats.unacked),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(observed.load(std::sync::atomic::Ordering::SeqCst), 10);
+    assert_eq!(ledger_rows(&fixture.pool).await, 10);
+    let again = fixture.drain(settings, settled(settings)).await;
+    assert_eq!(again, ConsumerStats::default());
+    assert_eq!(Broker::left_behind(&fixture.url, &fixture.name).await, 0);
+    fixture.cleanup().await;
+}
+
 brokers!(fn a_commit_whose_ack_is_lost_comes_back_as_a_duplicate);
 /// A consumer stops after a job committed and before its ack, and never acks: the broker
 /// delivers the message again, the guard reports a duplicate, and it is acknowledged. On
