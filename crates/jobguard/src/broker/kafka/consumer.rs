@@ -263,7 +263,8 @@ impl<DB: Backend> Consumer<DB> {
                                     // Before reading the partition again: does its log still
                                     // hold the stored offset at all?
                                     lane.range_checked = true;
-                                    let range = out_of_range::log_range(&client, &topic, partition).await;
+                                    // Not answered: the partition is read as if it held the stored offset.
+                                    let range = out_of_range::log_range(&client, &topic, partition, Duration::from_secs(10)).await;
                                     let gone = match range.map(|(low, high)| (low, high, out_of_range::stored_offset_gone(expected, low, high))) {
                                         Some((low, high, Some(gone))) => Some((low, high, gone)),
                                         _ => None,
@@ -384,10 +385,13 @@ impl<DB: Backend> Consumer<DB> {
                 }
                 () = sleep_until(next_retry) => {}
                 _ = stall_checks.tick() => {
-                    for (&partition, lane) in lanes.iter_mut() {
-                        if !lane.owned || lane.running || !lane.queue.is_empty() || !lane.quiet.due() {
-                            continue;
-                        }
+                    // One partition a tick, the one quiet longest: the broker's answer is awaited
+                    // here (up to `stall::ASK_TIMEOUT`), and the loop must stay responsive.
+                    let quiet = lanes
+                        .iter_mut()
+                        .filter(|(_, lane)| lane.owned && !lane.running && lane.queue.is_empty() && lane.quiet.due())
+                        .max_by_key(|(_, lane)| lane.quiet.overdue());
+                    if let Some((&partition, lane)) = quiet {
                         let next = lane.settled_next.max(lane.expected.unwrap_or(0));
                         if stall::restart_if_stopped(&client, &topic, partition, next, &mut lane.quiet).await {
                             lane.expect_from(next);

@@ -56,15 +56,16 @@ pub enum PastLogEnd {
 }
 
 /// The offsets of a partition's log: its first, and the one after its last. `None` when the
-/// broker did not say (logged): the partition is then read as if it held the stored offset.
+/// broker did not say within `timeout` (logged).
 pub(super) async fn log_range<C: ConsumerContext + 'static>(
     client: &Arc<BaseConsumer<C>>,
     topic: &str,
     partition: i32,
+    timeout: Duration,
 ) -> Option<(i64, i64)> {
     let (client, topic_name) = (Arc::clone(client), topic.to_owned());
     let asked = tokio::task::spawn_blocking(move || {
-        client.fetch_watermarks(&topic_name, partition, Duration::from_secs(10))
+        client.fetch_watermarks(&topic_name, partition, timeout)
     })
     .await;
     match asked {

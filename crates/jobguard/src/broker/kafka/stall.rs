@@ -22,6 +22,9 @@ use super::out_of_range;
 /// partition with nothing to receive is asked about less and less often.
 const LONGEST_WAIT: Duration = Duration::from_secs(300);
 
+/// How long a check waits for the broker to say where a partition's log ends.
+pub(super) const ASK_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// When a lane last heard of its partition, and how long it may stay quiet before the log is
 /// asked whether it holds anything the lane has not received.
 #[derive(Clone, Copy, Debug)]
@@ -51,6 +54,11 @@ impl Quiet {
         self.since.elapsed() >= self.wait
     }
 
+    /// How long past its wait the partition is: the most overdue is checked first.
+    pub(super) fn overdue(&self) -> Duration {
+        self.since.elapsed().saturating_sub(self.wait)
+    }
+
     /// Checked: the next check waits twice as long, up to [`LONGEST_WAIT`].
     fn checked(&mut self) {
         self.since = Instant::now();
@@ -71,7 +79,8 @@ pub(super) async fn restart_if_stopped<C: ConsumerContext + 'static>(
 ) -> bool {
     let quiet_for = quiet.since.elapsed();
     quiet.checked();
-    let Some((_, high)) = out_of_range::log_range(client, topic, partition).await else {
+    let Some((_, high)) = out_of_range::log_range(client, topic, partition, ASK_TIMEOUT).await
+    else {
         return false;
     };
     if high <= next {
