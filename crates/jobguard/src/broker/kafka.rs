@@ -86,6 +86,9 @@ pub const REASON_HEADER: &str = "jobguard-reason";
 /// The header a dead letter's original `topic/partition/offset` is in.
 pub const ORIGIN_HEADER: &str = "jobguard-origin";
 
+/// The shortest [`KafkaConfig::stalled_after`] accepted.
+pub const MIN_STALLED_AFTER: Duration = Duration::from_secs(1);
+
 /// Where a [`KafkaSource`] consumes from, and how.
 #[derive(Clone, Debug)]
 pub struct KafkaConfig {
@@ -112,6 +115,8 @@ pub struct KafkaConfig {
     /// before its log is asked whether it holds messages the consumer has not received; when it
     /// does, the client fetches the partition again from there (default 10 s). Each check of a
     /// partition that stays quiet waits twice as long as the one before, up to five minutes.
+    /// At least [`MIN_STALLED_AFTER`]: a shorter wait is refused with
+    /// [`Error::InvalidConfig`] when the source connects.
     pub stalled_after: Duration,
     /// Partitions of the topic when it is created (default 3).
     pub partitions: i32,

@@ -24,7 +24,7 @@ use tracing::Instrument;
 use super::lane::{Lane, Received};
 use super::out_of_range::{self, OutOfRange};
 use super::source::{Event, KafkaSource};
-use super::stall;
+use super::stall::{self, partition_list};
 use super::{KafkaConfig, kafka_error};
 use crate::broker::consumer::{
     Consumer, ConsumerStats, Counters, MAX_RECEIVE_FAILURES, kind_of, retry_delay,
@@ -754,7 +754,9 @@ impl<DB: Backend> Consumer<DB> {
     }
 }
 
-/// A unit's result, unless its task panicked outside the job (logged).
+/// A unit's result, unless its task was aborted (at shutdown; logged). A unit catches a panic of
+/// its own task and returns it as a `lost` result, so a join error here is never a panic of the
+/// job's.
 fn joined_unit<DB: Backend>(
     joined: std::result::Result<Ran<DB>, tokio::task::JoinError>,
 ) -> Option<Ran<DB>> {
@@ -773,10 +775,4 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
     }
-}
-
-fn partition_list(topic: &str, partition: i32) -> TopicPartitionList {
-    let mut list = TopicPartitionList::with_capacity(1);
-    list.add_partition(topic, partition);
-    list
 }

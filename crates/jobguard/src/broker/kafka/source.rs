@@ -19,10 +19,11 @@ use tokio::sync::mpsc;
 
 use super::out_of_range::OutOfRange;
 use super::{
-    BelowLogStart, KafkaConfig, PastLogEnd, client_config, declare, kafka_error, millis, producer,
+    BelowLogStart, KafkaConfig, MIN_STALLED_AFTER, PastLogEnd, client_config, declare, kafka_error,
+    millis, producer,
 };
 use crate::broker::Offsets;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::Backend;
 
 /// How long a revocation waits for the transactions running on the revoked partitions, before
@@ -214,6 +215,17 @@ impl<DB: Backend> KafkaSource<DB> {
         config: KafkaConfig,
         pool: sqlx::Pool<DB>,
     ) -> Result<Self> {
+        if config.stalled_after < MIN_STALLED_AFTER {
+            return Err(Error::InvalidConfig {
+                setting: "Kafka stalled_after",
+                reason: format!(
+                    "{:?} is shorter than the least accepted, {MIN_STALLED_AFTER:?}: a partition \
+                     is only stalled when it stays quiet across several fetches, and a shorter \
+                     wait asks the broker about every quiet partition in turn",
+                    config.stalled_after
+                ),
+            });
+        }
         let offsets = Offsets::in_table(pool, &config.offsets_table)?;
         offsets.migrate().await?;
         if config.declare {

@@ -111,12 +111,17 @@ pub(super) fn refetch<C: ConsumerContext + 'static>(
         tracing::warn!(%error, partition, "cannot fetch the partition again");
         return false;
     }
-    let mut list = TopicPartitionList::with_capacity(1);
-    list.add_partition(topic, partition);
-    if let Err(error) = client.resume(&list) {
+    if let Err(error) = client.resume(&partition_list(topic, partition)) {
         tracing::warn!(%error, partition, "cannot resume the partition");
     }
     true
+}
+
+/// The one partition `partition` of `topic`, as the client pauses, resumes and seeks them.
+pub(super) fn partition_list(topic: &str, partition: i32) -> TopicPartitionList {
+    let mut list = TopicPartitionList::with_capacity(1);
+    list.add_partition(topic, partition);
+    list
 }
 
 #[cfg(test)]

@@ -690,3 +690,37 @@ async fn a_partition_the_client_stopped_fetching_is_fetched_again<DB: TestDb>() 
     }
     fixture.cleanup().await;
 }
+
+backends!(fn a_stalled_after_shorter_than_the_least_accepted_is_a_typed_error);
+/// A `stalled_after` under [`kafka::MIN_STALLED_AFTER`] would ask the broker about every quiet
+/// partition in turn: the source refuses it before it joins the group or creates anything.
+async fn a_stalled_after_shorter_than_the_least_accepted_is_a_typed_error<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("stalled-zero").await else {
+        return;
+    };
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(1), 1).await;
+    for stalled_after in [Duration::ZERO, kafka::MIN_STALLED_AFTER / 2] {
+        let config = KafkaConfig {
+            stalled_after,
+            ..Kafka::config(&fixture.name, Settings::default())
+        };
+        let refused = consumer.kafka_source(&fixture.url, config).await;
+        match refused {
+            Err(jobguard::Error::InvalidConfig { setting, reason }) => {
+                assert_eq!(setting, "Kafka stalled_after");
+                assert!(
+                    reason.contains("shorter than the least accepted"),
+                    "{reason}"
+                );
+            }
+            Err(other) => panic!("another error: {other}"),
+            Ok(_) => panic!("{stalled_after:?} was accepted"),
+        }
+    }
+    let accepted = KafkaConfig {
+        stalled_after: kafka::MIN_STALLED_AFTER,
+        ..Kafka::config(&fixture.name, Settings::default())
+    };
+    assert!(consumer.kafka_source(&fixture.url, accepted).await.is_ok());
+    fixture.cleanup().await;
+}
