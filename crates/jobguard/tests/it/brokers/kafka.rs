@@ -695,7 +695,7 @@ backends!(fn a_stalled_after_shorter_than_the_least_accepted_is_a_typed_error);
 /// A `stalled_after` under [`kafka::MIN_STALLED_AFTER`] would ask the broker about every quiet
 /// partition in turn: the source refuses it before it joins the group or creates anything.
 async fn a_stalled_after_shorter_than_the_least_accepted_is_a_typed_error<DB: TestDb>() {
-    let Some(fixture) = Fixture::<DB, Kafka>::new("stalled-zero").await else {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("stalled_zero").await else {
         return;
     };
     let consumer = credit_consumer(&fixture.pool, Duration::from_secs(1), 1).await;
