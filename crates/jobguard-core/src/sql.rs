@@ -33,6 +33,19 @@ pub const WAITING: &str = "state = 'available' and leased_until is null";
 /// a lease sets `leased_until` back to null.
 pub const HELD: &str = "state = 'available' and leased_until is not null";
 
+/// A job a worker of the schema before the lean lease fetched: that schema stored a leased job
+/// `running` (with its token and `leased_until`), and its workers may still run beside newer
+/// ones during a rolling upgrade. Such a job is reported, counted and listed as running, and
+/// the rescue gives it back once its lease expired, as it does a held job, so that no job is
+/// left stored `running` when the worker that fetched it dies.
+pub const LEGACY_RUNNING: &str = "state = 'running'";
+
+/// Whether a job just fetched was replayed from the dead letters (or retried from the console)
+/// since it last ran: its first attempt again, carrying the error it died with. No other way
+/// back to attempt 1 keeps an error (a retry, a rescue and a release each leave the next fetch
+/// at attempt 2 or more), so a duplicate found by such a fetch came from the replay.
+pub const REPLAYED: &str = "(attempt = 1 and last_error is not null)";
+
 /// The state a job is reported in: `running` while a worker holds it.
 pub const STATE: &str =
     "case when state = 'available' and leased_until is not null then 'running' else state end";

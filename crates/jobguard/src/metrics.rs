@@ -215,13 +215,10 @@ impl DuplicateSource {
         }
     }
 
-    /// The worker's inference from the lease of the delivery that found its key applied.
-    ///
-    /// Every fetch adds one to both the attempt and the lease token, a replay resets the attempt
-    /// to 0, and a release at shutdown takes one off it: a token ahead of the attempt means the
-    /// attempts were reset since an earlier fetch.
-    pub(crate) fn infer(attempt: i32, token: i64) -> Self {
-        if token > i64::from(attempt) {
+    /// The worker's inference from the delivery that found its key applied: its attempt, and
+    /// whether the job was replayed since it last ran.
+    pub(crate) fn infer(attempt: i32, replayed: bool) -> Self {
+        if replayed {
             DuplicateSource::Replay
         } else if attempt > 1 {
             DuplicateSource::Retry
@@ -323,11 +320,13 @@ mod tests {
     use super::DuplicateSource;
 
     #[test]
-    fn duplicate_sources_are_inferred_from_attempt_and_token() {
-        assert_eq!(DuplicateSource::infer(1, 1), DuplicateSource::DoubleEnqueue);
-        assert_eq!(DuplicateSource::infer(3, 3), DuplicateSource::Retry);
-        // Dead after 3 fetches, replayed, fetched again.
-        assert_eq!(DuplicateSource::infer(1, 4), DuplicateSource::Replay);
-        assert_eq!(DuplicateSource::infer(2, 5), DuplicateSource::Replay);
+    fn duplicate_sources_are_inferred_from_attempt_and_replay() {
+        assert_eq!(
+            DuplicateSource::infer(1, false),
+            DuplicateSource::DoubleEnqueue
+        );
+        assert_eq!(DuplicateSource::infer(3, false), DuplicateSource::Retry);
+        // Dead, replayed, fetched again.
+        assert_eq!(DuplicateSource::infer(1, true), DuplicateSource::Replay);
     }
 }

@@ -84,6 +84,7 @@ mod tests {
             max_attempts: 3,
             leased_until: UNIX_EPOCH,
             run_at: UNIX_EPOCH + Duration::from_micros(run_at_us),
+            replayed: false,
         }
     }
 

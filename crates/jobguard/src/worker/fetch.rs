@@ -77,6 +77,8 @@ impl<DB: Backend> Worker<DB> {
             while let Some(joined) = slots.try_join_next() {
                 log_join(joined, "a job slot panicked outside the job");
             }
+            // A slot that panicked left the groups waiting behind it: a slot for each.
+            worker.start_slots(&mut slots, &ready, &counters, usize::MAX);
             // On SQLite a running job holds the only write lock, so the queue's own writes wait
             // for it: shutdown must not.
             if last_rescue.is_none_or(|at| at.elapsed() >= rescue_every) {
@@ -126,21 +128,11 @@ impl<DB: Backend> Worker<DB> {
                         let groups = worker.group(jobs, size);
                         // A slot for each new group while slots are free; running slots take
                         // the rest as they finish.
-                        let mut waiting = groups.len();
+                        let waiting = groups.len();
                         for group in groups {
                             ready.push(group);
                         }
-                        while waiting > 0
-                            && let Some(slot) = ready.free_slot()
-                        {
-                            let (worker, ready, counters) = (
-                                Arc::clone(&worker),
-                                Arc::clone(&ready),
-                                Arc::clone(&counters),
-                            );
-                            slots.spawn(worker.run_slot(ready, counters, slot));
-                            waiting -= 1;
-                        }
+                        worker.start_slots(&mut slots, &ready, &counters, waiting);
                     }
                     Err(error) => tracing::warn!(%error, "fetching jobs failed; retrying"),
                 }
@@ -249,6 +241,26 @@ impl<DB: Backend> Worker<DB> {
 }
 
 impl<DB: Backend> Worker<DB> {
+    /// Starts up to `most` slots, while slots are free and groups wait for one.
+    fn start_slots(
+        self: &Arc<Self>,
+        slots: &mut JoinSet<()>,
+        ready: &Arc<Ready>,
+        counters: &Arc<Counters>,
+        most: usize,
+    ) {
+        let mut started = 0;
+        while started < most
+            && !ready.is_empty()
+            && let Some(slot) = ready.free_slot()
+        {
+            let (worker, ready, counters) =
+                (Arc::clone(self), Arc::clone(ready), Arc::clone(counters));
+            slots.spawn(worker.run_slot(ready, counters, slot));
+            started += 1;
+        }
+    }
+
     /// Jobs (batches, when batching) fetched ahead of free slots.
     fn prefetch(&self) -> usize {
         // On SQLite jobs take the one write lock in turn, and a fetch is an in-process call:

@@ -117,14 +117,14 @@ impl<DB: Backend> Worker<DB> {
     ) {
         loop {
             while let Some(jobs) = ready.next() {
-                self.process_batch(&jobs, &counters).await;
-                for job in &jobs {
-                    self.end_lease(job.lease);
-                }
-                ready.finished();
-                if ready.free_places() >= ready.refill_at {
-                    ready.refill.notify_one();
-                }
+                let mut taken = Taken {
+                    worker: &self,
+                    ready: &ready,
+                    jobs,
+                    settled: false,
+                };
+                self.process_batch(&taken.jobs, &counters).await;
+                taken.settled = true;
             }
             drop(slot);
             if ready.is_empty() {
@@ -135,6 +135,42 @@ impl<DB: Backend> Worker<DB> {
                 // Another slot holds it, and looks at the waiting groups before it ends.
                 None => return,
             }
+        }
+    }
+}
+
+/// A group a slot took, until it ends: its jobs' leases end for the worker, and its place is
+/// free for the loop to fetch for.
+///
+/// Also when the slot panics outside the job (in a job's decoding, or in a tracing subscriber
+/// or metrics recorder): the leases of the jobs it did not settle are no longer extended, nor
+/// left alone by the worker's own rescue, so they run again once they expire, as a crashed
+/// worker's would; and the place is not lost for the rest of the worker's life. A slot aborted
+/// at shutdown leaves its leases held, for the shutdown to give back.
+struct Taken<'a, DB: Backend> {
+    worker: &'a Worker<DB>,
+    ready: &'a Ready,
+    jobs: Vec<LeasedJob>,
+    settled: bool,
+}
+
+impl<DB: Backend> Drop for Taken<'_, DB> {
+    fn drop(&mut self) {
+        let panicked = std::thread::panicking();
+        if panicked {
+            tracing::error!(
+                jobs = self.jobs.len(),
+                "a job slot panicked outside the job; its jobs run again when their leases expire"
+            );
+        }
+        if self.settled || panicked {
+            for job in &self.jobs {
+                self.worker.end_lease(job.lease);
+            }
+        }
+        self.ready.finished();
+        if self.ready.free_places() >= self.ready.refill_at {
+            self.ready.refill.notify_one();
         }
     }
 }

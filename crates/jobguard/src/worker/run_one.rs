@@ -30,8 +30,13 @@ impl<DB: Backend> Worker<DB> {
     async fn execute(&self, job: &LeasedJob) -> Ended {
         let decoded = self.decode(job);
         let called = match &decoded {
-            Ok((runnable, key)) => self.call_external(key, &**runnable).await,
+            Ok((runnable, key)) => self.call_external(job, key, &**runnable).await,
             Err(_) => Ok(()),
+        };
+        let called = match called {
+            Err(CallFailed::Fenced) => return Ended::Fenced,
+            Err(CallFailed::Failed(message, fatal)) => Err((message, fatal)),
+            Ok(()) => Ok(()),
         };
         // On SQLite, this process's turn to write comes before a connection (see
         // `Queue::write_turn`), and is held until the job's outcome is written. Jobs wait for
@@ -59,26 +64,41 @@ impl<DB: Backend> Worker<DB> {
     /// The first stage of an [`ExternalJob`]: its API call, outside any transaction and holding
     /// no connection, its lease kept meanwhile. Skipped when the key is already recorded; the attempt
     /// then completes the job as a duplicate.
+    ///
+    /// The call is made only once the lease is known to hold, by extending it: a worker whose
+    /// lease was taken over makes no call. On PostgreSQL the extension commits durably, and
+    /// with it the fetch before it (whose own commit did not wait for its WAL flush): a crash
+    /// after the check cannot give the job's token back, so no other worker can hold the lease
+    /// while this one calls.
     async fn call_external(
         &self,
+        job: &LeasedJob,
         key: &JobKey,
         runnable: &dyn Runnable<DB>,
-    ) -> std::result::Result<(), (String, bool)> {
+    ) -> std::result::Result<(), CallFailed> {
         let Some(call) = runnable.call(key) else {
             return Ok(());
         };
         match self.guard.lookup(key).await {
             Ok(Some(_)) => return Ok(()),
             Ok(None) => {}
-            Err(error) => return Err((error.to_string(), false)),
+            Err(error) => return Err(CallFailed::Failed(error.to_string(), false)),
+        }
+        match self.queue.extend(job.lease, self.config.lease).await {
+            Ok(()) => {}
+            Err(Error::Fenced { .. }) => {
+                tracing::warn!("the lease was taken over before the external call; not calling");
+                return Err(CallFailed::Fenced);
+            }
+            Err(error) => return Err(CallFailed::Failed(error.to_string(), false)),
         }
         match catch_panic(call).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => {
                 let fatal = !error.is_retryable();
-                Err((error.to_string(), fatal))
+                Err(CallFailed::Failed(error.to_string(), fatal))
             }
-            Err(panicked) => Err((panicked, false)),
+            Err(panicked) => Err(CallFailed::Failed(panicked, false)),
         }
     }
 
@@ -226,4 +246,12 @@ impl<DB: Backend> Worker<DB> {
         unit.commit().await?;
         Ok(ended)
     }
+}
+
+/// Why an external job's call stage did not end with the call made.
+enum CallFailed {
+    /// The lease was taken over: the attempt stops, no call made.
+    Fenced,
+    /// The call (or the lookup before it) failed: the message, and whether it is fatal.
+    Failed(String, bool),
 }

@@ -97,7 +97,7 @@ pub(super) fn report(
         );
     });
     if ended == Ended::Duplicate {
-        let source = DuplicateSource::infer(job.lease.attempt, job.lease.token);
+        let source = DuplicateSource::infer(job.lease.attempt, job.replayed);
         record_duplicate_source(&job.kind, source);
         // In the job's span, so the log names the key that was a duplicate.
         span.in_scope(|| {

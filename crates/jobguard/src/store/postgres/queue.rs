@@ -2,6 +2,7 @@
 //! arrive as microseconds.
 
 use jobguard_core::sql::postgres::queue as core;
+use jobguard_core::sql::{LEGACY_RUNNING, REPLAYED};
 use sqlx::AssertSqlSafe;
 
 use sqlx::postgres::Postgres;
@@ -81,6 +82,13 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     // `skip locked`: concurrent workers take different jobs instead of queueing on one. With
     // `after`, the scan starts past the last job a worker's previous fetch took (see
     // `worker/fetch.rs`), over neither the jobs it holds nor the entries completed jobs left.
+    // The token is drawn from the clock (microseconds since the epoch), and is one more than
+    // the row's last when that is ahead of the clock: it never repeats, even when a crash loses
+    // the fetch's asynchronous commit and the row comes back with its earlier token, since the
+    // fetch after the recovery reads a later clock. Every statement that ends or extends the
+    // lease compares it for equality, so a worker whose fetch was lost is fenced off.
+    const NEXT_TOKEN: &str =
+        "greatest(j.lease_token + 1, (extract(epoch from now()) * 1000000)::int8)";
     let fetch = |after: &str| {
         format!(
             "with picked as (
@@ -101,12 +109,12 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  select set_config('synchronous_commit', 'off', true)
              )
              update {t} j
-             set attempt = j.attempt + 1, lease_token = j.lease_token + 1,
+             set attempt = j.attempt + 1, lease_token = {NEXT_TOKEN},
                  leased_until = now() + $3 {micros}
              from picked, asynchronous where j.id = picked.id
              returning j.id, j.kind, j.job_key, j.payload, j.attempt, j.max_attempts,
                        (extract(epoch from j.leased_until) * 1000000)::int8, j.lease_token,
-                       (extract(epoch from j.run_at) * 1000000)::int8"
+                       (extract(epoch from j.run_at) * 1000000)::int8, {REPLAYED}"
         )
     };
     QueueSql::new(
@@ -183,7 +191,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
                  leased_until = null
              where id in (select id from {t}
-                          where {HELD} and leased_until < now()
+                          -- a job a worker of the earlier schema fetched and stored
+                          -- `running` (`LEGACY_RUNNING`), once its lease expired, too
+                          where ({HELD} or {LEGACY_RUNNING}) and leased_until < now()
                             -- leases known to hold ($2, `id:token`): on PostgreSQL those of
                             -- the worker that rescues, whose heartbeats are in the table
                             and (id::text || ':' || lease_token::text)

@@ -2,6 +2,7 @@
 //! [`Queue::list`](crate::Queue::list), each combination its own statement.
 
 use super::JobState;
+use jobguard_core::sql::LEGACY_RUNNING;
 
 /// The most jobs one page of [`Console::jobs`](crate::console::Console::jobs) returns.
 pub const MAX_PAGE: u32 = 500;
@@ -38,20 +39,24 @@ impl JobFilter {
         let mut conditions = Vec::new();
         let mut lease = None;
         let mut next = 1;
+        if let Some(state) = self.state {
+            // Held and waiting jobs share the stored state `available`: their lease tells
+            // them apart. A job a worker of the schema before the lean lease fetched is stored
+            // `running` (see `LEGACY_RUNNING`): it is listed with the held ones.
+            conditions.push(match state {
+                JobState::Running => format!("(state = $1 and {held} or {LEGACY_RUNNING})"),
+                _ => "state = $1".to_owned(),
+            });
+            next += 1;
+            lease = match state {
+                JobState::Available => Some("leased_until is null"),
+                JobState::Running | JobState::Completed | JobState::Dead => None,
+            };
+        }
         let mut condition = |column: &str, op: &str| {
             conditions.push(format!("{column} {op} ${next}"));
             next += 1;
         };
-        if let Some(state) = self.state {
-            condition("state", "=");
-            // Held and waiting jobs share the stored state `available`: their lease tells
-            // them apart.
-            lease = match state {
-                JobState::Available => Some("leased_until is null"),
-                JobState::Running => Some(held),
-                JobState::Completed | JobState::Dead => None,
-            };
-        }
         if self.kind.is_some() {
             condition("kind", "=");
         }
@@ -123,7 +128,8 @@ mod tests {
         };
         assert_eq!(
             running.clause("lease_is_held"),
-            "where state = $1 and id > $2 and lease_is_held order by state, id limit $3"
+            "where (state = $1 and lease_is_held or state = 'running') and id > $2 \
+             order by state, id limit $3"
         );
     }
 }

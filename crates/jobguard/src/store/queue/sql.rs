@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use jobguard_core::sql::{HELD, LIVE_STATES, STATE, WAITING, keeps_key_finished};
+use jobguard_core::sql::{HELD, LEGACY_RUNNING, LIVE_STATES, STATE, WAITING, keeps_key_finished};
 
 use super::{HELD_COUNT_SPAN, QueueSql, TERMINAL_COUNT_CAP, other_holder};
 use crate::table::TableName;
@@ -156,7 +156,9 @@ impl QueueSql {
                                  coalesce(sum(held), 0){int8} as held
                           from queues)
                  select 'available', jobs - held from live
-                 union all select 'running', held from live
+                 -- and the jobs a worker of the earlier schema holds, stored `running`
+                 union all select 'running', held + (select count(*) from {t}
+                                                    where {LEGACY_RUNNING}) from live
                  union all select 'completed', count(*) from
                      (select 1 from {t} where state = 'completed'
                       order by state, finished_at limit {TERMINAL_COUNT_CAP}) c

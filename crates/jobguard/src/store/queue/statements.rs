@@ -110,6 +110,7 @@ macro_rules! queue_statements {
                         max_attempts: row.try_get(5)?,
                         leased_until: $crate::time::micros_to_time(row.try_get(6)?),
                         run_at: $crate::time::micros_to_time(row.try_get(8)?),
+                        replayed: row.try_get(9)?,
                     })
                 })
                 .collect()

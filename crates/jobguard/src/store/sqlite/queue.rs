@@ -3,6 +3,7 @@
 
 use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 use jobguard_core::sql::sqlite::queue as core;
+use jobguard_core::sql::{LEGACY_RUNNING, REPLAYED};
 use std::time::Duration;
 
 use super::heartbeat;
@@ -73,7 +74,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let fetch = |after: &str| {
         format!(
             "update {t}
-             set attempt = attempt + 1, lease_token = lease_token + 1,
+             -- a token from the clock, never one the row had (see PostgreSQL's fetch)
+             set attempt = attempt + 1, lease_token = max(lease_token + 1, {NOW}),
                  leased_until = {NOW} + $3
              where id in (select id from {t}
                           where {WAITING} and queue = $1 and run_at <= {NOW} {after}
@@ -82,7 +84,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                                             where p.name = $1 and p.paused <> 0)
                           order by run_at, id limit $2)
              returning id, kind, job_key, payload, attempt, max_attempts, leased_until, lease_token,
-                       run_at"
+                       run_at, {REPLAYED}"
         )
     };
     QueueSql::new(
@@ -141,7 +143,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  finished_at = case when attempt >= min(max_attempts, $1) then {NOW} end,
                  last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
                  leased_until = null
-             where {HELD} and leased_until < {NOW}
+             -- a job a worker of the earlier schema fetched (`LEGACY_RUNNING`) too
+             where ({HELD} or {LEGACY_RUNNING}) and leased_until < {NOW}
                -- a lease whose heartbeat file says it holds ($2, `id:token`) belongs to a
                -- worker that is alive, waiting for the write lock: not expired
                and (id || ':' || lease_token) not in (select value from json_each($2))"

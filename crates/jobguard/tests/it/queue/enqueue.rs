@@ -230,7 +230,7 @@ async fn enqueue_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
     tx.commit().await.unwrap();
 
     let leased = fetch_one::<DB>(&queue, LONG).await;
-    assert_eq!(leased.lease, lease(enqueued.id, 1, 1));
+    assert_lease(leased.lease, enqueued.id, 1);
     assert_eq!(leased.key, "credit:order-5");
     assert_eq!(leased.payload, json!({"account": 7, "order": 5}));
     assert_eq!(job_rows::<DB>(&pool).await, 1);

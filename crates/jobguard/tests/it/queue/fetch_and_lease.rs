@@ -156,7 +156,7 @@ async fn fetch_respects_queues_delays_and_order<DB: TestDb>() {
 
     let on_mail = queue.fetch("mail", 10, LONG).await.unwrap();
     assert_eq!(on_mail.len(), 1);
-    assert_eq!(on_mail[0].lease, lease(mail, 1, 1));
+    assert_lease(on_mail[0].lease, mail, 1);
     assert_eq!(row::<DB>(&queue, delayed).await.state, JobState::Available);
     assert_eq!(queue.counts().await.unwrap(), counts(1, 4, 0, 0));
 }
@@ -233,7 +233,7 @@ async fn expired_lease_is_fenced_after_rescue<DB: TestDb>() {
     };
     let id = queue.enqueue(&job("credit", 7)).await.unwrap().id;
     let first = fetch_one::<DB>(&queue, SHORT).await;
-    assert_eq!(first.lease, lease(id, 1, 1));
+    assert_lease(first.lease, id, 1);
     assert_eq!(
         queue.rescue().await.unwrap(),
         0,
@@ -247,7 +247,11 @@ async fn expired_lease_is_fenced_after_rescue<DB: TestDb>() {
     let error = rescued.last_error.unwrap_or_default();
     assert!(error.contains("lease"), "{error}");
     let second = fetch_one::<DB>(&queue, LONG).await;
-    assert_eq!(second.lease, lease(id, 2, 2));
+    assert_lease(second.lease, id, 2);
+    assert!(
+        second.lease.token > first.lease.token,
+        "a new token: {second:?}"
+    );
 
     // The worker of attempt 1 comes back: whatever it did in its transaction rolls back.
     let mut tx = pool.begin().await.unwrap();
@@ -323,10 +327,10 @@ async fn extend_keeps_the_lease_and_release_gives_the_job_back<DB: TestDb>() {
     );
     assert_eq!(queue.counts().await.unwrap(), counts(1, 0, 0, 0));
     let again = fetch_one::<DB>(&queue, LONG).await;
-    assert_eq!(
-        again.lease,
-        lease(id, 1, 2),
-        "the release did not count, the fetch did"
+    assert_lease(again.lease, id, 1);
+    assert_ne!(
+        again.lease.token, leased.lease.token,
+        "the release did not count as an attempt, the fetch drew a new token"
     );
     // The released lease is over, although the new one has the same attempt number.
     let released = complete::<DB>(&pool, &queue, leased.lease).await;
@@ -370,7 +374,7 @@ async fn complete_tx_follows_the_callers_commit_and_rollback<DB: TestDb>() {
     assert_eq!(queue.rescue().await.unwrap(), 1);
     assert_eq!(row::<DB>(&queue, id).await.state, JobState::Available);
     let again = fetch_one::<DB>(&queue, LONG).await;
-    assert_eq!(again.lease, lease(id, 2, 2));
+    assert_lease(again.lease, id, 2);
 
     let mut tx = pool.begin().await.unwrap();
     DB::insert_ledger(&mut tx, 7, 500).await.unwrap();

@@ -49,12 +49,16 @@ fn job(kind: &str, n: usize) -> NewJob {
 }
 
 /// The lease of attempt `attempt` of job `job_id`, drawn with fencing token `token`.
-fn lease(job_id: i64, attempt: i32, token: i64) -> Lease {
-    Lease {
-        job_id,
-        attempt,
-        token,
-    }
+/// A lease of job `job_id` at `attempt`, under a token drawn by its fetch (from the clock:
+/// never one the job had before).
+#[track_caller]
+fn assert_lease(lease: Lease, job_id: i64, attempt: i32) {
+    assert_eq!(
+        (lease.job_id, lease.attempt),
+        (job_id, attempt),
+        "{lease:?}"
+    );
+    assert!(lease.token > 0, "{lease:?}");
 }
 
 fn counts(available: i64, running: i64, completed: i64, dead: i64) -> Counts {

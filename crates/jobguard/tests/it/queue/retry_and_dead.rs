@@ -21,7 +21,7 @@ async fn retry_records_the_error_and_counts_the_attempt<DB: TestDb>() {
     assert_eq!(retried.state, JobState::Available);
     assert_eq!(retried.last_error.as_deref(), Some("boom"));
     let second = fetch_one::<DB>(&queue, LONG).await;
-    assert_eq!(second.lease, lease(id, 2, 2));
+    assert_lease(second.lease, id, 2);
     let stale = queue.retry(first.lease, Duration::ZERO, "stale").await;
     assert!(is_fenced(&stale, first.lease), "{stale:?}");
 
@@ -78,7 +78,7 @@ async fn rescue_kills_a_job_whose_last_lease_expired<DB: TestDb>() {
     );
     assert_eq!(queue.counts().await.unwrap(), counts(1, 0, 0, 1));
     let next = fetch_one::<DB>(&queue, LONG).await;
-    assert_eq!(next.lease, lease(other, 2, 2));
+    assert_lease(next.lease, other, 2);
 }
 
 // 12.

@@ -133,9 +133,14 @@ async fn replace_rewrites_a_waiting_job_and_returns_a_running_one_as_it_is<DB: T
     assert_eq!(listed.payload, json!({"amount": 2}));
     assert_eq!(listed.replaced, 1);
     // The run time was replaced too: the job runs now, not in an hour.
+    let mut conn = pool.acquire().await.unwrap();
+    let token = "select lease_token from jobguard_jobs where id = $1";
+    let token = DB::fetch_i64(&mut conn, token, first.id).await.unwrap();
+    assert_eq!(token, 0, "a replace bumps no lease token");
+    drop(conn);
     let leased = fetch_one::<DB>(&queue, LONG).await;
     assert_eq!(leased.payload, json!({"amount": 2}));
-    assert_eq!(leased.lease.token, 1, "a replace bumps no lease token");
+    assert_eq!(leased.lease.attempt, 1, "a replace counts no attempt");
 
     // A worker holds it now: returned as it is.
     let late = queue
