@@ -219,41 +219,47 @@ def check_each_applied_once(url: str, flags: Path, keys: list[str], workers: "Wo
 
 
 class Workers:
-    """Worker processes started from ``cmd``, each in a session of its own; a worker that
-    dies by SIGKILL is started again."""
+    """``count`` worker processes started from ``cmd``, each in a session of its own; a worker
+    that dies by SIGKILL is started again."""
 
     def __init__(
-        self, cmd: list[str], env: dict[str, str], logs: Path, limit_s: float = HANG_LIMIT_S
+        self, cmd: list[str], env: dict[str, str], logs: Path, limit_s: float = HANG_LIMIT_S,
+        count: int = 1,
     ) -> None:
         self.cmd, self.env, self.logs, self.limit_s = cmd, env, logs, limit_s
         self.started = 0
-        self.proc: subprocess.Popen | None = None
+        self.procs: list[subprocess.Popen | None] = [None] * count
 
-    def start(self) -> None:
+    def start(self, slot: int = 0) -> None:
         self.started += 1
         out = open(self.logs / f"worker-{self.started}.log", "wb")
-        self.proc = subprocess.Popen(
+        self.procs[slot] = subprocess.Popen(
             self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         out.close()
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
+        for proc in self.procs:
+            if proc is not None:
+                self._stop(proc)
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen) -> None:
         # The deliveries are done: a worker that takes long to shut down (taskiq's process
-        # manager can) is killed after a few seconds.
+        # manager can) is killed after a few seconds; a stopped one is continued first.
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(5)
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(5)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         except ProcessLookupError:
             pass
         # What the worker left behind in its group (a prefork child) goes too.
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -267,14 +273,16 @@ class Workers:
         """Runs workers until ``done()``; restarts one killed by SIGKILL, fails on any other
         exit."""
         deadline = time.monotonic() + self.limit_s
-        self.start()
+        for slot in range(len(self.procs)):
+            self.start(slot)
         try:
             while not done():
-                rc = self.proc.poll()
-                if rc == -signal.SIGKILL:
-                    self.start()
-                elif rc is not None:
-                    raise AssertionError(f"a worker exited with {rc}\n{self.log_tail()}")
+                for slot, proc in enumerate(self.procs):
+                    rc = proc.poll()
+                    if rc == -signal.SIGKILL:
+                        self.start(slot)
+                    elif rc is not None:
+                        raise AssertionError(f"a worker exited with {rc}\n{self.log_tail()}")
                 if time.monotonic() > deadline:
                     raise AssertionError(
                         f"the deliveries did not finish within {self.limit_s}s\n"
