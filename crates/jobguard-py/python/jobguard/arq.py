@@ -22,30 +22,64 @@ connection after ``ctx``. A duplicate does not call the job: it returns the resu
 delivery stored, which arq keeps as this job's result.
 
 Why arq needs it: a job whose worker dies stays in the queue and runs again once its
-in-progress marker expires (``job_timeout`` + 10 s), and a job past ``job_timeout`` is
-cancelled and retried while its first attempt may have committed. ``_job_id`` dedupes an
-enqueue only while the job or its result exists (``keep_result``, an hour by default); after
-that, or with another id for the same business operation, the job runs again.
+in-progress marker expires (``job_timeout`` + 10 s), while its first attempt may have committed.
+``_job_id`` dedupes an enqueue only while the job or its result exists (``keep_result``, an hour
+by default); after that, or with another id for the same business operation, the job runs again.
+
+A run whose transaction did not commit for a transient reason is run again: a database error
+that may pass (serialization failure, deadlock, lock timeout, lost or terminated connection,
+SQLite busy), or the run's own time budget ``timeout`` (default 270 s) running out. The wrapper
+raises ``arq.worker.Retry(defer=...)``, which arq re-enqueues, after
+``min(retry_backoff * 2**(job_try - 1), retry_backoff_max)`` seconds (its upper half random),
+until try ``max_tries`` (default 5, arq's own default: keep it at most the function's arq
+``max_tries``); a transient failure on that try is reported (logged at error with its key,
+counted as ``jobguard_job_retries_total{outcome="exhausted"}``) and fails the job as arq fails
+any. Any other exception fails the job, as arq does (no retry).
+
+``timeout`` must be below the worker's ``job_timeout`` (arq's default 300 s) by a margin for the
+rollback: arq fails a job that reaches ``job_timeout`` and never runs it again (arq 0.28), so
+the budget has to run out first. It also bounds a run that waits on another delivery's
+uncommitted guard row, e.g. a worker stopped mid-transaction (SIGSTOP, a frozen VM) whose job
+was handed to another worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
 from typing import Any, Callable
 
-from . import _guarded
+from arq.worker import Retry
+
+from . import _guarded, _retry
 from ._guard import DEFAULT_TABLE
 
 __all__ = ["guarded"]
 
 log = logging.getLogger("jobguard.arq")
 
+#: The default time budget of one run, in seconds: below arq's default ``job_timeout`` (300 s).
+DEFAULT_TIMEOUT_S = 270.0
+
 
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     out = fn(*args, **kwargs)
     return await out if inspect.isawaitable(out) else out
+
+
+def _reason(exc: BaseException, over_budget: bool, timeout: float | None) -> str | None:
+    """Why this run may commit when run again, or ``None``.
+
+    A run past its budget is cancelled by the budget's ``wait_for`` (a TimeoutError here) or,
+    when the worker's own ``job_timeout`` fired in the same loop turn (after a SIGSTOP, both
+    deadlines have passed when the process continues), by arq (a CancelledError): once the
+    budget is spent, either is the timeout. A cancellation before it (an abort, a shutdown) is
+    arq's, and left to it."""
+    if isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError)):
+        return f"ran past its {timeout}s budget" if over_budget else None
+    return _retry.transient_reason(exc)
 
 
 def guarded(
@@ -55,12 +89,19 @@ def guarded(
     payload: Any | Callable[..., Any] = None,
     table: str = DEFAULT_TABLE,
     on_duplicate: Callable[..., Any] | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    max_tries: int = 5,
+    retry_backoff: float = 1.0,
+    retry_backoff_max: float = 60.0,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wraps an arq job ``fn(ctx, conn, *args, **kwargs)`` into ``job(ctx, *args, **kwargs)``
     that runs ``fn`` in one transaction with its guard row, once per key. ``key`` and
     ``payload`` are values or functions of the job's arguments (without ``ctx``);
     ``on_duplicate(ctx, duplicate, *args, **kwargs)`` (sync or async) is called when a
-    delivery finds its key applied."""
+    delivery finds its key applied. A run that did not commit for a transient reason, or ran
+    past ``timeout`` seconds (``None``: no budget), raises ``arq.worker.Retry`` until try
+    ``max_tries``; see the module."""
+    policy = _retry.RetryPolicy(max(max_tries - 1, 0), retry_backoff, retry_backoff_max)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -71,7 +112,27 @@ def guarded(
                 return await fn(ctx, conn, *a, **k)
 
             run = _guarded.guarded(key=key, db=target, payload=payload, table=table)(body)
-            outcome = await run(*args, **kwargs)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            try:
+                if timeout is None:
+                    outcome = await run(*args, **kwargs)
+                else:
+                    outcome = await asyncio.wait_for(run(*args, **kwargs), timeout)
+            except (Exception, asyncio.CancelledError) as exc:
+                over_budget = timeout is not None and loop.time() - started >= timeout
+                reason = _reason(exc, over_budget, timeout)
+                if reason is None:
+                    raise
+                retries = int(ctx.get("job_try") or 1) - 1
+                job_name = f"arq job {ctx.get('job_id')} (try {retries + 1})"
+                job_key = _retry.resolve_key(key, args, kwargs)
+                if retries >= policy.max_retries:
+                    _retry.exhausted(log, "arq", job_name, job_key, retries, reason)
+                    raise
+                delay = policy.delay(retries)
+                _retry.retrying(log, "arq", job_name, job_key, retries, delay, reason)
+                raise Retry(defer=delay) from exc
             if isinstance(outcome, _guarded.Duplicate):
                 log.info(
                     "arq job %s (try %s): duplicate delivery, first applied at %s",

@@ -25,6 +25,23 @@ The class sets the delivery settings the guard needs:
 - ``task_reject_on_worker_lost = True``: with the prefork pool, a child killed mid-task
   (SIGKILL, the OOM killer) is otherwise acked as failed; rejecting it requeues the message.
 
+A delivery whose transaction did not commit for a transient reason is run again: a database
+error that may pass (serialization failure, deadlock, lock timeout, lost or terminated
+connection, SQLite busy), ``SoftTimeLimitExceeded`` (the soft ``time_limit`` inside the task)
+or a hard ``time_limit`` (the pool child killed by the worker). It is retried as Celery's own
+``self.retry`` does (a new message with the same id, ``retries + 1`` and a countdown, then the
+delivery is acked), after ``min(guard_retry_backoff * 2**retries, guard_retry_backoff_max)``
+seconds (its upper half random), up to ``guard_max_retries`` times; a hard time limit is
+retried the same way by the worker's main process (:class:`GuardedRequest`). After the last
+retry the job is reported (logged at error with its key, counted as
+``jobguard_job_retries_total{outcome="exhausted"}``) and fails as Celery fails any task
+(``acks_on_failure_or_timeout``, True by default: the failure is stored and the message acked).
+Any other exception is Celery's own business: no retry unless the task asks for one
+(``autoretry_for``, ``self.retry``), and the message is acked per ``acks_on_failure_or_timeout``.
+
+The signature Celery checks a call against (``typing``) is the task's without ``conn``:
+``credit.delay("order-8812", 500)`` and ``credit.apply_async(("order-8812", 500))``.
+
 On Redis and SQS set ``broker_transport_options={"visibility_timeout": ...}`` longer than the
 longest task: past it the message is handed to another worker while the first still runs (the
 guard keeps the effect single, but the second delivery waits on the first one's row lock).
@@ -32,18 +49,85 @@ guard keeps the effect single, but the second delivery waits on the first one's 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from typing import Any, Callable
 
+from billiard.einfo import ExceptionWithTraceback
 from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.worker import state as worker_state
+from celery.worker.request import Request
 
-from . import _guarded
+from . import _guarded, _retry
 from ._guard import DEFAULT_TABLE
 
-__all__ = ["GuardedTask"]
+__all__ = ["GuardedRequest", "GuardedTask"]
 
 log = logging.getLogger("jobguard.celery")
+
+
+def _reason(exc: BaseException) -> str | None:
+    """Why a delivery's transaction may commit when run again, or ``None``."""
+    seen = exc
+    for _ in range(16):
+        if seen is None:
+            break
+        if isinstance(seen, SoftTimeLimitExceeded):
+            return "soft time limit"
+        seen = seen.__context__
+    return _retry.transient_reason(exc)
+
+
+class GuardedRequest(Request):
+    """The worker's request for a :class:`GuardedTask`: a hard ``time_limit`` kills the pool
+    child in the worker's main process, where the task's own ``__call__`` never sees it; this
+    request retries the task there, as ``self.retry`` would, until ``guard_max_retries``."""
+
+    _jobguard_retried = False
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False):
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if (
+            isinstance(exc, TimeLimitExceeded)
+            and not worker_state.should_terminate
+            and self._retry_time_limit(exc)
+        ):
+            return None
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        if not soft and self._jobguard_retried:
+            # The hard limit's failure was retried in on_failure, which acked the message.
+            log.warning("task %s[%s]: hard time limit (%ss) exceeded", self.name, self.id, timeout)
+            return
+        super().on_timeout(soft, timeout)
+
+    def _retry_time_limit(self, exc: BaseException) -> bool:
+        task = self.task
+        context = self._context
+        retries = context.retries or 0
+        key = _retry.resolve_key(task._static("guard_key"), tuple(self.args), dict(self.kwargs))
+        job = f"task {self.name}[{self.id}]"
+        policy = task.guard_retry_policy()
+        if retries >= policy.max_retries:
+            _retry.exhausted(log, "celery", job, key, retries, "hard time limit")
+            return False
+        delay = policy.delay(retries)
+        try:
+            task.signature_from_request(context, countdown=delay, retries=retries + 1).apply_async()
+        except Exception:  # noqa: BLE001 - the message is then left to Celery's settings
+            log.exception("%s: sending the retry after its hard time limit failed", job)
+            return False
+        self._jobguard_retried = True
+        _retry.retrying(log, "celery", job, key, retries, delay, "hard time limit")
+        if self.store_errors:
+            task.backend.mark_as_retry(self.id, exc, request=context)
+        self.acknowledge()
+        return True
 
 
 class GuardedTask(Task):
@@ -51,6 +135,7 @@ class GuardedTask(Task):
 
     acks_late = True
     reject_on_worker_lost = True
+    Request = GuardedRequest
 
     #: The job key, from the task's arguments: ``lambda order, amount: jobguard.key(...)``.
     guard_key: Callable[..., str] | str | None = None
@@ -61,6 +146,20 @@ class GuardedTask(Task):
     guard_payload: Any = None
     #: The guard table.
     guard_table: str = DEFAULT_TABLE
+    #: How many times a delivery that did not commit for a transient reason is retried.
+    guard_max_retries: int = 5
+    #: The first retry's wait in seconds, doubled at each retry up to guard_retry_backoff_max.
+    guard_retry_backoff: float = 1.0
+    guard_retry_backoff_max: float = 60.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # `@app.task(base=GuardedTask)` makes a subclass whose `__header__` (the signature
+        # `typing` checks `delay`/`apply_async` against) is the function's, `conn` first; the
+        # caller passes no `conn`: check the call against the rest.
+        header = cls.__dict__.get("__header__")
+        if isinstance(header, staticmethod):
+            cls.__header__ = staticmethod(functools.partial(header.__func__, None))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key, db, payload = (self._static(n) for n in ("guard_key", "guard_db", "guard_payload"))
@@ -75,11 +174,46 @@ class GuardedTask(Task):
         body = _guarded.guarded(
             key=key, db=db, payload=payload, table=self.guard_table
         )(self._run_in_transaction)
-        outcome = body(*args, **kwargs)
+        try:
+            outcome = body(*args, **kwargs)
+        except Exception as exc:
+            reason = _reason(exc)
+            if reason is None:
+                raise
+            ending = self._again(_retry.resolve_key(key, args, kwargs), reason, exc)
+            if ending is exc:
+                raise
+            raise ending from exc
         if isinstance(outcome, _guarded.Duplicate):
             self.on_duplicate(outcome, args, kwargs)
             return outcome.result
         return outcome.value
+
+    def guard_retry_policy(self) -> _retry.RetryPolicy:
+        """The retry policy from ``guard_max_retries`` and the backoff attributes."""
+        return _retry.RetryPolicy(
+            self.guard_max_retries, self.guard_retry_backoff, self.guard_retry_backoff_max
+        )
+
+    def _again(self, key: str | None, reason: str, exc: Exception) -> BaseException:
+        """The exception that ends this delivery: Celery's ``Retry`` after sending the retry,
+        or ``exc`` itself when the retries are spent or the task was called directly."""
+        request = self.request
+        if request.called_directly:
+            return exc
+        retries = request.retries or 0
+        job = f"task {self.name}[{request.id}]"
+        policy = self.guard_retry_policy()
+        if retries >= policy.max_retries:
+            _retry.exhausted(log, "celery", job, key, retries, reason)
+            return exc
+        delay = policy.delay(retries)
+        _retry.retrying(log, "celery", job, key, retries, delay, reason)
+        try:
+            return self.retry(exc=exc, countdown=delay, max_retries=policy.max_retries, throw=False)
+        except Exception as error:  # noqa: BLE001 - Celery's Reject when the retry was not sent
+            log.error("%s: the retry of job key %s could not be sent: %r", job, key, error)
+            return error
 
     def _static(self, name: str) -> Any:
         # `@app.task(guard_key=lambda ...)` makes the lambda a class attribute: read it

@@ -1,7 +1,12 @@
 """``jobguard_outcomes_total{kind, outcome}`` through prometheus_client, when it is installed:
 the series the Rust library records, with the same name and labels (``outcome`` is
 ``applied``, ``duplicate`` or ``failed``). A steady trickle of duplicates is at-least-once
-delivery at work; a spike is mass redelivery, worth a look."""
+delivery at work; a spike is mass redelivery, worth a look.
+
+``jobguard_job_retries_total{kind, framework, outcome}`` counts the framework integrations'
+runs of a job again after a transient failure (``outcome="retried"``) and the jobs given up
+after the last retry (``outcome="exhausted"``: not applied, logged at error with the key; alert
+on any)."""
 
 from __future__ import annotations
 
@@ -23,6 +28,17 @@ if _prometheus is not None:
     except ValueError:  # already registered (module reloaded)
         _outcomes = _prometheus.REGISTRY._names_to_collectors.get(OUTCOMES_TOTAL)
 
+_retries = None
+if _prometheus is not None:
+    try:
+        _retries = _prometheus.Counter(
+            "jobguard_job_retries",
+            "Guarded jobs run again after a transient failure (retried), or given up (exhausted)",
+            ["kind", "framework", "outcome"],
+        )
+    except ValueError:  # already registered (module reloaded)
+        _retries = _prometheus.REGISTRY._names_to_collectors.get("jobguard_job_retries_total")
+
 
 # The labelled children, looked up once per (kind, outcome): `labels()` takes a lock and
 # builds a tuple on every call, a cost on the guard's path.
@@ -37,3 +53,9 @@ def record_outcome(kind: str, outcome: str) -> None:
     if child is None:
         child = _children.setdefault((kind, outcome), _outcomes.labels(kind=kind, outcome=outcome))
     child.inc()
+
+
+def record_retry(kind: str, framework: str, outcome: str) -> None:
+    """Counts one retry (``retried``) or one job given up (``exhausted``) of ``kind``."""
+    if _retries is not None:
+        _retries.labels(kind=kind, framework=framework, outcome=outcome).inc()

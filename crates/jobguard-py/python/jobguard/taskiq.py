@@ -22,6 +22,24 @@ before and after it runs, but cannot skip it. ``GuardMetrics`` is the middleware
 labels each result ``jobguard=applied|duplicate`` and logs duplicates; the outcome counter
 ``jobguard_outcomes_total`` is counted by the guard itself.
 
+A delivery whose transaction did not commit for a transient reason is sent again: a database
+error that may pass (serialization failure, deadlock, lock timeout, lost or terminated
+connection, SQLite busy), or the task's ``timeout`` label running out. The run's budget is 90%
+of the ``timeout`` label (or ``timeout=`` given here), so that it ends before taskiq's own
+timeout, which would fail the task (taskiq does not retry a failure unless a retry middleware
+is set up and the task labelled for it). The wrapper then waits
+``min(retry_backoff * 2**retries, retry_backoff_max)`` seconds (its upper half random, cut to
+what is left of the budget), sends the same message again (the same task id, with the label
+``jobguard_retries`` one higher) and ends this delivery with ``NoResultError``: no result is
+stored for it and it is acked; the new message runs as a new delivery. After ``max_retries``
+(default 5) the task is reported (logged at error with its key, counted as
+``jobguard_job_retries_total{outcome="exhausted"}``) and fails as taskiq fails any task. A
+delivery cancelled by taskiq's own timeout after the budget (the worker was stopped past both)
+is sent again the same way before the cancellation goes on. Any other exception is taskiq's
+business: the task fails, and a retry middleware (``SmartRetryMiddleware`` with
+``retry_on_error=True``) retries it if there is one; the wrapper's own retries end in
+``NoResultError``, which that middleware skips, so a job is never sent again twice.
+
 Delivery settings: keep taskiq's default ``--ack-type when_saved`` (or ``when_executed``);
 ``when_received`` acks before the task runs, so a worker that dies loses the job. On Redis
 Streams (``RedisStreamBroker``), a dead worker's unacked messages are reclaimed after
@@ -31,20 +49,32 @@ the longest task.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
 import logging
 from typing import Any, Callable
 
-from taskiq import TaskiqMessage, TaskiqMiddleware, TaskiqResult
+import anyio
+from taskiq import Context, TaskiqDepends, TaskiqMessage, TaskiqMiddleware, TaskiqResult
+from taskiq.exceptions import NoResultError
+from taskiq.labels import prepare_label
 
-from . import _guarded
+from . import _guarded, _retry
 from ._guard import DEFAULT_TABLE
 
 __all__ = ["GuardMetrics", "guarded"]
 
 log = logging.getLogger("jobguard.taskiq")
+
+#: The label counting the wrapper's retries of a message.
+RETRIES_LABEL = "jobguard_retries"
+# The share of the task's `timeout` label the run may take: the rest is for the rollback, the
+# backoff and sending the message again before taskiq's timeout cancels the task.
+_BUDGET_SHARE = 0.9
+# The hidden parameter through which taskiq hands the wrapper its message and broker.
+_CONTEXT = "jobguard_context"
 
 # The outcome of the guarded task running in this context, for GuardMetrics.
 _outcome: contextvars.ContextVar[Any] = contextvars.ContextVar("jobguard_taskiq_outcome")
@@ -57,12 +87,19 @@ def guarded(
     payload: Any | Callable[..., Any] = None,
     table: str = DEFAULT_TABLE,
     on_duplicate: Callable[..., Any] | None = None,
+    timeout: float | None = None,
+    max_retries: int = 5,
+    retry_backoff: float = 1.0,
+    retry_backoff_max: float = 60.0,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wraps a task ``fn(conn, *args, **kwargs)`` into ``task(*args, **kwargs)`` that runs
     ``fn`` in one transaction with its guard row, once per key; put it under
     ``@broker.task``. ``key`` and ``payload`` are values or functions of the task's
     arguments; ``on_duplicate(duplicate, *args, **kwargs)`` (sync or async) is called when a
-    delivery finds its key applied."""
+    delivery finds its key applied. A delivery that did not commit for a transient reason, or
+    ran past its budget (``timeout`` seconds, else 90% of the task's ``timeout`` label, else
+    none), is sent again up to ``max_retries`` times; see the module."""
+    policy = _retry.RetryPolicy(max_retries, retry_backoff, retry_backoff_max)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(fn)
@@ -72,9 +109,34 @@ def guarded(
 
         @functools.wraps(fn)
         async def task(*args: Any, **kwargs: Any) -> Any:
+            context = kwargs.pop(_CONTEXT, None)
+            if not isinstance(context, Context):
+                context = None  # called directly, not by a worker: nothing to send again
+            budget = _budget(timeout, context)
             target = db() if callable(db) else db
             run = _guarded.guarded(key=key, db=target, payload=payload, table=table)(fn)
-            outcome = await run(*args, **kwargs)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            try:
+                if budget is None:
+                    outcome = await run(*args, **kwargs)
+                else:
+                    outcome = await asyncio.wait_for(run(*args, **kwargs), budget)
+            except (Exception, asyncio.CancelledError) as exc:
+                spent = loop.time() - started
+                over = budget is not None and spent >= budget
+                if isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError)):
+                    reason = f"ran past its {budget:.1f}s budget" if over else None
+                else:
+                    reason = _retry.transient_reason(exc)
+                if reason is None or context is None:
+                    raise
+                left = None if budget is None else max(budget - spent, 0.0)
+                with anyio.CancelScope(shield=True):
+                    again = await _send_again(context, policy, key, args, kwargs, reason, left)
+                if not again or isinstance(exc, asyncio.CancelledError):
+                    raise
+                raise NoResultError from exc
             holder = _outcome.get(None)
             if holder is not None:
                 holder.append(outcome)
@@ -86,11 +148,62 @@ def guarded(
                 return outcome.result
             return outcome.value
 
-        # taskiq reads the task's parameters from its signature: the caller's, without `conn`.
-        task.__signature__ = signature.replace(parameters=params[1:])  # type: ignore[attr-defined]
+        # taskiq reads the task's parameters from its signature: the caller's, without `conn`,
+        # and a keyword-only one through which it passes the wrapper the delivery's Context.
+        hidden = inspect.Parameter(
+            _CONTEXT, inspect.Parameter.KEYWORD_ONLY, default=TaskiqDepends(Context),
+        )
+        rest = params[1:]
+        at = len(rest)
+        if rest and rest[-1].kind is inspect.Parameter.VAR_KEYWORD:
+            at -= 1
+        task.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*rest[:at], hidden, *rest[at:]]
+        )
         return task
 
     return decorate
+
+
+def _budget(timeout: float | None, context: Context | None) -> float | None:
+    if timeout is not None:
+        return timeout
+    label = None if context is None else context.message.labels.get("timeout")
+    if label is None:
+        return None
+    return float(label) * _BUDGET_SHARE
+
+
+async def _send_again(
+    context: Context, policy: _retry.RetryPolicy, key: Any, args: tuple, kwargs: dict,
+    reason: str, left: float | None,
+) -> bool:
+    """Sends the delivery's message again after the backoff; false when the retries are
+    spent (the task is reported) or the message could not be sent."""
+    message = context.message
+    retries = int(message.labels.get(RETRIES_LABEL, 0))
+    job = f"task {message.task_name}[{message.task_id}]"
+    job_key = _retry.resolve_key(key, args, kwargs)
+    if retries >= policy.max_retries:
+        _retry.exhausted(log, "taskiq", job, job_key, retries, reason)
+        return False
+    delay = policy.delay(retries)
+    if left is not None:
+        delay = min(delay, left)
+    _retry.retrying(log, "taskiq", job, job_key, retries, delay, reason)
+    await asyncio.sleep(delay)
+    # The labels as a sender writes them: the received ones were parsed into their types.
+    labels: dict[str, Any] = {}
+    types: dict[str, int] = {}
+    for name, value in {**message.labels, RETRIES_LABEL: retries + 1}.items():
+        labels[name], types[name] = prepare_label(value)
+    again = message.model_copy(update={"labels": labels, "labels_types": types})
+    try:
+        await context.broker.kick(context.broker.formatter.dumps(again))
+    except Exception:  # noqa: BLE001 - the task then fails as taskiq fails any
+        log.exception("%s: sending job key %s again failed; it is NOT applied", job, job_key)
+        return False
+    return True
 
 
 class GuardMetrics(TaskiqMiddleware):

@@ -10,12 +10,19 @@ every delivery has finished; the test then counts effects per key.
 Every finished delivery leaves a row in ``deliveries``: an applied one in the job's own
 transaction (with the effect in ``ledger``), a duplicate one after the guard reported it.
 
+The retry tests arm other points, each once per key, in the job's transaction after its effect
+(:func:`misbehave`): ``transient`` fails the transaction for a reason that passes (its
+connection terminated with ``pg_terminate_backend``, or a serialization failure raised by the
+server), ``overrun`` sleeps past the job's time limit, ``stop`` stops the worker with SIGSTOP
+(a helper sends SIGCONT later). A job that did not commit must be run again until it does.
+
 ``JOBGUARD_TEST_UNGUARDED=1`` runs the same tasks without the guard: the tests must then fail
 (the check that they can).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -122,40 +129,137 @@ def killed(flags: Path) -> list[str]:
     return sorted(p.name.removeprefix("killed.") for p in flags.glob("killed.*"))
 
 
+def _take(stage: str, key: str) -> str | None:
+    """The content of the flag ``<stage>.<key>`` when it is armed (the flag is removed and a
+    ``fired.<stage>.<key>`` marker left), else ``None``."""
+    flags = Path(os.environ["JOBGUARD_TEST_FLAGS"])
+    try:
+        content = (flags / f"{stage}.{key}").read_text()
+        (flags / f"{stage}.{key}").unlink()
+    except FileNotFoundError:
+        return None
+    (flags / f"fired.{stage}.{key}").write_text(str(os.getpid()))
+    return content
+
+
+def _transient_sql(key: str, backend_pid: int) -> str | None:
+    """When ``transient`` is armed for ``key``: the statement to run next on the job's
+    connection, which fails (its backend was just terminated, or it raises 40001)."""
+    how = _take("transient", key)
+    if how is None:
+        return None
+    if how == "terminate":
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as other:
+            other.execute("select pg_terminate_backend(%s)", (backend_pid,))
+        return "select 1"
+    return (
+        "do $$ begin raise exception 'could not serialize access (test)' "
+        "using errcode = 'serialization_failure'; end $$"
+    )
+
+
+def _stop_here(key: str) -> None:
+    seconds = _take("stop", key)
+    if seconds is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.getpid()
+    subprocess.Popen(
+        ["sh", "-c", f"sleep {seconds}; kill -CONT {pid} 2>/dev/null"],
+        start_new_session=True, stdin=subprocess.DEVNULL,
+    )
+    os.kill(pid, signal.SIGSTOP)
+
+
+def misbehave(conn: Any, key: str) -> None:
+    """The retry tests' points on a psycopg connection, in the job's open transaction."""
+    sql = _transient_sql(key, conn.info.backend_pid)
+    if sql is not None:
+        conn.execute(sql)
+    seconds = _take("overrun", key)
+    if seconds is not None:
+        time.sleep(float(seconds))
+    _stop_here(key)
+
+
+async def misbehave_async(conn: Any, key: str) -> None:
+    """:func:`misbehave` on an asyncpg connection."""
+    sql = _transient_sql(key, conn.get_server_pid())
+    if sql is not None:
+        await conn.execute(sql)
+    seconds = _take("overrun", key)
+    if seconds is not None:
+        await asyncio.sleep(float(seconds))
+    _stop_here(key)
+
+
+def arm_retries(flags: Path, keys: list[str], overrun_s: float, stop_s: float) -> None:
+    """Every key's first attempt fails transiently (terminated connection or serialization
+    failure, alternately); the first key's second attempt overruns its time limit by sleeping
+    ``overrun_s``, the second key's stops its worker for ``stop_s``."""
+    for n, key in enumerate(keys):
+        (flags / f"transient.{key}").write_text("terminate" if n % 2 == 0 else "serialization")
+    (flags / f"overrun.{keys[0]}").write_text(str(overrun_s))
+    (flags / f"stop.{keys[1]}").write_text(str(stop_s))
+
+
+def fired(flags: Path) -> list[str]:
+    return sorted(p.name.removeprefix("fired.") for p in flags.glob("fired.*"))
+
+
+def check_each_applied_once(url: str, flags: Path, keys: list[str], workers: "Workers") -> None:
+    """Every armed point fired, and every key took effect exactly once."""
+    armed = sorted(
+        [f"transient.{k}" for k in keys] + [f"overrun.{keys[0]}", f"stop.{keys[1]}"]
+    )
+    assert fired(flags) == armed, f"armed points that did not fire: {fired(flags)}"
+    counts = effects(url)
+    assert counts == {k: 1 for k in keys}, f"effects per key: {counts}\n{workers.log_tail()}"
+
+
 class Workers:
-    """Worker processes started from ``cmd``, each in a session of its own; a worker that
-    dies by SIGKILL is started again."""
+    """``count`` worker processes started from ``cmd``, each in a session of its own; a worker
+    that dies by SIGKILL is started again."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], logs: Path) -> None:
-        self.cmd, self.env, self.logs = cmd, env, logs
+    def __init__(
+        self, cmd: list[str], env: dict[str, str], logs: Path, limit_s: float = HANG_LIMIT_S,
+        count: int = 1,
+    ) -> None:
+        self.cmd, self.env, self.logs, self.limit_s = cmd, env, logs, limit_s
         self.started = 0
-        self.proc: subprocess.Popen | None = None
+        self.procs: list[subprocess.Popen | None] = [None] * count
 
-    def start(self) -> None:
+    def start(self, slot: int = 0) -> None:
         self.started += 1
         out = open(self.logs / f"worker-{self.started}.log", "wb")
-        self.proc = subprocess.Popen(
+        self.procs[slot] = subprocess.Popen(
             self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         out.close()
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
+        for proc in self.procs:
+            if proc is not None:
+                self._stop(proc)
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen) -> None:
         # The deliveries are done: a worker that takes long to shut down (taskiq's process
-        # manager can) is killed after a few seconds.
+        # manager can) is killed after a few seconds; a stopped one is continued first.
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(5)
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(5)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         except ProcessLookupError:
             pass
         # What the worker left behind in its group (a prefork child) goes too.
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -168,18 +272,20 @@ class Workers:
     def run_until(self, done: Callable[[], bool]) -> None:
         """Runs workers until ``done()``; restarts one killed by SIGKILL, fails on any other
         exit."""
-        deadline = time.monotonic() + HANG_LIMIT_S
-        self.start()
+        deadline = time.monotonic() + self.limit_s
+        for slot in range(len(self.procs)):
+            self.start(slot)
         try:
             while not done():
-                rc = self.proc.poll()
-                if rc == -signal.SIGKILL:
-                    self.start()
-                elif rc is not None:
-                    raise AssertionError(f"a worker exited with {rc}\n{self.log_tail()}")
+                for slot, proc in enumerate(self.procs):
+                    rc = proc.poll()
+                    if rc == -signal.SIGKILL:
+                        self.start(slot)
+                    elif rc is not None:
+                        raise AssertionError(f"a worker exited with {rc}\n{self.log_tail()}")
                 if time.monotonic() > deadline:
                     raise AssertionError(
-                        f"the deliveries did not finish within {HANG_LIMIT_S}s (a hang)\n"
+                        f"the deliveries did not finish within {self.limit_s}s\n"
                         f"{self.log_tail()}"
                     )
                 time.sleep(0.2)

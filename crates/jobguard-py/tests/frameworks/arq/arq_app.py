@@ -2,6 +2,9 @@
 
 Configured from the environment: DATABASE_URL, JOBGUARD_TEST_REDIS_URL, JOBGUARD_TEST_QUEUE.
 Run as ``python arq_app.py``.
+
+The job's time budget is 3 s, under the worker's ``job_timeout`` of 5 s; a transient failure is
+retried after 0.2 s, 0.4 s, ... (at most 1 s), up to try 10: the retry tests stay short.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import jobguard.arq
 import kills
 
 URL = os.environ["DATABASE_URL"]
+MAX_TRIES = 10
 
 
 async def startup(ctx: dict) -> None:
@@ -35,6 +39,7 @@ async def effect(conn: Any, key: str) -> None:
         "insert into deliveries (job_key, outcome, pid) values ($1, 'applied', $2)",
         key, os.getpid(),
     )
+    await kills.misbehave_async(conn, key)
     kills.die_here("before-commit", key)
 
 
@@ -46,6 +51,10 @@ def duplicate(ctx: dict, outcome: jobguard.Duplicate, order: str) -> None:
     key=lambda order: jobguard.key("credit", order),
     db=lambda ctx: ctx["db"],
     on_duplicate=duplicate,
+    timeout=3,
+    max_tries=MAX_TRIES,
+    retry_backoff=0.2,
+    retry_backoff_max=1.0,
 )
 async def guarded_credit(ctx: dict, conn: Any, order: str) -> dict:
     await effect(conn, jobguard.key("credit", order))
@@ -74,6 +83,7 @@ if __name__ == "__main__":
         queue_name=os.environ["JOBGUARD_TEST_QUEUE"],
         max_jobs=1,
         job_timeout=5,
+        max_tries=MAX_TRIES,
         poll_delay=0.1,
         handle_signals=True,
     )

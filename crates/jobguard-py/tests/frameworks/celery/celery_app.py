@@ -2,6 +2,9 @@
 
 Configured from the environment: JOBGUARD_TEST_BROKER (amqp:// or redis://), DATABASE_URL,
 JOBGUARD_TEST_QUEUE, JOBGUARD_TEST_KILL_GROUP (kill the whole worker, not only the pool child).
+
+``credit`` runs with a soft time limit of 2 s and a hard one of 4 s, and retries a transient
+failure after 0.2 s, 0.4 s, ... (at most 1 s): the retry tests stay short.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def connect() -> psycopg.Connection:
 
 def effect(conn: psycopg.Connection, key: str) -> None:
     conn.execute("insert into ledger (job_key, pid) values (%s, %s)", (key, os.getpid()))
+    kills.misbehave(conn, key)
     kills.record(conn, key, "applied")
     kills.die_here("before-commit", key, group=GROUP)
 
@@ -64,7 +68,7 @@ class NaiveTask(Task):
 
 if kills.unguarded():
 
-    @app.task(name="credit", base=NaiveTask)
+    @app.task(name="credit", base=NaiveTask, soft_time_limit=2, time_limit=4)
     def credit(order: str) -> None:
         with connect() as conn:
             effect(conn, jobguard.key("credit", order))
@@ -76,7 +80,24 @@ else:
         base=CreditTask,
         guard_key=lambda order: jobguard.key("credit", order),
         guard_db=connect,
+        soft_time_limit=2,
+        time_limit=4,
+        guard_retry_backoff=0.2,
+        guard_retry_backoff_max=1.0,
     )
     def credit(conn: psycopg.Connection, order: str) -> dict:
         effect(conn, jobguard.key("credit", order))
         return {"credited": order}
+
+
+# The quick start's task, called as docs/python.md calls it: `credit_amount.delay(order, amount)`.
+@app.task(
+    base=GuardedTask,
+    guard_key=lambda order, amount: jobguard.key("credit", order),
+    guard_db=connect,
+)
+def credit_amount(conn: psycopg.Connection, order: str, amount: int) -> dict:
+    key = jobguard.key("credit", order)
+    conn.execute("insert into ledger (job_key, pid) values (%s, %s)", (key, os.getpid()))
+    kills.record(conn, key, "applied")
+    return {"credited": amount}

@@ -3,6 +3,10 @@
 
 Configured from the environment: JOBGUARD_TEST_BROKER (amqp:// or redis://), DATABASE_URL,
 JOBGUARD_TEST_QUEUE.
+
+``credit`` has a ``timeout`` label of 4 s (the guard's budget is 90% of it) and retries a
+transient failure after 0.2 s, 0.4 s, ... (at most 1 s), up to 10 times: the retry tests stay
+short.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import os
 from typing import Any
 
 import asyncpg
-from taskiq import TaskiqEvents, TaskiqState
+from taskiq import TaskiqEvents, TaskiqMessage, TaskiqMiddleware, TaskiqResult, TaskiqState
 
 import jobguard
 import jobguard.taskiq
@@ -21,6 +25,7 @@ import kills
 URL = os.environ.get("DATABASE_URL", "")
 BROKER = os.environ["JOBGUARD_TEST_BROKER"]
 QUEUE = os.environ["JOBGUARD_TEST_QUEUE"]
+TIMEOUT_S = 4
 
 if BROKER.startswith("redis"):
     from taskiq_redis import RedisStreamBroker
@@ -40,7 +45,17 @@ else:
         dead_letter_queue=Queue(name=f"{QUEUE}.dead", type=QueueType.CLASSIC),
     )
 
-broker.add_middlewares(jobguard.taskiq.GuardMetrics())
+
+class AfterCommit(TaskiqMiddleware):
+    """Kills the worker when ``after-commit`` is armed: the task returned (committed), its
+    message is not acked yet."""
+
+    def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
+        if message.task_name == "credit" and message.args:
+            kills.die_here("after-commit", jobguard.key("credit", message.args[0]))
+
+
+broker.add_middlewares(jobguard.taskiq.GuardMetrics(), AfterCommit())
 pool: asyncpg.Pool | None = None
 
 
@@ -56,6 +71,7 @@ async def effect(conn: Any, key: str) -> None:
         "insert into deliveries (job_key, outcome, pid) values ($1, 'applied', $2)",
         key, os.getpid(),
     )
+    await kills.misbehave_async(conn, key)
     kills.die_here("before-commit", key)
 
 
@@ -63,26 +79,28 @@ def duplicate(outcome: jobguard.Duplicate, order: str) -> None:
     kills.record_duplicate(URL, jobguard.key("credit", order))
 
 
-@jobguard.taskiq.guarded(
-    key=lambda order: jobguard.key("credit", order), db=lambda: pool, on_duplicate=duplicate
-)
-async def guarded_credit(conn: Any, order: str) -> dict:
-    await effect(conn, jobguard.key("credit", order))
-    return {"credited": order}
+if kills.unguarded():
 
+    @broker.task(task_name="credit", timeout=TIMEOUT_S)
+    async def credit(order: str) -> dict:
+        async with pool.acquire() as conn, conn.transaction():
+            await effect(conn, jobguard.key("credit", order))
+        return {"credited": order}
 
-async def naive_credit(order: str) -> dict:
-    async with pool.acquire() as conn, conn.transaction():
+else:
+
+    @broker.task(task_name="credit", timeout=TIMEOUT_S)
+    @jobguard.taskiq.guarded(
+        key=lambda order: jobguard.key("credit", order),
+        db=lambda: pool,
+        on_duplicate=duplicate,
+        max_retries=10,
+        retry_backoff=0.2,
+        retry_backoff_max=1.0,
+    )
+    async def credit(conn: Any, order: str) -> dict:
         await effect(conn, jobguard.key("credit", order))
-    return {"credited": order}
-
-
-@broker.task(task_name="credit")
-async def credit(order: str) -> dict:
-    out = await (naive_credit if kills.unguarded() else guarded_credit)(order)
-    # Committed; the message is acked once the result is saved, after this returns.
-    kills.die_here("after-commit", jobguard.key("credit", order))
-    return out
+        return {"credited": order}
 
 
 @broker.task(task_name="nudge")

@@ -1,5 +1,11 @@
 """taskiq workers killed with SIGKILL, on RabbitMQ (aio-pika) and Redis Streams: the worker
-process manager starts a new worker, which takes the redelivery; one effect per key."""
+process manager starts a new worker, which takes the redelivery; one effect per key.
+
+And tasks whose transaction did not commit, run again: each key published once, every key's
+first delivery fails transiently (its connection terminated with ``pg_terminate_backend``, or a
+serialization failure raised by the server), the first key's second delivery sleeps past the
+task's ``timeout`` label (4 s), the second key's stops its worker with SIGSTOP for 10 s, past
+it. taskiq alone acks each of these failures and loses the key."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -23,6 +30,9 @@ BROKERS = {
 }
 KEYS = [f"o-{n}" for n in range(5)]
 PUBLISHED = 2
+RETRY_KEYS = [f"r-{n}" for n in range(6)]
+# Long enough to show a hang or a lost key; a passing run takes about 15 s.
+RETRY_LIMIT_S = 50
 
 
 def load_app(env: dict[str, str]):
@@ -44,11 +54,11 @@ def load_app(env: dict[str, str]):
                 os.environ[k] = v
 
 
-async def publish(app, count: int) -> None:
+async def publish(app, count: int, orders: list[str] = KEYS) -> None:
     await app.broker.startup()
     try:
         for _ in range(count):
-            for order in KEYS:
+            for order in orders:
                 await app.credit.kiq(order)
     finally:
         await app.broker.shutdown()
@@ -79,14 +89,13 @@ async def cleanup(broker: str, queue: str) -> None:
         await conn.close()
 
 
-@pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
-def test_killed_taskiq_workers_apply_each_key_once(broker, pg_url, tmp_path):
+def prepare_run(broker: str, pg_url: str, tmp_path: Path, keys_armed: Any) -> tuple:
+    """The flags armed, the producer's app and the worker's command and environment."""
     kills.require(BROKERS[broker])
     kills.prepare(pg_url)
     flags = tmp_path / "flags"
     flags.mkdir()
-    keys = [jobguard.key("credit", order) for order in KEYS]
-    kills.arm_both(flags, keys)
+    keys_armed(flags)
     queue = f"jobguard-test-{uuid.uuid4().hex[:8]}"
     env = {
         "DATABASE_URL": pg_url,
@@ -104,22 +113,52 @@ def test_killed_taskiq_workers_apply_each_key_once(broker, pg_url, tmp_path):
         sys.executable, "-m", "taskiq", "worker", "taskiq_app:broker", "--workers", "1",
         "--max-async-tasks", "1", "--ack-type", "when_saved", "--log-level", "INFO",
     ]
-    workers = kills.Workers(cmd, worker_env, tmp_path)
-    expected = kills.expected_finished(keys, PUBLISHED)
+    return flags, queue, app, cmd, worker_env
+
+
+def until(broker: str, app: Any, finished: Callable[[], bool]) -> Callable[[], bool]:
+    """``finished``, nudging a Redis Streams worker meanwhile: it claims idle messages only
+    after reading a new one."""
     last_nudge = [time.monotonic()]
 
     def done() -> bool:
-        if kills.finished(pg_url) >= expected:
+        if finished():
             return True
-        # Redis Streams: a worker claims idle messages only after reading a new one.
         if broker == "redis" and time.monotonic() - last_nudge[0] > 1:
             asyncio.run(nudge(app))
             last_nudge[0] = time.monotonic()
         return False
 
+    return done
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
+def test_killed_taskiq_workers_apply_each_key_once(broker, pg_url, tmp_path):
+    keys = [jobguard.key("credit", order) for order in KEYS]
+    flags, queue, app, cmd, env = prepare_run(
+        broker, pg_url, tmp_path, lambda flags: kills.arm_both(flags, keys)
+    )
+    workers = kills.Workers(cmd, env, tmp_path)
+    expected = kills.expected_finished(keys, PUBLISHED)
     try:
         asyncio.run(publish(app, PUBLISHED))
-        workers.run_until(done)
+        workers.run_until(until(broker, app, lambda: kills.finished(pg_url) >= expected))
         kills.check_exactly_once(pg_url, flags, keys, PUBLISHED, workers)
+    finally:
+        asyncio.run(cleanup(broker, queue))
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
+def test_transient_failures_and_timeouts_are_run_again(broker, pg_url, tmp_path):
+    keys = [jobguard.key("credit", order) for order in RETRY_KEYS]
+    flags, queue, app, cmd, env = prepare_run(
+        broker, pg_url, tmp_path,
+        lambda flags: kills.arm_retries(flags, keys, overrun_s=6, stop_s=10),
+    )
+    workers = kills.Workers(cmd, env, tmp_path, limit_s=RETRY_LIMIT_S)
+    try:
+        asyncio.run(publish(app, 1, RETRY_KEYS))
+        workers.run_until(until(broker, app, lambda: len(kills.effects(pg_url)) >= len(keys)))
+        kills.check_each_applied_once(pg_url, flags, keys, workers)
     finally:
         asyncio.run(cleanup(broker, queue))
