@@ -56,7 +56,10 @@ mod tests {
         assert_eq!(payload_problem(&at, "it", "enqueue"), None);
         let over = Value::String("x".repeat(MAX_PAYLOAD_BYTES - 1));
         let reason = payload_problem(&over, "it", "enqueue").expect("over the limit");
-        assert!(reason.starts_with("it is 1048577 bytes of JSON"), "{reason}");
+        assert!(
+            reason.starts_with("it is 1048577 bytes of JSON"),
+            "{reason}"
+        );
         assert!(reason.ends_with("enqueue a reference to it"), "{reason}");
     }
 
