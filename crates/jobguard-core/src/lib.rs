@@ -5,6 +5,7 @@
 //! - [`fingerprint`]: the canonical-JSON hash of a payload that tells a redelivery from a
 //!   reused key;
 //! - [`api_key`]: idempotency keys for external APIs, derived from a job key and a step;
+//! - [`payload`]: the size and NUL rules every job and outbox payload keeps;
 //! - [`retention`]: the horizon a guard retention must cover;
 //! - [`table`]: validated, quoted table names;
 //! - [`sql`]: the guard's statements and DDL per dialect, the very text the Rust guard runs;
@@ -32,6 +33,7 @@ pub mod api_key;
 pub mod duration;
 pub mod fingerprint;
 pub mod key;
+pub mod payload;
 pub mod retention;
 pub mod sql;
 pub mod table;

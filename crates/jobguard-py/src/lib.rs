@@ -1,8 +1,9 @@
 //! `jobguard._native`: the pure parts of jobguard for Python, from `jobguard-core`.
 //!
-//! Everything here is synchronous and touches no database: keys, fingerprints, API keys, the
-//! retention horizon and the guard's SQL text. The Python package runs that SQL on the caller's
-//! own connection, so a key, a fingerprint or a statement is the same from Rust and Python.
+//! Everything here is synchronous and touches no database: keys, fingerprints, the payload
+//! rules, API keys, the retention horizon and the guard's SQL text. The Python package runs
+//! that SQL on the caller's own connection, so a key, a fingerprint, a payload rule or a
+//! statement is the same from Rust and Python.
 //! Errors come out as `ValueError` with jobguard's message; the Python layer turns them into
 //! its typed errors.
 
@@ -11,6 +12,7 @@ use std::time::Duration;
 use jobguard_core::api_key::{ApiKey, ApiKeyFormat, KeyAlphabet};
 use jobguard_core::fingerprint::Fingerprint;
 use jobguard_core::key::{JobKey, MAX_KEY_LEN, MAX_KIND_LEN};
+use jobguard_core::payload::{MAX_PAYLOAD_BYTES, payload_problem};
 use jobguard_core::retention::{Backoff, Horizon};
 use jobguard_core::sql;
 use jobguard_core::table::TableName;
@@ -50,6 +52,15 @@ fn kind_of(encoded: &str) -> PyResult<String> {
 fn fingerprint<'py>(py: Python<'py>, json: &str) -> PyResult<Bound<'py, PyBytes>> {
     let fingerprint = Fingerprint::of_json(json).map_err(value_error)?;
     Ok(PyBytes::new(py, fingerprint.as_bytes()))
+}
+
+/// Why a job payload given as JSON text breaks the queue's payload rules (over
+/// `MAX_PAYLOAD_BYTES` of JSON, or a NUL character), phrased as the Rust queue phrases it;
+/// `None` when it keeps them. The size is of the JSON the Rust queue would store.
+#[pyfunction]
+fn payload_problem_of(json: &str) -> PyResult<Option<String>> {
+    let value: serde_json::Value = serde_json::from_str(json).map_err(value_error)?;
+    Ok(payload_problem(&value, "it", "enqueue"))
 }
 
 /// The idempotency key for `step` of the job `key` within `max_len` characters of `alphabet`
@@ -223,11 +234,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_key, m)?)?;
     m.add_function(wrap_pyfunction!(kind_of, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(payload_problem_of, m)?)?;
     m.add_function(wrap_pyfunction!(api_key, m)?)?;
     m.add_function(wrap_pyfunction!(horizon, m)?)?;
     m.add_function(wrap_pyfunction!(guard_sql, m)?)?;
     m.add_function(wrap_pyfunction!(queue_sql, m)?)?;
     m.add("MAX_KEY_LEN", MAX_KEY_LEN)?;
     m.add("MAX_KIND_LEN", MAX_KIND_LEN)?;
+    m.add("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES)?;
     Ok(())
 }

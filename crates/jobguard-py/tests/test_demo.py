@@ -64,3 +64,77 @@ def test_the_demo_reports_the_same_fields_as_the_rust_cli(sqlite_path, tmp_path)
         assert set(python_report[run]) == set(rust_report[run]) - {"first_error"}
         assert python_report[run]["effects"] == rust_report[run]["effects"]
     assert python_report["expected_balance_total"] == rust_report["expected_balance_total"]
+
+
+def run_demo(url: str, block_asyncpg: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python -m jobguard demo``, with ``import asyncpg`` failing as on an install without
+    the ``[asyncpg]`` extra when asked."""
+    block = "sys.modules['asyncpg'] = None; " if block_asyncpg else ""
+    code = f"import sys; {block}from jobguard.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, "demo", "--database-url", url],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+    )
+
+
+def test_the_demo_on_postgresql_drops_what_it_made(pg_url):
+    import psycopg
+
+    demo(pg_url)
+    with psycopg.connect(pg_url) as conn:
+        left = conn.execute(
+            "select n.nspname || '.' || c.relname from pg_class c "
+            "join pg_namespace n on n.oid = c.relnamespace "
+            "where c.relname like 'jobguard_demo%' or n.nspname like 'jobguard_demo%' "
+            "union all select nspname from pg_namespace where nspname like 'jobguard_demo%' "
+            "union all select proname from pg_proc where proname like 'jobguard_demo%'"
+        ).fetchall()
+    assert left == []
+
+
+def test_the_demo_on_sqlite_removes_the_file_it_created(tmp_path):
+    path = tmp_path / "demo.db"
+    demo(f"sqlite:{path}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_demo_on_an_existing_sqlite_file_drops_only_its_tables(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("create table orders (id integer primary key)")
+    conn.commit()
+    conn.close()
+    demo(f"sqlite:{path}")
+    conn = sqlite3.connect(path)
+    tables = [r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")]
+    conn.close()
+    assert tables == ["orders"]
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("no_asyncpg", "pip install 'jobguard[asyncpg]'"),
+        ("unreachable", "cannot connect to postgres://postgres@127.0.0.1:1/postgres"),
+        ("missing_database", 'database "jobguard_no_such_db" does not exist'),
+        ("unopenable_sqlite", "cannot open the SQLite database"),
+        ("unknown_scheme", "give postgres://user@host/db or sqlite:path.db"),
+    ],
+)
+def test_the_demo_reports_what_stops_it_in_one_line(case, expected, tmp_path):
+    from conftest import ADMIN_URL, _with_db
+
+    url = {
+        "no_asyncpg": ADMIN_URL,
+        "unreachable": "postgres://postgres@127.0.0.1:1/postgres",
+        "missing_database": _with_db(ADMIN_URL, "jobguard_no_such_db"),
+        "unopenable_sqlite": f"sqlite:{tmp_path / 'no-such-dir' / 'demo.db'}",
+        "unknown_scheme": "mysql://localhost/app",
+    }[case]
+    out = run_demo(url, block_asyncpg=case == "no_asyncpg")
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("python -m jobguard demo: ") and expected in lines[0], lines[0]

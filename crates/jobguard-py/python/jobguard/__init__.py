@@ -6,6 +6,7 @@ effect, on the caller's own connection: the effect commits once, and every other
 a duplicate. Keys, fingerprints and SQL come from jobguard's Rust core, so Python and Rust
 workers can share one guard table::
 
+    await jobguard.migrate(pool)  # once, at start: creates the guard table
     async with pool.acquire() as conn, conn.transaction():
         async with jobguard.guard(conn, jobguard.key("credit", order_id)) as g:
             if g.applied:
@@ -15,12 +16,14 @@ workers can share one guard table::
 from __future__ import annotations
 
 from ._enqueue import DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_sync
-from ._guard import DEFAULT_TABLE, Guard, guard, guard_sync, migrate, migrate_sync
+from ._guard import Guard, guard, guard_sync
+from ._migrate import DEFAULT_TABLE, migrate, migrate_sync
 from ._guarded import guarded
 from ._outcome import Applied, Duplicate
 from ._keys import (
     MAX_KEY_LEN,
     MAX_KIND_LEN,
+    MAX_PAYLOAD_BYTES,
     STRIPE,
     ApiKeyFormat,
     Horizon,
@@ -44,6 +47,7 @@ from .errors import (
     KeyReused,
     NotApplied,
     NotInTransaction,
+    NotMigrated,
     PayloadError,
     UnsupportedConnection,
 )
@@ -58,6 +62,7 @@ __all__ = [
     "DEFAULT_TABLE",
     "MAX_KEY_LEN",
     "MAX_KIND_LEN",
+    "MAX_PAYLOAD_BYTES",
     "STRIPE",
     "ApiKeyFormat",
     "Applied",
@@ -75,6 +80,7 @@ __all__ = [
     "KeyReused",
     "NotApplied",
     "NotInTransaction",
+    "NotMigrated",
     "PayloadError",
     "UnsupportedConnection",
     "api_key",

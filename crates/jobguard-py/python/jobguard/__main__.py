@@ -1,4 +1,7 @@
-"""``python -m jobguard demo|bench``: the guide's experiment and the guard's benchmark."""
+"""``python -m jobguard demo|bench``: the guide's experiment and the guard's benchmark.
+
+A database that cannot be reached or a driver that is not installed ends the command with one
+line on stderr and exit status 2, not a traceback."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import asyncio
 import json
 import os
 import sys
+
+from . import _demo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +38,24 @@ def main(argv: list[str] | None = None) -> int:
     if not args.database_url:
         parser.error("give --database-url, or set DATABASE_URL")
 
-    if args.command == "demo":
-        from . import _demo
+    try:
+        return _run(parser, args)
+    except _demo.DemoError as error:
+        return _fail(args.command, str(error))
+    except ModuleNotFoundError as error:
+        if error.name != "asyncpg":
+            raise
+        return _fail(args.command, "PostgreSQL needs the asyncpg driver: "
+                                   "pip install 'jobguard[asyncpg]'")
 
+
+def _fail(command: str, message: str) -> int:
+    print(f"python -m jobguard {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command == "demo":
         report = asyncio.run(_demo.run(args.database_url, jobs=args.jobs))
         print(json.dumps(report, indent=2) if args.json else _demo.render(report))
         return 0 if report["exactly_once"] else 1

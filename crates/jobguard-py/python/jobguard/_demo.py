@@ -5,24 +5,36 @@ PostgreSQL, sqlite3 connections in threads on SQLite), first by the naive job, w
 ledger row on every delivery, then by the job guarded with :func:`jobguard.guard`. The report
 has the fields of ``jobguard demo --json``; the run is exactly once when the guarded ledger has
 one row per job and the balances add up to the expected total.
+
+The demo drops what it made when it ends: on PostgreSQL everything lives in a schema of its
+own, dropped at the end; on SQLite its tables are dropped, and the file too when the demo
+created it. A database it cannot reach, or a driver that is not installed, is a
+:class:`DemoError`, which ``python -m jobguard demo`` prints as one line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import queue
 import sqlite3
 import time
 import urllib.parse
+import uuid
 from typing import Any, Awaitable, Callable
 
 from . import _keys
-from ._guard import guard, guard_sync, migrate, migrate_sync
+from ._guard import guard, guard_sync
+from ._migrate import migrate, migrate_sync
 
 NAIVE_LEDGER = "jobguard_demo_ledger_naive"
 GUARDED_LEDGER = "jobguard_demo_ledger_guarded"
 GUARD_TABLE = "jobguard_demo_processed_jobs"
+
+
+class DemoError(Exception):
+    """Why the demo could not start: a missing driver, a database it cannot open."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,51 +109,72 @@ async def deliver_all(
 
 
 class Postgres:
+    """An asyncpg pool; the demo's tables and guard functions in a schema of its own, dropped
+    when the demo ends."""
+
     backend = "postgres"
 
     def __init__(self, url: str, concurrency: int) -> None:
         self.url, self.concurrency = url, concurrency
+        self.schema = "jobguard_demo_" + uuid.uuid4().hex[:12]
+        self.naive_ledger = f"{self.schema}.{NAIVE_LEDGER}"
+        self.guarded_ledger = f"{self.schema}.{GUARDED_LEDGER}"
 
     async def __aenter__(self) -> "Postgres":
-        import asyncpg
-
-        self.pool = await asyncpg.create_pool(
-            self.url, min_size=self.concurrency, max_size=self.concurrency
-        )
-        async with self.pool.acquire() as conn:
-            for table in (NAIVE_LEDGER, GUARDED_LEDGER, GUARD_TABLE):
-                await conn.execute(f"drop table if exists {table}")
-            for table in (NAIVE_LEDGER, GUARDED_LEDGER):
-                await conn.execute(
-                    f"create table {table} (id bigserial primary key, account bigint not null, "
-                    "amount bigint not null)"
-                )
-            await migrate(conn, table=GUARD_TABLE)
+        try:
+            import asyncpg
+        except ImportError:
+            raise DemoError(
+                "PostgreSQL needs the asyncpg driver: pip install 'jobguard[asyncpg]'"
+            ) from None
+        try:
+            self.pool = await asyncpg.create_pool(
+                self.url, min_size=self.concurrency, max_size=self.concurrency
+            )
+        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise DemoError(f"cannot connect to {redact(self.url)}: {e}") from None
+        try:
+            async with self.pool.acquire() as conn:
+                await conn.execute(f"create schema {self.schema}")
+                for table in (self.naive_ledger, self.guarded_ledger):
+                    await conn.execute(
+                        f"create table {table} (id bigserial primary key, "
+                        "account bigint not null, amount bigint not null)"
+                    )
+                await migrate(conn, table=GUARD_TABLE, schema=self.schema)
+        except BaseException:
+            await self.__aexit__()
+            raise
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self.pool.close()
+        try:
+            await self.pool.execute(f"drop schema if exists {self.schema} cascade")
+        finally:
+            await self.pool.close()
 
     async def naive(self, credit: Credit) -> bool:
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                f"insert into {NAIVE_LEDGER} (account, amount) values ($1, $2)",
+                f"insert into {self.naive_ledger} (account, amount) values ($1, $2)",
                 credit.account, credit.amount,
             )
         return True
 
     async def guarded(self, credit: Credit) -> bool:
         async with self.pool.acquire() as conn, conn.transaction():
-            async with guard(conn, credit.key, table=GUARD_TABLE) as g:
+            async with guard(conn, credit.key, table=GUARD_TABLE, schema=self.schema) as g:
                 if g.applied:
                     await conn.execute(
-                        f"insert into {GUARDED_LEDGER} (account, amount) values ($1, $2)",
+                        f"insert into {self.guarded_ledger} (account, amount) values ($1, $2)",
                         credit.account, credit.amount,
                     )
         return g.applied
 
     async def read(self, table: str) -> tuple[int, int]:
-        row = await self.pool.fetchrow(f"select count(*), coalesce(sum(amount), 0) from {table}")
+        row = await self.pool.fetchrow(
+            f"select count(*), coalesce(sum(amount), 0) from {self.schema}.{table}"
+        )
         return int(row[0]), int(row[1])
 
 
@@ -154,6 +187,7 @@ class Sqlite:
     def __init__(self, path: str, concurrency: int) -> None:
         self.path, self.concurrency = path, concurrency
         self.conns: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
+        self.created_file = not os.path.exists(path)
 
     def connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -164,23 +198,45 @@ class Sqlite:
         return conn
 
     async def __aenter__(self) -> "Sqlite":
-        setup = self.connect()
-        for table in (NAIVE_LEDGER, GUARDED_LEDGER, GUARD_TABLE):
-            setup.execute(f"drop table if exists {table}")
-        for table in (NAIVE_LEDGER, GUARDED_LEDGER):
-            setup.execute(
-                f"create table {table} (id integer primary key, account integer not null, "
-                "amount integer not null)"
-            )
-        migrate_sync(setup, table=GUARD_TABLE)
+        try:
+            setup = self.connect()
+        except sqlite3.Error as error:
+            raise DemoError(f"cannot open the SQLite database {self.path!r}: {error}") from None
         self.conns.put(setup)
-        for _ in range(self.concurrency - 1):
-            self.conns.put(self.connect())
+        try:
+            for table in (NAIVE_LEDGER, GUARDED_LEDGER, GUARD_TABLE):
+                setup.execute(f"drop table if exists {table}")
+            for table in (NAIVE_LEDGER, GUARDED_LEDGER):
+                setup.execute(
+                    f"create table {table} (id integer primary key, account integer not null, "
+                    "amount integer not null)"
+                )
+            migrate_sync(setup, table=GUARD_TABLE)
+            for _ in range(self.concurrency - 1):
+                self.conns.put(self.connect())
+        except BaseException:
+            await self.__aexit__()
+            raise
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        conns = []
         while not self.conns.empty():
-            self.conns.get().close()
+            conns.append(self.conns.get())
+        try:
+            if self.created_file:
+                return
+            for table in (NAIVE_LEDGER, GUARDED_LEDGER, GUARD_TABLE):
+                conns[0].execute(f"drop table if exists {table}")
+        finally:
+            for conn in conns:
+                conn.close()
+            if self.created_file:
+                for suffix in ("", "-wal", "-shm"):
+                    try:
+                        os.remove(self.path + suffix)
+                    except FileNotFoundError:
+                        pass
 
     def _in_tx(self, body: Callable[[sqlite3.Connection], bool]) -> bool:
         conn = self.conns.get()
@@ -238,7 +294,7 @@ def database_for(url: str, concurrency: int) -> Postgres | Sqlite:
     if url.startswith("sqlite:"):
         path = url.removeprefix("sqlite:").removeprefix("//")
         return Sqlite(path.split("?")[0], concurrency)
-    raise SystemExit(f"--database-url {url!r}: give postgres://user@host/db or sqlite:path.db")
+    raise DemoError(f"--database-url {url!r}: give postgres://user@host/db or sqlite:path.db")
 
 
 async def run(url: str, jobs: int = 100, deliveries: int = 3, concurrency: int = 20) -> dict:

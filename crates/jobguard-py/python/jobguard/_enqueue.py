@@ -4,10 +4,12 @@ A Python web app hands work to Rust workers transactionally: the job row commits
 request's writes, or neither exists. The statements are the Rust ``Queue::enqueue_tx``'s own,
 from the core, and so is the rule: one live (available or running) job per key, enforced by the
 queue's unique index; enqueueing a key a live job holds returns that job, and a live job with
-another kind or payload under the key is :class:`KeyReused`.
+another kind or payload under the key is :class:`KeyReused`. The payload rules (at most
+``MAX_PAYLOAD_BYTES`` of JSON, no NUL character) are the core's too, checked before anything is
+written: a payload that breaks them is :class:`PayloadError`.
 
 The queue's tables are created by the Rust side (any ``jobguard worker`` or ``Queue`` migrates
-them on start).
+them on start); enqueueing before they exist is :class:`NotMigrated`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 from . import _keys
 from ._drivers import Driver, driver_for
-from .errors import KeyReused, UnsupportedConnection
+from ._migrate import is_not_migrated
+from .errors import KeyReused, NotMigrated, UnsupportedConnection
 
 DEFAULT_QUEUE = "default"
 DEFAULT_QUEUE_TABLE = "jobguard_jobs"
@@ -56,6 +59,7 @@ class _Job:
             raise ValueError(f"delay must be >= 0 seconds, not {delay!r}")
         self.kind, self.key, self.queue = kind, key, queue
         self.text = _keys.to_json(payload)
+        _keys.check_job_payload(key, self.text)
         self.value = json.loads(self.text)
         self.sql = _keys.queue_sql(d.dialect, table, schema)
         self.params = [kind, key, queue, self.text, max_attempts, int(delay * 1_000_000)]
@@ -70,6 +74,14 @@ class _Job:
                 "key, or wait for that job to finish",
             )
         return Enqueued(int(job_id), False)
+
+    def raise_if_not_migrated(self, error: Exception, table: str) -> None:
+        if is_not_migrated(error):
+            raise NotMigrated(
+                f"the queue table `{table}` does not exist or was made by an older jobguard; "
+                "nothing was enqueued: the Rust side creates the queue's tables, so start a "
+                "`jobguard worker` (or migrate a Rust `Queue`) on this database once first"
+            ) from error
 
     def lost(self) -> Exception:
         return RuntimeError(f"the live job of `{self.key}` kept changing while enqueueing")
@@ -86,7 +98,9 @@ async def enqueue(
     Visible to workers when the transaction commits; nothing is enqueued if it rolls back.
     ``key`` names the business operation (default: derived from ``kind`` and the payload's
     fingerprint); a key an available or running job holds returns that job
-    (``inserted=False``). ``delay`` is in seconds, by the database clock.
+    (``inserted=False``). ``delay`` is in seconds, by the database clock. A payload over
+    ``MAX_PAYLOAD_BYTES`` of JSON or with a NUL character raises :class:`PayloadError`, and
+    nothing is written.
     """
     d = driver_for(conn)
     if not d.is_async:
@@ -94,7 +108,11 @@ async def enqueue(
     d.check()
     job = _Job(d, kind, payload, key, queue, max_attempts, delay, table, schema)
     for _ in range(_ROUNDS):
-        row = await d.fetchone(job.sql["enqueue"], job.params)
+        try:
+            row = await d.fetchone(job.sql["enqueue"], job.params)
+        except Exception as error:
+            job.raise_if_not_migrated(error, table)
+            raise
         if row is not None:
             if "notify" in job.sql:
                 await d.execute(job.sql["notify"], [job.sql["notify_channel"], job.queue])
@@ -117,7 +135,11 @@ def enqueue_sync(
     d.check()
     job = _Job(d, kind, payload, key, queue, max_attempts, delay, table, schema)
     for _ in range(_ROUNDS):
-        row = d.fetchone(job.sql["enqueue"], job.params)
+        try:
+            row = d.fetchone(job.sql["enqueue"], job.params)
+        except Exception as error:
+            job.raise_if_not_migrated(error, table)
+            raise
         if row is not None:
             if "notify" in job.sql:
                 d.execute(job.sql["notify"], [job.sql["notify_channel"], job.queue])

@@ -16,12 +16,13 @@ import os
 from typing import Any
 
 from . import _keys
-from ._drivers import Driver, driver_for
+from ._drivers import driver_for
+from ._migrate import DEFAULT_TABLE, is_not_migrated, migrate, migrate_sync, not_migrated
 from ._outcome import Duplicate
 from .errors import GuardVanished, HeldNotRead, KeyReused, NotApplied, UnsupportedConnection
 from .metrics import record_outcome
 
-DEFAULT_TABLE = "processed_jobs"
+__all__ = ["DEFAULT_TABLE", "Guard", "guard", "guard_sync", "migrate", "migrate_sync"]
 _UNSET = object()
 
 
@@ -63,7 +64,7 @@ class Guard:
 
     __slots__ = (
         "_driver", "key", "kind", "_fingerprint", "_sql", "applied", "_held", "_result",
-        "_encoded",
+        "_encoded", "_table", "_schema",
     )
 
     def __init__(self, conn: Any, key: str, payload: Any, table: str, schema: str | None):
@@ -76,6 +77,7 @@ class Guard:
         self.kind = _keys.kind_of(key)
         self._fingerprint = None if payload is None else _keys.fingerprint_bytes(payload)
         self._sql = _keys.guard_sql(driver.dialect, table, schema)
+        self._table, self._schema = table, schema
         self.applied = False
         # What the earlier delivery left, once read: a Duplicate.
         self._held: Duplicate | None = None
@@ -184,6 +186,12 @@ class Guard:
         record_outcome(self.kind, "applied")
         return self._result is not _UNSET
 
+    def _raise_if_not_migrated(self, error: Exception) -> None:
+        """Raises :class:`NotMigrated` when the claim failed for want of the guard table (or
+        its function); any other failure is the driver's own to raise."""
+        if is_not_migrated(error):
+            raise not_migrated(self._table, self._schema, error) from error
+
     # Sync
     def __enter__(self) -> "Guard":
         d = self._driver
@@ -192,7 +200,12 @@ class Guard:
                 f"{d.name} is asynchronous: use `async with jobguard.guard(...)`"
             )
         d.check()
-        if not self._claimed(d.fetchone(*self._claim())):
+        try:
+            row = d.fetchone(*self._claim())
+        except Exception as error:
+            self._raise_if_not_migrated(error)
+            raise
+        if not self._claimed(row):
             self._read(d.fetchone(self._sql["record"], [self.key]))
         return self
 
@@ -210,7 +223,12 @@ class Guard:
                 f"{d.name} is synchronous: use `with jobguard.guard_sync(...)`"
             )
         d.check()
-        if not self._claimed(await d.fetchone(*self._claim())):
+        try:
+            row = await d.fetchone(*self._claim())
+        except Exception as error:
+            self._raise_if_not_migrated(error)
+            raise
+        if not self._claimed(row):
             self._read(await d.fetchone(self._sql["record"], [self.key]))
         return self
 
@@ -240,56 +258,3 @@ def guard_sync(
     """``with jobguard.guard_sync(conn, key, payload) as g:`` on a psycopg, SQLAlchemy or
     sqlite3 connection, inside the transaction the caller opened; see :func:`guard`."""
     return Guard(conn, key, payload, table, schema)
-
-
-def _migration(d: Driver, table: str, schema: str | None):
-    """The migration's statements in the Rust library's order. A step whose params are
-    ``_CHECK`` reads the table's marker: when it is this schema's, the rest is skipped (a
-    `create index if not exists` would still wait for every transaction writing the table)."""
-    sql = _keys.guard_sql(d.dialect, table, schema)
-    if d.dialect == "postgres":
-        yield sql["migrated"], [sql["quoted"], sql["marker"]], True
-        yield sql["migrate_lock"], [sql["migrate_lock_key"]], False
-        yield sql["migrated"], [sql["quoted"], sql["marker"]], True
-        yield sql["migrate_lock_timeout"], [], False
-        for statement in sql["create"]:
-            yield statement, [], False
-        yield sql["mark_migrated"], [], False
-    else:
-        for statement in sql["create"]:
-            yield statement, [], False
-
-
-async def migrate(conn: Any, *, table: str = DEFAULT_TABLE, schema: str | None = None) -> None:
-    """Creates the guard table (and on PostgreSQL its claim function) exactly as the Rust
-    library does: the same statements, the same per-table lock and schema marker, so the two
-    libraries can migrate one database in any order. Idempotent. Runs in the caller's
-    transaction when one is open (as a savepoint where the driver nests), else in its own."""
-    d = driver_for(conn)
-    if not d.is_async:
-        raise UnsupportedConnection(f"{d.name} is synchronous: use jobguard.migrate_sync")
-    steps = list(_migration(d, table, schema))
-    async with d.transaction():
-        for statement, params, is_check in steps:
-            if is_check:
-                row = await d.fetchone(statement, params)
-                if row is not None and row[0]:
-                    return
-            else:
-                await d.execute(statement, params)
-
-
-def migrate_sync(conn: Any, *, table: str = DEFAULT_TABLE, schema: str | None = None) -> None:
-    """:func:`migrate` for psycopg, SQLAlchemy and sqlite3 connections."""
-    d = driver_for(conn)
-    if d.is_async:
-        raise UnsupportedConnection(f"{d.name} is asynchronous: use `await jobguard.migrate`")
-    steps = list(_migration(d, table, schema))
-    with d.transaction():
-        for statement, params, is_check in steps:
-            if is_check:
-                row = d.fetchone(statement, params)
-                if row is not None and row[0]:
-                    return
-            else:
-                d.execute(statement, params)

@@ -12,6 +12,8 @@ from .errors import InvalidFormat, InvalidKey, InvalidName, PayloadError
 
 MAX_KEY_LEN: int = _native.MAX_KEY_LEN
 MAX_KIND_LEN: int = _native.MAX_KIND_LEN
+#: The largest job payload, as JSON bytes, the queue accepts (the Rust queue's limit).
+MAX_PAYLOAD_BYTES: int = _native.MAX_PAYLOAD_BYTES
 
 
 def _part(index: int, part: object) -> str:
@@ -62,6 +64,15 @@ def to_json(value: Any, what: str = "payload") -> str:
         return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as error:
         raise PayloadError(f"the {what} is not JSON-serialisable: {error}") from None
+
+
+def check_job_payload(key: str, text: str) -> None:
+    """Refuses a job payload (its JSON ``text``) that breaks the Rust queue's rules: over
+    :data:`MAX_PAYLOAD_BYTES` of JSON, or a NUL character. The rule and its message are the
+    core's, so Python refuses what Rust refuses."""
+    reason = _native.payload_problem_of(text)
+    if reason is not None:
+        raise PayloadError(f"the payload of job `{key}` cannot be enqueued: {reason}")
 
 
 def fingerprint_bytes(payload: Any) -> bytes:

@@ -28,7 +28,15 @@ class InvalidFormat(Error, ValueError):
 
 
 class PayloadError(Error, TypeError):
-    """A payload or a result is not JSON-serialisable; nothing was written."""
+    """A payload or a result is not JSON-serialisable, or a job's payload breaks the queue's
+    rules (over ``MAX_PAYLOAD_BYTES`` of JSON, or a NUL character, which PostgreSQL cannot
+    store): the Rust core's own rule. Nothing was written."""
+
+
+class NotMigrated(Error):
+    """The guard table (or the queue's) does not exist, or was made by an older jobguard;
+    nothing was written. Run ``await jobguard.migrate(db)`` (sync: ``jobguard.migrate_sync``)
+    once before the first guard, e.g. when the worker starts."""
 
 
 class UnsupportedConnection(Error, TypeError):
