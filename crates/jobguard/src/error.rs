@@ -74,6 +74,25 @@ pub enum Error {
         state: String,
     },
 
+    /// An enqueue whose policy replaces a waiting job or else rejects
+    /// ([`OnConflict::ReplaceOrReject`](crate::unique::OnConflict::ReplaceOrReject)) found the
+    /// job holding its key no longer waiting: a worker holds it, or it finished. That job keeps
+    /// its payload; nothing was enqueued or replaced.
+    #[error(
+        "job key `{key}` is held by job {existing_id}, which no longer waits ({state}): it keeps \
+         its payload, and this payload was neither enqueued nor replaced; enqueue it again once \
+         job {existing_id} has left the key, or with on-conflict replace to accept the payload \
+         kept"
+    )]
+    ReplaceRejected {
+        /// The key as stored, with any queue and period appended.
+        key: String,
+        /// The job that holds the key.
+        existing_id: i64,
+        /// Its state when the enqueue found it: `running` while a worker holds it.
+        state: String,
+    },
+
     /// The payload could not be turned into JSON for its fingerprint.
     #[error("the payload of job `{key}` cannot be serialized to JSON: {source}")]
     Payload {

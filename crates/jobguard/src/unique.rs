@@ -15,7 +15,8 @@
 //!   (and two effects).
 //! - **on conflict**: return the job that holds the key (the default), reject the enqueue with
 //!   [`Error::EnqueueRejected`], or replace the payload and run time of that job while it still
-//!   waits.
+//!   waits: keeping a job that no longer waits as it is ([`OnConflict::Replace`]) or refusing
+//!   with [`Error::ReplaceRejected`] ([`OnConflict::ReplaceOrReject`]).
 //!
 //! The database enforces it: the states are stored with each job (`unique_states`) and a
 //! partial unique index keeps one job per key among those whose state their own policy
@@ -174,6 +175,11 @@ pub enum OnConflict {
     /// (`replaced: false`, with its state): it runs, or ran, with the payload it had. Another
     /// kind under the key is [`Error::KeyReused`].
     Replace,
+    /// [`Replace`](OnConflict::Replace) while the holder waits; a holder that no longer waits
+    /// (a worker holds it, or it finished) refuses the enqueue with [`Error::ReplaceRejected`]
+    /// instead of returning it: for a producer whose latest payload must win, and which must
+    /// know when it did not.
+    ReplaceOrReject,
 }
 
 impl OnConflict {
@@ -183,6 +189,7 @@ impl OnConflict {
             OnConflict::Return => "return",
             OnConflict::Reject => "reject",
             OnConflict::Replace => "replace",
+            OnConflict::ReplaceOrReject => "replace-or-reject",
         }
     }
 }
@@ -201,10 +208,11 @@ impl FromStr for OnConflict {
             "return" => Ok(OnConflict::Return),
             "reject" => Ok(OnConflict::Reject),
             "replace" => Ok(OnConflict::Replace),
+            "replace-or-reject" => Ok(OnConflict::ReplaceOrReject),
             other => Err(Error::InvalidUnique {
                 setting: "on-conflict action",
                 given: other.to_owned(),
-                reason: "use return, reject or replace".to_owned(),
+                reason: "use return, reject, replace or replace-or-reject".to_owned(),
             }),
         }
     }

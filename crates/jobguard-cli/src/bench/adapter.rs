@@ -34,7 +34,7 @@ use serde_json::json;
 use sqlx::{PgPool, Postgres};
 
 use self::window::Window;
-use super::queue::jobs::epoch_micros;
+use super::jobs::epoch_micros;
 
 /// The queue's table in the benchmark's database.
 pub const JOBS: &str = "jobguard_adapter_jobs";

@@ -20,10 +20,11 @@ use jobguard::broker::rabbitmq::RabbitSink;
 use jobguard::broker::redis::RedisSink;
 use jobguard::broker::sqs::SqsSink;
 use jobguard::broker::{Consumer, ConsumerConfig, ConsumerStats, Envelope};
-use jobguard::{Guard, GuardConfig, Job, JobError, JobKey, KeyError, Outcome, TableName};
-use serde::{Deserialize, Serialize};
+use jobguard::{Guard, GuardConfig, JobKey, Outcome, TableName};
+use serde::Serialize;
 use sqlx::{Executor, Pool};
 
+use super::jobs::BenchCredit;
 use crate::broker::{Broker, Endpoint, OffsetPolicy};
 use crate::database::{DEFAULT_URL, Database};
 use crate::demo::ledger::{BENCH_LEDGER, Ledger, LedgerDb};
@@ -124,27 +125,6 @@ pub struct Run {
 pub struct Skipped {
     pub broker: Broker,
     pub reason: String,
-}
-
-/// The credit job of the benchmark, appending to its own ledger; batchable.
-#[derive(Serialize, Deserialize)]
-struct BenchCredit {
-    n: u64,
-    amount: i64,
-}
-
-impl<DB: LedgerDb> Job<DB> for BenchCredit {
-    const KIND: &'static str = "bench-credit";
-    const BATCH: bool = true;
-
-    fn key(&self) -> Result<JobKey, KeyError> {
-        JobKey::new("bench-credit", [format!("order-{}", self.n)])
-    }
-
-    async fn run(&self, conn: &mut DB::Connection) -> Result<(), JobError> {
-        DB::append(conn, Ledger::Bench, 7, self.amount).await?;
-        Ok(())
-    }
 }
 
 /// Runs `jobguard bench brokers`.

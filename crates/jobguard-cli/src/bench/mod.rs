@@ -10,6 +10,7 @@ pub mod brokers;
 pub mod contention;
 pub mod enqueue;
 pub mod guard;
+pub(crate) mod jobs;
 pub mod prune;
 pub mod queue;
 pub mod soak;

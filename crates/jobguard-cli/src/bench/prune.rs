@@ -143,12 +143,12 @@ static APPLIED: AtomicU64 = AtomicU64::new(0);
 
 /// A credit keyed by a hash, appending to the benchmark's ledger.
 #[derive(Serialize, Deserialize)]
-struct BenchCredit {
+struct PruneCredit {
     n: u64,
     key: String,
 }
 
-impl Job<Postgres> for BenchCredit {
+impl Job<Postgres> for PruneCredit {
     const KIND: &'static str = KIND;
 
     fn key(&self) -> Result<JobKey, KeyError> {
@@ -469,7 +469,7 @@ fn worker(
         },
         ..WorkerConfig::default()
     };
-    Ok(Worker::with_config(queue.clone(), config)?.register::<BenchCredit>())
+    Ok(Worker::with_config(queue.clone(), config)?.register::<PruneCredit>())
 }
 
 /// Fresh tables: the queue, the guard and the ledger.

@@ -4,7 +4,6 @@
 //! jobs arrive at a steady rate.
 
 mod drain;
-pub(crate) mod jobs;
 mod pgbench;
 mod pickup;
 
@@ -13,8 +12,8 @@ use serde::Serialize;
 use sqlx::{Executor, Pool};
 
 use self::drain::{BATCH_LINGER, WorkerShape, drain, enqueue, reset, warm_up};
-use self::jobs::{BenchCredit, BenchNoop};
 use self::pickup::{Latency, Pickup};
+use super::jobs::{BenchCredit, BenchNoop};
 use super::median;
 use crate::demo::ledger::{Ledger, LedgerDb};
 

@@ -242,7 +242,7 @@ async fn produce(
     rate: u32,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let run = super::queue::jobs::epoch_micros();
+    let run = super::jobs::epoch_micros();
     let started = Instant::now();
     let mut sent = 0u64;
     loop {

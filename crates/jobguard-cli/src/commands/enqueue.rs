@@ -51,7 +51,9 @@ pub struct EnqueueArgs {
     #[arg(long)]
     unique_by_queue: bool,
     /// What to do when a job already holds the key: return it (the default), reject (exit 1
-    /// naming it), or replace its payload and run time while it still waits.
+    /// naming it), replace its payload and run time while it still waits (a job a worker holds,
+    /// or a finished one, keeps its payload: said on stderr, exit 0), or replace-or-reject
+    /// (replace while it waits, else exit 1 naming it).
     #[arg(long, value_name = "ACTION", default_value = "return", value_parser = parse_on_conflict)]
     on_conflict: OnConflict,
     #[command(flatten)]
@@ -90,7 +92,8 @@ struct EnqueueReport {
     existing_state: Option<JobState>,
     /// True when the waiting job that held the key took this payload and run time.
     replaced: bool,
-    /// True when the enqueue was refused (`--on-conflict reject`): the exit code is 1.
+    /// True when the enqueue was refused (`--on-conflict reject`, or `replace-or-reject` and
+    /// the job holding the key no longer waits): the exit code is 1.
     rejected: bool,
     kind: String,
     /// The key as stored, with the queue and period appended when asked for.
@@ -174,9 +177,14 @@ async fn run<DB: Backend>(
     let queue = Queue::new(pool.clone());
     let enqueued = match enqueue_creating(&queue, job).await {
         Ok(enqueued) => Ok(enqueued),
-        Err(jobguard::Error::EnqueueRejected {
-            existing_id, state, ..
-        }) => Err((existing_id, state.parse::<JobState>().ok())),
+        Err(
+            jobguard::Error::EnqueueRejected {
+                existing_id, state, ..
+            }
+            | jobguard::Error::ReplaceRejected {
+                existing_id, state, ..
+            },
+        ) => Err((existing_id, state.parse::<JobState>().ok())),
         Err(jobguard::Error::KeyReused { key }) => {
             return Err(anyhow!(
                 "job key `{key}` is held by a job with another payload or kind: nothing was \
@@ -214,6 +222,13 @@ async fn run<DB: Backend>(
             queue: args.queue.clone(),
         },
     };
+    if let Some(why) = kept_payload(args.on_conflict, &report) {
+        eprintln!(
+            "warning: job {} ({}) kept its payload, as {why}: the payload given was not enqueued \
+             (replaced: false); use --on-conflict replace-or-reject to have this fail",
+            report.id, report.key
+        );
+    }
     if !builtin_jobs::KINDS.contains(&args.kind.as_str()) {
         eprintln!(
             "note: `jobguard worker` runs only {}; jobs of kind `{}` need a worker of your own \
@@ -234,8 +249,8 @@ async fn run<DB: Backend>(
         } else if report.rejected {
             format!(
                 "job key `{}` is taken by job {} ({state}): nothing was enqueued \
-                 (--on-conflict reject)\n",
-                report.key, report.id
+                 (--on-conflict {})\n",
+                report.key, report.id, args.on_conflict
             )
         } else if report.replaced {
             format!(
@@ -267,6 +282,21 @@ async fn run<DB: Backend>(
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+/// Why a `--on-conflict replace` left the payload of the job holding the key as it was, when
+/// it did: the producer's payload was dropped, though the exit code is 0.
+fn kept_payload(action: OnConflict, report: &EnqueueReport) -> Option<String> {
+    if action != OnConflict::Replace || report.inserted || report.replaced {
+        return None;
+    }
+    Some(match report.existing_state {
+        Some(JobState::Running) => "a worker holds it (running)".to_owned(),
+        Some(state @ (JobState::Completed | JobState::Dead)) => {
+            format!("it has finished ({state}) and its unique policy keeps the key")
+        }
+        _ => "it no longer waits".to_owned(),
     })
 }
 

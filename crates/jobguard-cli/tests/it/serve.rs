@@ -142,28 +142,27 @@ fn totals(figures: &Value, kind: &str) -> (u64, u64) {
 type Series = BTreeMap<(String, BTreeMap<String, String>), f64>;
 
 fn parse_metrics(text: &str) -> Series {
-    let mut series = Series::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (name_labels, value) = line.rsplit_once(' ').expect("name and value");
-        let (name, labels) = match name_labels.split_once('{') {
-            Some((name, labels)) => (name, labels.trim_end_matches('}')),
-            None => (name_labels, ""),
-        };
-        let labels = labels
-            .split(',')
-            .filter(|pair| !pair.is_empty())
-            .map(|pair| {
-                let (key, value) = pair.split_once('=').expect("label=value");
-                (key.to_owned(), value.trim_matches('"').to_owned())
-            })
-            .collect();
-        series.insert((name.to_owned(), labels), value.parse().expect("a number"));
-    }
-    series
+    let lines = text.lines().map(|line| Ok(line.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("a Prometheus text exposition");
+    scrape
+        .samples
+        .into_iter()
+        .filter_map(|sample| {
+            // A histogram's `_sum` and `_count` come as samples of their own; its buckets are
+            // not compared.
+            let value = match sample.value {
+                prometheus_parse::Value::Counter(value)
+                | prometheus_parse::Value::Gauge(value)
+                | prometheus_parse::Value::Untyped(value) => value,
+                prometheus_parse::Value::Histogram(_) | prometheus_parse::Value::Summary(_) => {
+                    return None;
+                }
+            };
+            let labels = sample.labels.iter();
+            let labels = labels.map(|(key, value)| (key.clone(), value.clone()));
+            Some(((sample.metric, labels.collect()), value))
+        })
+        .collect()
 }
 
 /// The values of one metric, by the values of its labels.

@@ -1,10 +1,14 @@
 //! `jobguard enqueue` under unique policies: the flags, their errors, the JSON report, and
 //! several enqueue processes at once inserting one job.
 
+use std::time::Duration;
+
+use jobguard::{Backend, Queue};
 use serde_json::{Value, json};
+use sqlx::Pool;
 
 use crate::common::Db;
-use crate::each_backend;
+use crate::{each_backend, on_pool};
 
 const FEE: [&str; 5] = ["enqueue", "fee", "--key", "fee:acct-7", "--payload"];
 
@@ -107,7 +111,7 @@ fn enqueue_takes_a_policy_and_reports_what_it_did(db: &Db) {
         ),
         (
             &["--on-conflict", "ignore"][..],
-            "use return, reject or replace",
+            "use return, reject, replace or replace-or-reject",
         ),
     ] {
         let refused = enqueue(db, r#"{"a": 3}"#, flags);
@@ -128,6 +132,56 @@ fn enqueue_takes_a_policy_and_reports_what_it_did(db: &Db) {
         "{stored}"
     );
     assert_eq!(daily.json["inserted"], true);
+}
+
+/// Leases the one waiting job, as a worker does, and returns its id.
+async fn hold<DB: Backend>(pool: Pool<DB>) -> i64 {
+    let leased = Queue::new(pool)
+        .fetch("default", 1, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1, "one job waits");
+    leased[0].lease.job_id
+}
+
+each_backend!(replace_says_on_stderr_when_a_worker_holds_the_job);
+fn replace_says_on_stderr_when_a_worker_holds_the_job(db: &Db) {
+    let replace = ["--on-conflict", "replace"];
+    let first = enqueue(db, r#"{"a": 1}"#, &replace);
+    assert!(first.ok, "{}", first.stderr);
+    let id = on_pool!(db, |pool| hold(pool.clone()));
+    assert_eq!(first.json["id"], id);
+
+    // Exit 0, as before, but the dropped payload is said on stderr.
+    let kept = enqueue(db, r#"{"a": 2}"#, &replace);
+    assert!(kept.ok, "{}", kept.stderr);
+    assert_eq!(
+        (&kept.json["replaced"], &kept.json["existing_state"]),
+        (&json!(false), &json!("running"))
+    );
+    let warnings: Vec<&str> = kept
+        .stderr
+        .lines()
+        .filter(|line| line.starts_with("warning:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{}", kept.stderr);
+    assert!(
+        warnings[0].contains(&format!("job {id} (fee:acct-7) kept its payload"))
+            && warnings[0].contains("a worker holds it"),
+        "{}",
+        warnings[0]
+    );
+
+    // replace-or-reject: exit 1, naming the job; its payload is still the first one.
+    let refused = enqueue(db, r#"{"a": 2}"#, &["--on-conflict", "replace-or-reject"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", refused.stderr);
+    assert_eq!(
+        (&refused.json["rejected"], &refused.json["existing_id"]),
+        (&json!(true), &json!(id))
+    );
+    assert!(!refused.stderr.contains("warning:"), "{}", refused.stderr);
+    let key = db.json(&["key", "fee:acct-7"]);
+    assert_eq!(key["jobs"][0]["replaced"], 0, "{key}");
 }
 
 each_backend!(concurrent_enqueue_processes_insert_one_job);

@@ -172,7 +172,8 @@ impl<DB: Backend> Queue<DB> {
 
     /// What `job`'s enqueue does about `holder`, the job holding its key, by the job's
     /// [`OnConflict`]: return it, refuse, or replace its payload and run time while it waits
-    /// (then announced as `announce` says, when given).
+    /// (then announced as `announce` says, when given) and, when it no longer waits, return it
+    /// or refuse.
     async fn settle_conflict(
         &self,
         conn: &mut DB::Connection,
@@ -187,7 +188,7 @@ impl<DB: Backend> Queue<DB> {
                 existing_id: holder.id,
                 state: holder.state.to_string(),
             }),
-            OnConflict::Replace => {
+            action @ (OnConflict::Replace | OnConflict::ReplaceOrReject) => {
                 if holder.kind != job.kind {
                     return Err(Error::KeyReused { key: holder.key });
                 }
@@ -213,6 +214,13 @@ impl<DB: Backend> Queue<DB> {
                         .map_or(holder.state, |now| now.state),
                     false => holder.state,
                 };
+                if action == OnConflict::ReplaceOrReject {
+                    return Err(Error::ReplaceRejected {
+                        key: holder.key,
+                        existing_id: holder.id,
+                        state: state.to_string(),
+                    });
+                }
                 Ok(Enqueued {
                     id: holder.id,
                     inserted: false,

@@ -253,14 +253,84 @@ impl<DB: Backend> Pruner<DB> {
         &self,
         progress: &mut (impl FnMut(&PruneReport) -> ControlFlow<()> + Send),
     ) -> Result<PruneReport> {
-        let started = Instant::now();
+        let mut run = Run {
+            report: PruneReport::default(),
+            started: Instant::now(),
+            progress,
+        };
         let pool = self.guard.pool();
-        let table = self.guard.table();
-        let table_label = table.to_string();
         let cutoff = DB::prune_cutoff(pool, self.retention.keep()).await?;
-        let mut report = PruneReport::default();
-        // Each batch starts where the last one ended, rather than at the start of the index
-        // where the entries of the rows just deleted still wait for vacuum.
+        let guard_label = self.guard.table().to_string();
+        let guard_rows = self.batches(
+            &mut run,
+            cutoff,
+            Rows::Guard,
+            &guard_label,
+            |batch| async move {
+                let _writer = self.guard.write_turn().await;
+                Ok(DB::prune_guard(pool, self.guard.sql(), batch).await?)
+            },
+        );
+        if guard_rows.await?.is_break() {
+            return Ok(run.report);
+        }
+        if let Some(steps) = &self.steps {
+            let steps_label = steps.table().to_string();
+            let step_rows = self.batches(
+                &mut run,
+                cutoff,
+                Rows::Steps,
+                &steps_label,
+                |batch| async move {
+                    let _writer = self.guard.write_turn().await;
+                    // Steps are deleted oldest first by a plain limit: no keyset to carry on.
+                    let deleted = steps.prune_batch(batch.cutoff, batch.limit).await?;
+                    Ok(Pruned {
+                        deleted,
+                        last: None,
+                    })
+                },
+            );
+            if step_rows.await?.is_break() {
+                return Ok(run.report);
+            }
+        }
+        let Some(queue) = &self.jobs else {
+            return Ok(run.report);
+        };
+        let jobs_label = queue.sql().table.to_string();
+        let (completed, dead) = self.job_cutoffs().await?;
+        for (state, rows, cutoff) in [
+            (JobState::Completed, Rows::CompletedJobs, completed),
+            (JobState::Dead, Rows::DeadJobs, dead),
+        ] {
+            // The queue takes the writer's turn itself.
+            let jobs = self.batches(&mut run, cutoff, rows, &jobs_label, |batch| {
+                queue.prune_finished(state, batch)
+            });
+            if jobs.await?.is_break() {
+                break;
+            }
+        }
+        Ok(run.report)
+    }
+
+    /// Deletes `rows` older than `cutoff` with `delete`, one batch at a time, until a batch
+    /// comes back short ([`ControlFlow::Continue`]: on to the next table) or `progress` asks to
+    /// stop ([`ControlFlow::Break`]). Each batch starts where the last one ended, rather than at
+    /// the start of the index, where the entries of the rows just deleted still wait for vacuum.
+    async fn batches<F, Fut>(
+        &self,
+        run: &mut Run<'_, impl FnMut(&PruneReport) -> ControlFlow<()> + Send>,
+        cutoff: i64,
+        rows: Rows,
+        label: &str,
+        mut delete: F,
+    ) -> Result<ControlFlow<()>>
+    where
+        F: FnMut(PruneBatch) -> Fut,
+        Fut: Future<Output = Result<Pruned>>,
+    {
         let mut after = FAR_PAST_MICROS;
         loop {
             let batch_started = Instant::now();
@@ -269,102 +339,21 @@ impl<DB: Backend> Pruner<DB> {
                 after,
                 limit: self.batch,
             };
-            let Pruned { deleted, last } = {
-                let _writer = self.guard.write_turn().await;
-                DB::prune_guard(pool, self.guard.sql(), batch).await?
-            };
+            let Pruned { deleted, last } = delete(batch).await?;
             let took = batch_started.elapsed();
             after = last.unwrap_or(after);
-            record_pruned(&table_label, deleted);
-            report.guard_rows += deleted;
-            match self
-                .after_batch(&mut report, started, deleted, took, progress)
-                .await
-            {
-                AfterBatch::Stop => return Ok(report),
-                AfterBatch::Done => break,
-                AfterBatch::Next => {}
+            record_pruned(label, deleted);
+            *rows.count(&mut run.report) += deleted;
+            run.report.batches += 1;
+            run.report.elapsed = run.started.elapsed();
+            if (run.progress)(&run.report).is_break() {
+                return Ok(ControlFlow::Break(()));
             }
-        }
-        if let Some(steps) = &self.steps {
-            let steps_label = steps.table().to_string();
-            loop {
-                let batch_started = Instant::now();
-                let deleted = {
-                    let _writer = self.guard.write_turn().await;
-                    steps.prune_batch(cutoff, self.batch).await?
-                };
-                let took = batch_started.elapsed();
-                record_pruned(&steps_label, deleted);
-                report.step_rows += deleted;
-                match self
-                    .after_batch(&mut report, started, deleted, took, progress)
-                    .await
-                {
-                    AfterBatch::Stop => return Ok(report),
-                    AfterBatch::Done => break,
-                    AfterBatch::Next => {}
-                }
+            if deleted < u64::from(self.batch) {
+                return Ok(ControlFlow::Continue(()));
             }
+            self.rest(took).await;
         }
-        let Some(queue) = &self.jobs else {
-            return Ok(report);
-        };
-        let jobs_label = queue.sql().table.to_string();
-        let (completed, dead) = self.job_cutoffs().await?;
-        for (state, cutoff) in [(JobState::Completed, completed), (JobState::Dead, dead)] {
-            // As with guard rows: each batch starts where the last one ended.
-            let mut after = FAR_PAST_MICROS;
-            loop {
-                let batch_started = Instant::now();
-                // The queue takes the writer's turn itself.
-                let batch = PruneBatch {
-                    cutoff,
-                    after,
-                    limit: self.batch,
-                };
-                let Pruned { deleted, last } = queue.prune_finished(state, batch).await?;
-                let took = batch_started.elapsed();
-                after = last.unwrap_or(after);
-                record_pruned(&jobs_label, deleted);
-                match state {
-                    JobState::Dead => report.dead_jobs += deleted,
-                    _ => report.completed_jobs += deleted,
-                }
-                match self
-                    .after_batch(&mut report, started, deleted, took, progress)
-                    .await
-                {
-                    AfterBatch::Stop => return Ok(report),
-                    AfterBatch::Done => break,
-                    AfterBatch::Next => {}
-                }
-            }
-        }
-        Ok(report)
-    }
-
-    /// Counts a batch of `deleted` rows, which took `took`, and says what comes next: stop when
-    /// `progress` asks to, leave the loop after a short batch (the table has no more), or rest
-    /// and go on.
-    async fn after_batch(
-        &self,
-        report: &mut PruneReport,
-        started: Instant,
-        deleted: u64,
-        took: Duration,
-        progress: &mut (impl FnMut(&PruneReport) -> ControlFlow<()> + Send),
-    ) -> AfterBatch {
-        report.batches += 1;
-        report.elapsed = started.elapsed();
-        if progress(report).is_break() {
-            return AfterBatch::Stop;
-        }
-        if deleted < u64::from(self.batch) {
-            return AfterBatch::Done;
-        }
-        self.rest(took).await;
-        AfterBatch::Next
     }
 
     /// The pause after a batch that took `took`.
@@ -373,12 +362,29 @@ impl<DB: Backend> Pruner<DB> {
     }
 }
 
-/// What a prune loop does after a batch.
-enum AfterBatch {
-    /// `progress` asked to stop: return the report as it is.
-    Stop,
-    /// The batch was short: this table or state is done.
-    Done,
-    /// Another batch.
-    Next,
+/// A run's report so far, when it started, and the caller's progress callback.
+struct Run<'a, P> {
+    report: PruneReport,
+    started: Instant,
+    progress: &'a mut P,
+}
+
+/// The rows a run of batches deletes: the report's count it adds to.
+#[derive(Clone, Copy)]
+enum Rows {
+    Guard,
+    Steps,
+    CompletedJobs,
+    DeadJobs,
+}
+
+impl Rows {
+    fn count(self, report: &mut PruneReport) -> &mut u64 {
+        match self {
+            Rows::Guard => &mut report.guard_rows,
+            Rows::Steps => &mut report.step_rows,
+            Rows::CompletedJobs => &mut report.completed_jobs,
+            Rows::DeadJobs => &mut report.dead_jobs,
+        }
+    }
 }

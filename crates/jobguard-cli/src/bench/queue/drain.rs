@@ -8,7 +8,7 @@ use jobguard::queue::NewJob;
 use jobguard::{Backend, GuardConfig, Queue, TableName, Worker, WorkerConfig, WorkerStats};
 use sqlx::{Executor, Pool};
 
-use super::jobs::{BenchCredit, BenchNoop, BenchPickup};
+use crate::bench::jobs::{BenchCredit, BenchNoop, BenchPickup};
 use crate::demo::ledger::{BENCH_LEDGER, LedgerDb};
 
 pub const JOBS: &str = "jobguard_bench_jobs";

@@ -13,7 +13,7 @@ use jobguard::queue::NewJob;
 use tokio::time::MissedTickBehavior;
 
 use super::drain::{POLL_INTERVAL, WorkerShape, check, worker};
-use super::jobs::{BenchPickup, PICKUPS, epoch_micros};
+use crate::bench::jobs::{BenchPickup, PICKUPS, epoch_micros};
 use crate::demo::ledger::LedgerDb;
 
 /// How long the offered load lasts at most: `jobs` is capped at the rate times this.

@@ -1,15 +1,20 @@
-//! A headless Chromium driven over WebDriver, for the dashboard's test: Debian's chromium and
-//! chromedriver, found or installed when running as root; every process killed when dropped.
+//! A headless Chromium driven over WebDriver with fantoccini, for the dashboard's test: Debian's
+//! chromium and chromedriver, found or installed when running as root; every process killed
+//! when dropped. The tests are plain `#[test]`s, so the session's calls block, on a runtime the
+//! driver keeps (fantoccini's session runs as a task on it).
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
+use fantoccini::error::CmdError;
+use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
 
-use super::{block_on, free_port};
+use super::free_port;
 
 /// The longest any wait on the browser may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -85,6 +90,10 @@ impl Browser {
             chromium: self.chromium.clone(),
             profile,
             browser: Mutex::new(None),
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a tokio runtime"),
         };
         let started = Instant::now();
         while !driver.ready() {
@@ -110,11 +119,13 @@ pub struct Driver {
     profile: PathBuf,
     /// The browser's process, killed with the driver in case the session could not close it.
     browser: Mutex<Option<u32>>,
+    /// Where the sessions' calls run, and fantoccini's task for each session with them.
+    rt: tokio::runtime::Runtime,
 }
 
 impl Driver {
     pub fn session(&self) -> Session<'_> {
-        let capabilities = json!({"capabilities": {"alwaysMatch": {
+        let capabilities = json!({
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": self.chromium,
@@ -125,33 +136,44 @@ impl Driver {
                     format!("--user-data-dir={}", self.profile.display()),
                 ],
             },
-        }}});
-        let created = webdriver(
-            "POST",
-            &format!("{}/session", self.base),
-            Some(&capabilities),
-        );
-        let session = &created["value"];
-        if let Some(pid) = session["capabilities"]["goog:processID"].as_u64() {
+        });
+        let Value::Object(capabilities) = capabilities else {
+            unreachable!("an object")
+        };
+        // Plain HTTP to the chromedriver on localhost: no TLS, so no second crypto provider.
+        let client = self
+            .block_on(
+                ClientBuilder::new(HttpConnector::new())
+                    .capabilities(capabilities)
+                    .connect(&self.base),
+            )
+            .unwrap_or_else(|error| panic!("no WebDriver session: {error}"));
+        if let Some(pid) = client
+            .capabilities()
+            .and_then(|capabilities| capabilities.get("goog:processID")?.as_u64())
+        {
             *self.browser.lock().unwrap() = Some(pid as u32);
         }
-        let id = session["sessionId"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no WebDriver session: {created}"))
-            .to_owned();
-        Session { driver: self, id }
+        Session {
+            driver: self,
+            client: Some(client),
+        }
     }
-}
 
-impl Driver {
     pub fn ready(&self) -> bool {
-        block_on(async {
+        self.block_on(async {
             let Ok(response) = reqwest::get(format!("{}/status", self.base)).await else {
                 return false;
             };
             let status: Value = response.json().await.unwrap_or(Value::Null);
             status["value"]["ready"] == true
         })
+    }
+
+    fn block_on<T>(&self, future: impl Future<Output = T>) -> T {
+        self.rt
+            .block_on(async { tokio::time::timeout(DEADLINE, future).await })
+            .expect("the browser answered in time")
     }
 }
 
@@ -172,25 +194,28 @@ impl Drop for Driver {
 /// A WebDriver session: one headless Chromium, closed when dropped.
 pub struct Session<'d> {
     driver: &'d Driver,
-    id: String,
+    /// `None` once closed.
+    client: Option<Client>,
 }
 
 impl Session<'_> {
-    pub fn url(&self, path: &str) -> String {
-        format!("{}/session/{}{path}", self.driver.base, self.id)
+    fn client(&self) -> &Client {
+        self.client.as_ref().expect("the session is open")
+    }
+
+    /// Runs a WebDriver command that must succeed.
+    fn run<T>(&self, what: &str, command: impl Future<Output = Result<T, CmdError>>) -> T {
+        self.driver
+            .block_on(command)
+            .unwrap_or_else(|error| panic!("WebDriver {what} failed: {error}"))
     }
 
     pub fn navigate(&self, url: &str) {
-        webdriver("POST", &self.url("/url"), Some(&json!({"url": url})));
+        self.run("navigate", self.client().goto(url));
     }
 
     pub fn script(&self, script: &str) -> Value {
-        webdriver(
-            "POST",
-            &self.url("/execute/sync"),
-            Some(&json!({"script": script, "args": []})),
-        )["value"]
-            .clone()
+        self.run("script", self.client().execute(script, Vec::new()))
     }
 
     pub fn wait_for_script(
@@ -213,66 +238,39 @@ impl Session<'_> {
         }
     }
 
-    /// The element matching `css`, found again if the page re-rendered it.
-    pub fn element(&self, css: &str) -> String {
-        let started = Instant::now();
-        loop {
-            let found = webdriver_answer(
-                "POST",
-                &self.url("/element"),
-                Some(&json!({"using": "css selector", "value": css})),
-            );
-            if let Some(id) = found["value"]
-                .as_object()
-                .and_then(|element| element.values().next())
-                .and_then(Value::as_str)
-            {
-                return id.to_owned();
-            }
-            assert!(started.elapsed() < DEADLINE, "no element {css}: {found}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    /// Clicks the element matching `css` with a real pointer click, found again (and clicked
+    /// again) if the dashboard re-rendered it in between.
+    pub fn click(&self, css: &str) {
+        self.retry(css, "click", |client| async move {
+            client.find(Locator::Css(css)).await?.click().await
+        });
     }
 
-    /// Clicks the element matching `css` with a real pointer click, again if the dashboard
-    /// re-rendered it in between.
-    pub fn click(&self, css: &str) {
+    /// Types `text` into the element matching `css`, found again if the page re-rendered it.
+    pub fn type_into(&self, css: &str, text: &str) {
+        self.retry(css, "type into", |client| async move {
+            client.find(Locator::Css(css)).await?.send_keys(text).await
+        });
+    }
+
+    /// Runs `action` on the element matching `css` until it succeeds: the element may not be
+    /// rendered yet, or be replaced by a re-render between finding and acting.
+    fn retry<'c, F>(&'c self, css: &str, what: &str, action: impl Fn(&'c Client) -> F)
+    where
+        F: Future<Output = Result<(), CmdError>>,
+    {
         let started = Instant::now();
         loop {
-            let element = self.element(css);
-            let clicked = webdriver_answer(
-                "POST",
-                &self.url(&format!("/element/{element}/click")),
-                Some(&json!({})),
-            );
-            if clicked["value"].is_null() {
+            let Err(error) = self.driver.block_on(action(self.client())) else {
                 return;
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "cannot click {css}: {clicked}"
-            );
+            };
+            assert!(started.elapsed() < DEADLINE, "cannot {what} {css}: {error}");
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    pub fn type_into(&self, css: &str, text: &str) {
-        let element = self.element(css);
-        webdriver(
-            "POST",
-            &self.url(&format!("/element/{element}/value")),
-            Some(&json!({"text": text})),
-        );
-    }
-
     pub fn screenshot(&self, path: &Path) {
-        let encoded = webdriver("GET", &self.url("/screenshot"), None)["value"]
-            .as_str()
-            .expect("a base64 screenshot")
-            .to_owned();
-        let png = base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .expect("valid base64");
+        let png = self.run("screenshot", self.client().screenshot());
         assert!(png.starts_with(b"\x89PNG"), "not a PNG");
         std::fs::write(path, png).unwrap();
     }
@@ -280,34 +278,10 @@ impl Session<'_> {
 
 impl Drop for Session<'_> {
     fn drop(&mut self) {
-        let _ = webdriver_answer("DELETE", &self.url(""), None);
+        if let Some(client) = self.client.take() {
+            // No panic here: the test may be failing already.
+            let closed = async { tokio::time::timeout(DEADLINE, client.close()).await };
+            let _ = self.driver.rt.block_on(closed);
+        }
     }
-}
-
-/// A WebDriver command that must succeed.
-fn webdriver(method: &str, url: &str, body: Option<&Value>) -> Value {
-    let answer = webdriver_answer(method, url, body);
-    assert!(
-        answer["value"].get("error").is_none(),
-        "WebDriver {method} {url} failed: {answer}"
-    );
-    answer
-}
-
-/// A WebDriver command's answer, errors included.
-fn webdriver_answer(method: &str, url: &str, body: Option<&Value>) -> Value {
-    block_on(async {
-        let client = reqwest::Client::new();
-        let request = match method {
-            "POST" => client.post(url).json(body.unwrap_or(&json!({}))),
-            "DELETE" => client.delete(url),
-            _ => client.get(url),
-        };
-        let response = request
-            .timeout(DEADLINE)
-            .send()
-            .await
-            .expect("reach chromedriver");
-        response.json().await.unwrap_or(Value::Null)
-    })
 }

@@ -1,6 +1,6 @@
 //! Unique-job policies: the states that keep a key, the period and queue in the key, and what
-//! a repeated enqueue does (return, reject, replace); enforced by the unique indexes, so
-//! concurrent and transactional enqueues insert one job per key.
+//! a repeated enqueue does (return, reject, replace, replace or reject); enforced by the unique
+//! indexes, so concurrent and transactional enqueues insert one job per key.
 
 use jobguard::unique::{OnConflict, UniqueOpts, UniqueStates};
 
@@ -173,6 +173,69 @@ async fn replace_rewrites_a_waiting_job_and_returns_a_running_one_as_it_is<DB: T
         .await
         .unwrap_err();
     assert!(matches!(reused, Error::KeyReused { .. }), "{reused}");
+}
+
+backends!(fn replace_or_reject_refuses_when_the_holder_no_longer_waits);
+async fn replace_or_reject_refuses_when_the_holder_no_longer_waits<DB: TestDb>() {
+    let Some((pool, queue)) = open::<DB>("unique_replace_or_reject", 4).await else {
+        return;
+    };
+    let opts = kept("available,running,completed");
+    let latest = |amount: i64| {
+        NewJob::new(key("credit", 1), &json!({"amount": amount}))
+            .unwrap()
+            .unique(opts.on_conflict(OnConflict::ReplaceOrReject))
+    };
+    let first = queue
+        .enqueue(&latest(1).unique(opts).delay(HOUR))
+        .await
+        .unwrap();
+    // While it waits: replaced, as Replace does.
+    let replaced = queue.enqueue(&latest(2)).await.unwrap();
+    assert_eq!((replaced.id, replaced.replaced), (first.id, true));
+    let leased = fetch_one::<DB>(&queue, LONG).await;
+    assert_eq!(leased.payload, json!({"amount": 2}));
+
+    // A worker holds it: refused, naming the job, and the payload is the one it fetched.
+    let refused = queue.enqueue(&latest(3)).await.unwrap_err();
+    assert!(
+        matches!(&refused, Error::ReplaceRejected { existing_id, state, .. }
+            if *existing_id == first.id && state == "running"),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("it keeps its payload"),
+        "{refused}"
+    );
+    assert_eq!(
+        row::<DB>(&queue, first.id).await.payload,
+        json!({"amount": 2})
+    );
+    // Inside a batch, the refusal fails the batch: nothing of it is written.
+    let refused = queue
+        .enqueue_many(&[credit(2, opts), latest(3)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, Error::ReplaceRejected { .. }),
+        "{refused}"
+    );
+    assert_eq!(job_rows::<DB>(&pool).await, 1);
+    complete::<DB>(&pool, &queue, leased.lease).await.unwrap();
+
+    // Finished, and kept by its policy: refused too.
+    let mut tx = pool.begin().await.unwrap();
+    let refused = queue.enqueue_tx(&mut tx, &latest(4)).await.unwrap_err();
+    tx.rollback().await.unwrap();
+    assert!(
+        matches!(&refused, Error::ReplaceRejected { existing_id, state, .. }
+            if *existing_id == first.id && state == "completed"),
+        "{refused}"
+    );
+    assert_eq!(
+        "replace-or-reject".parse::<OnConflict>().unwrap(),
+        OnConflict::ReplaceOrReject
+    );
 }
 
 backends!(fn a_period_puts_the_run_times_period_in_the_key);

@@ -1,6 +1,6 @@
-//! The benchmark's job kinds: a no-op, the seed's credit, and the credit that records how long
-//! it waited to be picked up. All three opt in to batches; a worker whose `batch_size` is 1
-//! still runs each in its own transaction.
+//! The benchmarks' job kinds: a no-op, the seed's credit (the queue's and the brokers'
+//! benchmarks), and the credit that records how long it waited to be picked up. All three opt
+//! in to batches; a worker whose `batch_size` is 1 still runs each in its own transaction.
 
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
