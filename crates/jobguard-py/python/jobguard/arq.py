@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 from arq.worker import Retry
 
-from . import _guarded, _retry
+from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
 
 __all__ = ["guarded"]
@@ -93,6 +93,7 @@ def guarded(
     max_tries: int = 5,
     retry_backoff: float = 1.0,
     retry_backoff_max: float = 60.0,
+    migrate: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wraps an arq job ``fn(ctx, conn, *args, **kwargs)`` into ``job(ctx, *args, **kwargs)``
     that runs ``fn`` in one transaction with its guard row, once per key. ``key`` and
@@ -100,7 +101,8 @@ def guarded(
     ``on_duplicate(ctx, duplicate, *args, **kwargs)`` (sync or async) is called when a
     delivery finds its key applied. A run that did not commit for a transient reason, or ran
     past ``timeout`` seconds (``None``: no budget), raises ``arq.worker.Retry`` until try
-    ``max_tries``; see the module."""
+    ``max_tries``; see the module. With ``migrate``, the first run in a process creates the
+    guard table on ``db`` (``jobguard.migrate``) if it is missing."""
     policy = _retry.RetryPolicy(max(max_tries - 1, 0), retry_backoff, retry_backoff_max)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -111,7 +113,15 @@ def guarded(
             async def body(conn: Any, *a: Any, **k: Any) -> Any:
                 return await fn(ctx, conn, *a, **k)
 
-            run = _guarded.guarded(key=key, db=target, payload=payload, table=table)(body)
+            guarded_body = _guarded.guarded(key=key, db=target, payload=payload, table=table)(body)
+
+            async def run(*a: Any, **k: Any) -> Any:
+                if not migrate:
+                    return await guarded_body(*a, **k)
+                return await _migrate_once.run_migrated(
+                    target, table, lambda: guarded_body(*a, **k)
+                )
+
             loop = asyncio.get_running_loop()
             started = loop.time()
             try:

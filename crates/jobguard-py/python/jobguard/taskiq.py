@@ -61,7 +61,7 @@ from taskiq import Context, TaskiqDepends, TaskiqMessage, TaskiqMiddleware, Task
 from taskiq.exceptions import NoResultError
 from taskiq.labels import prepare_label
 
-from . import _guarded, _retry
+from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
 
 __all__ = ["GuardMetrics", "guarded"]
@@ -91,6 +91,7 @@ def guarded(
     max_retries: int = 5,
     retry_backoff: float = 1.0,
     retry_backoff_max: float = 60.0,
+    migrate: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wraps a task ``fn(conn, *args, **kwargs)`` into ``task(*args, **kwargs)`` that runs
     ``fn`` in one transaction with its guard row, once per key; put it under
@@ -98,7 +99,9 @@ def guarded(
     arguments; ``on_duplicate(duplicate, *args, **kwargs)`` (sync or async) is called when a
     delivery finds its key applied. A delivery that did not commit for a transient reason, or
     ran past its budget (``timeout`` seconds, else 90% of the task's ``timeout`` label, else
-    none), is sent again up to ``max_retries`` times; see the module."""
+    none), is sent again up to ``max_retries`` times; see the module. With ``migrate``, the
+    first delivery in a process creates the guard table on ``db`` (``jobguard.migrate``) if it
+    is missing."""
     policy = _retry.RetryPolicy(max_retries, retry_backoff, retry_backoff_max)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,7 +117,13 @@ def guarded(
                 context = None  # called directly, not by a worker: nothing to send again
             budget = _budget(timeout, context)
             target = db() if callable(db) else db
-            run = _guarded.guarded(key=key, db=target, payload=payload, table=table)(fn)
+            guarded_fn = _guarded.guarded(key=key, db=target, payload=payload, table=table)(fn)
+
+            async def run(*a: Any, **k: Any) -> Any:
+                if not migrate:
+                    return await guarded_fn(*a, **k)
+                return await _migrate_once.run_migrated(target, table, lambda: guarded_fn(*a, **k))
+
             loop = asyncio.get_running_loop()
             started = loop.time()
             try:
