@@ -21,6 +21,10 @@ function of ``ctx`` returning one), claims the key and calls the job with the tr
 connection after ``ctx``. A duplicate does not call the job: it returns the result the first
 delivery stored, which arq keeps as this job's result.
 
+With ``migrate=True`` (the default) the first run in a process creates the guard table on
+``db`` if it is missing; a database user that may not create tables gets one line at error, and
+the job raises ``NotMigrated``, retried as below until the table is migrated by another user.
+
 Why arq needs it: a job whose worker dies stays in the queue and runs again once its
 in-progress marker expires (``job_timeout`` + 10 s), while its first attempt may have committed.
 ``_job_id`` dedupes an enqueue only while the job or its result exists (``keep_result``, an hour

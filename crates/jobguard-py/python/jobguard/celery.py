@@ -39,6 +39,12 @@ retry the job is reported (logged at error with its key, counted as
 Any other exception is Celery's own business: no retry unless the task asks for one
 (``autoretry_for``, ``self.retry``), and the message is acked per ``acks_on_failure_or_timeout``.
 
+The guard table is created on ``guard_db`` when each pool process starts (in a thread, on
+``worker_process_init``) and before a process's first task (``guard_migrate``, default on): a
+worker on a fresh database applies its first task. A database user that may not create tables
+gets one line at error when the pool process starts, and its tasks raise ``NotMigrated``, which
+is retried as above until the table is migrated by another user.
+
 The signature Celery checks a call against (``typing``) is the task's without ``conn``:
 ``credit.delay("order-8812", 500)`` and ``credit.apply_async(("order-8812", 500))``.
 

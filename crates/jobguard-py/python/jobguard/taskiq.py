@@ -17,6 +17,11 @@ without ``conn``, opens a transaction on ``db`` (an asyncpg pool, a SQLAlchemy
 one, for a pool made at worker startup), claims the key and calls the task with the
 transaction's connection first. A duplicate does not call it and returns the stored result.
 
+With ``migrate=True`` (the default) the first delivery in a process creates the guard table
+on ``db`` if it is missing; a database user that may not create tables gets one line at error,
+and the task raises ``NotMigrated``, sent again as below until the table is migrated by another
+user.
+
 A guard has to wrap the task, not sit in a middleware: taskiq's middlewares see a message
 before and after it runs, but cannot skip it. ``GuardMetrics`` is the middleware's part: it
 labels each result ``jobguard=applied|duplicate`` and logs duplicates; the outcome counter
