@@ -3,11 +3,11 @@
 The guard makes a second run of a job safe: it is a duplicate if the first one committed and
 applies if it did not. So a delivery whose transaction failed for a reason that may pass (a
 serialization failure, a deadlock, a lock timeout, a lost connection, a busy SQLite file, a time
-limit) is run again, after a bounded exponential backoff, until it commits or has been retried
-``max_retries`` times; then it is reported (logged at error with its key, and counted as
-``jobguard_job_retries_total{outcome="exhausted"}``) and left to the framework's own failure
-handling. The framework integrations (``jobguard.celery``, ``jobguard.arq``,
-``jobguard.taskiq``) share this module; each decides how a job is run again.
+limit, a guard table not migrated yet) is run again, after a bounded exponential backoff, until
+it commits or has been retried ``max_retries`` times; then it is reported (logged at error with
+its key, and counted as ``jobguard_job_retries_total{outcome="exhausted"}``) and left to the
+framework's own failure handling. The framework integrations (``jobguard.celery``,
+``jobguard.arq``, ``jobguard.taskiq``) share this module; each decides how a job is run again.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sqlite3
 from typing import Any
 
 from . import _keys
-from .errors import GuardVanished
+from .errors import GuardVanished, NotMigrated
 from .metrics import record_retry
 
 #: PostgreSQL errors after which the same transaction may commit when run again:
@@ -67,6 +67,9 @@ def _reason_of(e: BaseException) -> str | None:
         return "connection invalidated"
     if isinstance(e, GuardVanished):
         return "guard row vanished"
+    if isinstance(e, NotMigrated):
+        # Fixed by running the migration, which the error names: retried meanwhile.
+        return "guard table not migrated"
     if isinstance(e, ConnectionError):
         return "connection lost"
     module = type(e).__module__.split(".")[0]

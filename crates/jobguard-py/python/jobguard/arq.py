@@ -21,6 +21,10 @@ function of ``ctx`` returning one), claims the key and calls the job with the tr
 connection after ``ctx``. A duplicate does not call the job: it returns the result the first
 delivery stored, which arq keeps as this job's result.
 
+With ``migrate=True`` (the default) the first run in a process creates the guard table on
+``db`` if it is missing; a database user that may not create tables gets one line at error, and
+the job raises ``NotMigrated``, retried as below until the table is migrated by another user.
+
 Why arq needs it: a job whose worker dies stays in the queue and runs again once its
 in-progress marker expires (``job_timeout`` + 10 s), while its first attempt may have committed.
 ``_job_id`` dedupes an enqueue only while the job or its result exists (``keep_result``, an hour
@@ -53,7 +57,7 @@ from typing import Any, Callable
 
 from arq.worker import Retry
 
-from . import _guarded, _retry
+from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
 
 __all__ = ["guarded"]
@@ -93,6 +97,7 @@ def guarded(
     max_tries: int = 5,
     retry_backoff: float = 1.0,
     retry_backoff_max: float = 60.0,
+    migrate: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wraps an arq job ``fn(ctx, conn, *args, **kwargs)`` into ``job(ctx, *args, **kwargs)``
     that runs ``fn`` in one transaction with its guard row, once per key. ``key`` and
@@ -100,7 +105,8 @@ def guarded(
     ``on_duplicate(ctx, duplicate, *args, **kwargs)`` (sync or async) is called when a
     delivery finds its key applied. A run that did not commit for a transient reason, or ran
     past ``timeout`` seconds (``None``: no budget), raises ``arq.worker.Retry`` until try
-    ``max_tries``; see the module."""
+    ``max_tries``; see the module. With ``migrate``, the first run in a process creates the
+    guard table on ``db`` (``jobguard.migrate``) if it is missing."""
     policy = _retry.RetryPolicy(max(max_tries - 1, 0), retry_backoff, retry_backoff_max)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -111,7 +117,15 @@ def guarded(
             async def body(conn: Any, *a: Any, **k: Any) -> Any:
                 return await fn(ctx, conn, *a, **k)
 
-            run = _guarded.guarded(key=key, db=target, payload=payload, table=table)(body)
+            guarded_body = _guarded.guarded(key=key, db=target, payload=payload, table=table)(body)
+
+            async def run(*a: Any, **k: Any) -> Any:
+                if not migrate:
+                    return await guarded_body(*a, **k)
+                return await _migrate_once.run_migrated(
+                    target, table, lambda: guarded_body(*a, **k)
+                )
+
             loop = asyncio.get_running_loop()
             started = loop.time()
             try:

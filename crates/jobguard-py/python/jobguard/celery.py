@@ -39,6 +39,12 @@ retry the job is reported (logged at error with its key, counted as
 Any other exception is Celery's own business: no retry unless the task asks for one
 (``autoretry_for``, ``self.retry``), and the message is acked per ``acks_on_failure_or_timeout``.
 
+The guard table is created on ``guard_db`` when each pool process starts (in a thread, on
+``worker_process_init``) and before a process's first task (``guard_migrate``, default on): a
+worker on a fresh database applies its first task. A database user that may not create tables
+gets one line at error when the pool process starts, and its tasks raise ``NotMigrated``, which
+is retried as above until the table is migrated by another user.
+
 The signature Celery checks a call against (``typing``) is the task's without ``conn``:
 ``credit.delay("order-8812", 500)`` and ``credit.apply_async(("order-8812", 500))``.
 
@@ -52,18 +58,20 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 from typing import Any, Callable
 
 from billiard.einfo import ExceptionWithTraceback
-from celery import Task
+from celery import Task, signals
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from . import _guarded, _retry
+from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
+from .errors import NotMigrated
 
-__all__ = ["GuardedRequest", "GuardedTask"]
+__all__ = ["GuardedRequest", "GuardedTask", "migrate_guarded_tasks"]
 
 log = logging.getLogger("jobguard.celery")
 
@@ -151,6 +159,10 @@ class GuardedTask(Task):
     #: The first retry's wait in seconds, doubled at each retry up to guard_retry_backoff_max.
     guard_retry_backoff: float = 1.0
     guard_retry_backoff_max: float = 60.0
+    #: Whether the worker creates the guard table (``jobguard.migrate_sync(guard_db)``) when
+    #: its pool process starts and before the first guarded call; ``False`` when a separate
+    #: step migrates and the workers' database user may not create tables.
+    guard_migrate: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -175,7 +187,12 @@ class GuardedTask(Task):
             key=key, db=db, payload=payload, table=self.guard_table
         )(self._run_in_transaction)
         try:
-            outcome = body(*args, **kwargs)
+            if self.guard_migrate:
+                outcome = _migrate_once.run_migrated_sync(
+                    db, self.guard_table, lambda: body(*args, **kwargs)
+                )
+            else:
+                outcome = body(*args, **kwargs)
         except Exception as exc:
             reason = _reason(exc)
             if reason is None:
@@ -232,3 +249,43 @@ class GuardedTask(Task):
             "task %s[%s]: duplicate delivery, first applied at %s",
             self.name, request_id, duplicate.first_applied_at,
         )
+
+
+def migrate_guarded_tasks(app: Any = None) -> None:
+    """Creates the guard table of every :class:`GuardedTask` of ``app`` (the current app by
+    default) that has ``guard_migrate``, once per ``guard_db`` and table in this process.
+
+    Run in a thread when ``worker_process_init`` fires: in each prefork pool process after the
+    fork (and once in a solo pool), so a database that cannot be migrated is reported in one line at
+    error when the worker starts rather than at its first task. A failure is logged, not
+    raised: the tasks migrate again before their first call, and are retried meanwhile."""
+    if app is None:
+        from celery import current_app as app
+    seen: set[tuple[int, str]] = set()
+    for task in list(app.tasks.values()):
+        if not isinstance(task, GuardedTask) or not task.guard_migrate:
+            continue
+        db = task._static("guard_db")
+        if db is None or (id(db), task.guard_table) in seen:
+            continue
+        seen.add((id(db), task.guard_table))
+        try:
+            _migrate_once.migrate_once_sync(db, task.guard_table)
+        except NotMigrated:
+            pass  # logged at error, in one line, by migrate_once_sync
+        except Exception as error:  # noqa: BLE001 - a database not reachable yet
+            first = (str(error).strip().splitlines() or [""])[0]
+            log.error(
+                "the guard table `%s` could not be migrated when the worker started (%s: %s); "
+                "the first task tries again",
+                task.guard_table, type(error).__name__, first,
+            )
+
+
+@signals.worker_process_init.connect(weak=False)
+def _migrate_at_process_start(**_: Any) -> None:
+    # In a thread: Celery kills a pool process whose start takes longer than
+    # `worker_proc_alive_timeout` (4 s), which a database slow to answer would.
+    threading.Thread(
+        target=migrate_guarded_tasks, name="jobguard-migrate", daemon=True
+    ).start()

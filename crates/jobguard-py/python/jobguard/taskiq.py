@@ -17,6 +17,11 @@ without ``conn``, opens a transaction on ``db`` (an asyncpg pool, a SQLAlchemy
 one, for a pool made at worker startup), claims the key and calls the task with the
 transaction's connection first. A duplicate does not call it and returns the stored result.
 
+With ``migrate=True`` (the default) the first delivery in a process creates the guard table
+on ``db`` if it is missing; a database user that may not create tables gets one line at error,
+and the task raises ``NotMigrated``, sent again as below until the table is migrated by another
+user.
+
 A guard has to wrap the task, not sit in a middleware: taskiq's middlewares see a message
 before and after it runs, but cannot skip it. ``GuardMetrics`` is the middleware's part: it
 labels each result ``jobguard=applied|duplicate`` and logs duplicates; the outcome counter
@@ -61,7 +66,7 @@ from taskiq import Context, TaskiqDepends, TaskiqMessage, TaskiqMiddleware, Task
 from taskiq.exceptions import NoResultError
 from taskiq.labels import prepare_label
 
-from . import _guarded, _retry
+from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
 
 __all__ = ["GuardMetrics", "guarded"]
@@ -91,6 +96,7 @@ def guarded(
     max_retries: int = 5,
     retry_backoff: float = 1.0,
     retry_backoff_max: float = 60.0,
+    migrate: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wraps a task ``fn(conn, *args, **kwargs)`` into ``task(*args, **kwargs)`` that runs
     ``fn`` in one transaction with its guard row, once per key; put it under
@@ -98,7 +104,9 @@ def guarded(
     arguments; ``on_duplicate(duplicate, *args, **kwargs)`` (sync or async) is called when a
     delivery finds its key applied. A delivery that did not commit for a transient reason, or
     ran past its budget (``timeout`` seconds, else 90% of the task's ``timeout`` label, else
-    none), is sent again up to ``max_retries`` times; see the module."""
+    none), is sent again up to ``max_retries`` times; see the module. With ``migrate``, the
+    first delivery in a process creates the guard table on ``db`` (``jobguard.migrate``) if it
+    is missing."""
     policy = _retry.RetryPolicy(max_retries, retry_backoff, retry_backoff_max)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,7 +122,13 @@ def guarded(
                 context = None  # called directly, not by a worker: nothing to send again
             budget = _budget(timeout, context)
             target = db() if callable(db) else db
-            run = _guarded.guarded(key=key, db=target, payload=payload, table=table)(fn)
+            guarded_fn = _guarded.guarded(key=key, db=target, payload=payload, table=table)(fn)
+
+            async def run(*a: Any, **k: Any) -> Any:
+                if not migrate:
+                    return await guarded_fn(*a, **k)
+                return await _migrate_once.run_migrated(target, table, lambda: guarded_fn(*a, **k))
+
             loop = asyncio.get_running_loop()
             started = loop.time()
             try:
