@@ -9,8 +9,8 @@ use sqlx::postgres::Postgres;
 
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
-    HELD, HELD_COUNT_SPAN, Holder, HolderColumns, InsertedJob, NewJob, QueueSql, QueueStore, STATE,
-    WAITING, job_indexes, job_upgrades, queue_states, unique_columns,
+    HELD_COUNT_SPAN, Holder, HolderColumns, InsertedJob, NewJob, QueueSql, QueueStore, STATE,
+    job_indexes, job_upgrades, queue_states, unique_columns,
 };
 use crate::table::TableName;
 use crate::time::duration_micros;

@@ -7,7 +7,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::guard::claim_row;
 use crate::store::guard::{ClaimRow, GuardSql};
-use crate::store::queue::{HELD, QueueSql};
+use crate::store::queue::QueueSql;
 use crate::store::worker::{
     BatchRow, CompletingClaim, HeldRow, WorkerSql, WorkerStatements, WorkerStore, batch_claim_rows,
     unclaimed_keys,

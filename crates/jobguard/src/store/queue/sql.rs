@@ -84,7 +84,10 @@ impl QueueSql {
         } = dialect;
         let t = table.quoted();
         let live = LIVE_STATES;
-        let clock = lease::Clock { now, plus_micros: m };
+        let clock = lease::Clock {
+            now,
+            plus_micros: m,
+        };
         let columns = job_row_columns(dialect);
         QueueSql {
             table: table.clone(),

@@ -13,7 +13,7 @@ use sqlx::sqlite::Sqlite;
 
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
-    HELD, Holder, HolderColumns, InsertedJob, Lease, NewJob, QueueSql, QueueStore, STATE, WAITING,
+    HELD, Holder, HolderColumns, InsertedJob, Lease, NewJob, QueueSql, QueueStore, STATE,
     job_indexes, job_upgrades, queue_states, unique_columns,
 };
 use crate::table::TableName;
