@@ -71,7 +71,10 @@ impl Backoff {
         } else {
             unit.clamp(0.0, 1.0)
         };
-        scaled(self.nominal_delay(attempt), 1.0 - jitter + 2.0 * jitter * unit)
+        scaled(
+            self.nominal_delay(attempt),
+            1.0 - jitter + 2.0 * jitter * unit,
+        )
     }
 
     /// The last attempt a job enqueued with `job_max_attempts` gets: the lesser of its own
