@@ -52,6 +52,55 @@ impl Backoff {
         doubled(self.base, attempt, self.max_delay.min(Self::MAX_DELAY))
     }
 
+    /// The delay after failed attempt `attempt`, with jitter drawn from `unit` in `[0, 1]`
+    /// (NaN read as 0.5): the nominal delay scaled by `1 - jitter + 2 * jitter * unit`. The
+    /// Rust worker's retry policy and the Python worker compute every retry's delay here.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use jobguard_core::retention::Backoff;
+    ///
+    /// let backoff = Backoff { jitter: 0.5, ..Backoff::default() };
+    /// assert_eq!(backoff.delay(3, 0.0), Duration::from_secs(2));
+    /// assert_eq!(backoff.delay(3, 1.0), Duration::from_secs(6));
+    /// ```
+    pub fn delay(&self, attempt: u32, unit: f64) -> Duration {
+        let jitter = self.jitter_fraction();
+        let unit = if unit.is_nan() {
+            0.5
+        } else {
+            unit.clamp(0.0, 1.0)
+        };
+        scaled(
+            self.nominal_delay(attempt),
+            1.0 - jitter + 2.0 * jitter * unit,
+        )
+    }
+
+    /// The last attempt a job enqueued with `job_max_attempts` gets: the lesser of its own
+    /// limit and this policy's (each at least 1). An attempt that fails at or past it is
+    /// dead-lettered; so is a job whose lease expires on it.
+    ///
+    /// ```
+    /// use jobguard_core::retention::Backoff;
+    ///
+    /// assert_eq!(Backoff::default().last_attempt(3), 3);
+    /// assert_eq!(Backoff::default().last_attempt(25), 10);
+    /// ```
+    pub fn last_attempt(&self, job_max_attempts: i32) -> i32 {
+        let policy = i32::try_from(self.max_attempts.max(1)).unwrap_or(i32::MAX);
+        job_max_attempts.max(1).min(policy)
+    }
+
+    /// The jitter as a fraction in `[0, 1]`, whatever the field holds (NaN as 0).
+    pub fn jitter_fraction(&self) -> f64 {
+        if self.jitter.is_nan() {
+            0.0
+        } else {
+            self.jitter.clamp(0.0, 1.0)
+        }
+    }
+
     /// Every retry delay at its jitter upper bound, up to the last attempt, saturating instead
     /// of panicking on extreme schedules and without a loop per attempt.
     pub fn retries_horizon(&self) -> Duration {
@@ -218,4 +267,9 @@ fn retries_horizon(retry: &Backoff) -> Duration {
         sum = sum.saturating_add(upper(nominal));
     }
     sum
+}
+
+/// `delay * scale` for a `scale` in `[0, 2]`, saturating instead of panicking on overflow.
+fn scaled(delay: Duration, scale: f64) -> Duration {
+    Duration::try_from_secs_f64(delay.as_secs_f64() * scale).unwrap_or(Duration::MAX)
 }

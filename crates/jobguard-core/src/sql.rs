@@ -5,8 +5,15 @@
 
 use crate::table::TableName;
 
+pub mod lease;
 pub mod postgres;
 pub mod sqlite;
+
+/// The table of the queues an operator paused, beside the jobs table `table`: a fetch takes
+/// nothing from a paused queue.
+pub fn paused_queues(table: &TableName) -> String {
+    table.derived_qualified("queues")
+}
 
 /// The states of a job that holds its key: one live job per key, enforced by a partial unique
 /// index with this predicate.

@@ -1,7 +1,8 @@
 //! `jobguard._native`: the pure parts of jobguard for Python, from `jobguard-core`.
 //!
 //! Everything here is synchronous and touches no database: keys, fingerprints, the payload
-//! rules, API keys, the retention horizon and the guard's SQL text. The Python package runs
+//! rules, API keys, the retention horizon, the retry backoff, and the guard's, the queue's and
+//! the worker's SQL text. The Python package runs
 //! that SQL on the caller's own connection, so a key, a fingerprint, a payload rule or a
 //! statement is the same from Rust and Python.
 //! Errors come out as `ValueError` with jobguard's message; the Python layer turns them into
@@ -227,6 +228,127 @@ fn queue_sql<'py>(
     Ok(out)
 }
 
+/// The worker's statements for `dialect` on the jobs table `jobs` and the guard table `guard`
+/// (each in its schema, on PostgreSQL), exactly as the Rust worker runs them: the fetch of the
+/// registered kinds, complete-and-claim (PostgreSQL; SQLite completes, then claims), the
+/// statements that settle or extend one lease, the heartbeats of many and the rescue.
+#[pyfunction]
+#[pyo3(signature = (dialect, jobs, guard, jobs_schema=None, guard_schema=None))]
+fn worker_sql<'py>(
+    py: Python<'py>,
+    dialect: &str,
+    jobs: &str,
+    guard: &str,
+    jobs_schema: Option<&str>,
+    guard_schema: Option<&str>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let name = |table: &str, schema: Option<&str>| -> PyResult<TableName> {
+        let mut name = TableName::new(table).map_err(value_error)?;
+        if let Some(schema) = schema {
+            if dialect == "sqlite" {
+                return Err(value_error(format!(
+                    "SQLite has no schemas: name the table alone, not `{schema}.{table}`"
+                )));
+            }
+            name = name.in_schema(schema).map_err(value_error)?;
+        }
+        Ok(name)
+    };
+    let (jobs, guard) = (name(jobs, jobs_schema)?, name(guard, guard_schema)?);
+    let out = PyDict::new(py);
+    let clock = match dialect {
+        "postgres" => {
+            use sql::postgres::worker;
+            out.set_item("fetch", worker::fetch(&jobs, worker::Scope::Kinds))?;
+            out.set_item("claim_completing", worker::claim_completing(&guard, &jobs))?;
+            out.set_item("heartbeat_many", worker::heartbeat_many(&jobs))?;
+            out.set_item("rescue", worker::rescue(&jobs))?;
+            out.set_item("notify_channel", sql::postgres::queue::NOTIFY_CHANNEL)?;
+            sql::lease::POSTGRES
+        }
+        "sqlite" => {
+            use sql::sqlite::worker;
+            out.set_item("fetch", worker::fetch(&jobs, worker::Scope::Kinds))?;
+            out.set_item("claim", sql::sqlite::claim(&guard))?;
+            out.set_item("record", sql::sqlite::record(&guard))?;
+            out.set_item("rescue", worker::rescue(&jobs))?;
+            sql::lease::SQLITE
+        }
+        other => {
+            return Err(value_error(format!(
+                "unknown dialect {other:?}: use `postgres` or `sqlite`"
+            )));
+        }
+    };
+    out.set_item("complete", sql::lease::complete(&jobs, clock))?;
+    out.set_item("retry", sql::lease::retry(&jobs, clock))?;
+    out.set_item("dead", sql::lease::dead(&jobs, clock))?;
+    out.set_item("release", sql::lease::release(&jobs))?;
+    out.set_item("heartbeat", sql::lease::heartbeat(&jobs, clock))?;
+    Ok(out)
+}
+
+/// A retry policy's numbers as `(max_attempts, base, max_delay, jitter)`, seconds as floats,
+/// checked as the Rust worker checks them.
+type Policy = (u32, f64, f64, f64);
+
+fn backoff((max_attempts, base, max_delay, jitter): Policy) -> PyResult<Backoff> {
+    if max_attempts == 0 {
+        return Err(value_error("max_attempts must be at least 1"));
+    }
+    if !(0.0..=1.0).contains(&jitter) {
+        return Err(value_error(format!(
+            "jitter must be a fraction from 0 to 1, not {jitter}"
+        )));
+    }
+    let backoff = Backoff {
+        max_attempts,
+        base: seconds("base", base)?,
+        max_delay: seconds("max_delay", max_delay)?,
+        jitter,
+    };
+    for (what, delay) in [("base", backoff.base), ("max_delay", backoff.max_delay)] {
+        if delay > Backoff::MAX_DELAY {
+            return Err(value_error(format!(
+                "{what} must be at most 365 days between attempts, not {delay:?}"
+            )));
+        }
+    }
+    Ok(backoff)
+}
+
+/// The Rust worker's default retry policy: `(max_attempts, base, max_delay, jitter)`.
+#[pyfunction]
+fn retry_defaults() -> Policy {
+    let d = Backoff::default();
+    (
+        d.max_attempts,
+        d.base.as_secs_f64(),
+        d.max_delay.as_secs_f64(),
+        d.jitter,
+    )
+}
+
+/// Checks a retry policy; raises `ValueError` naming the first field out of range.
+#[pyfunction]
+fn check_retry(policy: Policy) -> PyResult<()> {
+    backoff(policy).map(drop)
+}
+
+/// The delay in seconds after failed attempt `attempt` under `policy`, jitter drawn from
+/// `unit` in `[0, 1]`: the Rust worker's backoff.
+#[pyfunction]
+fn retry_delay(policy: Policy, attempt: u32, unit: f64) -> PyResult<f64> {
+    Ok(backoff(policy)?.delay(attempt, unit).as_secs_f64())
+}
+
+/// The last attempt of a job enqueued with `job_max_attempts` under `policy`: a failure on
+/// it (or past it) is dead-lettered.
+#[pyfunction]
+fn last_attempt(policy: Policy, job_max_attempts: i32) -> PyResult<i32> {
+    Ok(backoff(policy)?.last_attempt(job_max_attempts))
+}
+
 /// The module `jobguard._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -239,6 +361,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(horizon, m)?)?;
     m.add_function(wrap_pyfunction!(guard_sql, m)?)?;
     m.add_function(wrap_pyfunction!(queue_sql, m)?)?;
+    m.add_function(wrap_pyfunction!(worker_sql, m)?)?;
+    m.add_function(wrap_pyfunction!(retry_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(check_retry, m)?)?;
+    m.add_function(wrap_pyfunction!(retry_delay, m)?)?;
+    m.add_function(wrap_pyfunction!(last_attempt, m)?)?;
     m.add("MAX_KEY_LEN", MAX_KEY_LEN)?;
     m.add("MAX_KIND_LEN", MAX_KIND_LEN)?;
     m.add("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES)?;

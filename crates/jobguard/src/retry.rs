@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use jobguard_core::retention::RetrySchedule;
 
 /// Exponential backoff with jitter between attempts of a failed job.
 ///
@@ -116,16 +117,11 @@ impl RetryPolicy {
         doubled(self.base, attempt, self.max_delay.min(Self::MAX_DELAY))
     }
 
-    /// The delay after failed attempt `attempt`, with jitter drawn from `unit` in `[0, 1)`.
+    /// The delay after failed attempt `attempt`, with jitter drawn from `unit` in `[0, 1)`: the
+    /// core's [`Backoff::delay`](jobguard_core::retention::Backoff::delay), which the Python
+    /// worker computes too.
     pub fn delay(&self, attempt: u32, unit: f64) -> Duration {
-        let jitter = self.jitter_fraction();
-        let unit = if unit.is_nan() {
-            0.5
-        } else {
-            unit.clamp(0.0, 1.0)
-        };
-        let scale = 1.0 - jitter + 2.0 * jitter * unit;
-        scaled(self.nominal_delay(attempt), scale)
+        self.backoff().delay(attempt, unit)
     }
 
     /// The delay after failed attempt `attempt` with fresh jitter.
@@ -141,19 +137,10 @@ impl RetryPolicy {
     /// The longest time from a job's first attempt to its last retry starting: the sum of
     /// every delay at its upper bound. Redeliveries by retry can arrive until then.
     pub fn horizon(&self) -> Duration {
-        let jitter = self.jitter_fraction();
+        let jitter = self.backoff().jitter_fraction();
         (1..self.max_attempts.max(1))
             .map(|attempt| scaled(self.nominal_delay(attempt), 1.0 + jitter))
             .fold(Duration::ZERO, Duration::saturating_add)
-    }
-
-    /// The jitter as a fraction in `[0, 1]`, whatever the field holds.
-    fn jitter_fraction(&self) -> f64 {
-        if self.jitter.is_nan() {
-            0.0
-        } else {
-            self.jitter.clamp(0.0, 1.0)
-        }
     }
 }
 

@@ -4,6 +4,7 @@
 use crate::table::TableName;
 
 pub mod queue;
+pub mod worker;
 
 /// The guard table, its index by age and (on PostgreSQL) its claim function, in the order they
 /// are created; each is `create ... if not exists` or `create or replace`.

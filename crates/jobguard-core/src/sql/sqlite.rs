@@ -4,6 +4,7 @@
 use crate::table::TableName;
 
 pub mod queue;
+pub mod worker;
 
 /// Now by the database clock, in microseconds since the Unix epoch (millisecond precision).
 pub const NOW_MICROS: &str = "cast((julianday('now') - 2440587.5) * 86400000000.0 as integer)";

@@ -15,6 +15,9 @@ workers can share one guard table::
 
 from __future__ import annotations
 
+from .app import App, Job
+from ._queue_sql import Backoff
+from .worker import Worker, WorkerStats
 from ._enqueue import DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_sync
 from ._guard import Guard, guard, guard_sync
 from ._migrate import DEFAULT_TABLE, migrate, migrate_sync
@@ -53,6 +56,11 @@ from .errors import (
 )
 
 __all__ = [
+    "App",
+    "Backoff",
+    "Job",
+    "Worker",
+    "WorkerStats",
     "DEFAULT_QUEUE",
     "DEFAULT_QUEUE_TABLE",
     "Enqueued",

@@ -1,4 +1,5 @@
-"""``python -m jobguard demo|bench``: the guide's experiment and the guard's benchmark.
+"""``python -m jobguard demo|bench|worker``: the guide's experiment, the guard's benchmark, and
+the worker of an App's jobs.
 
 A database that cannot be reached or a driver that is not installed ends the command with one
 line on stderr and exit status 2, not a traceback."""
@@ -11,7 +12,8 @@ import json
 import os
 import sys
 
-from . import _demo
+from .errors import NotMigrated, UnsupportedConnection
+from . import _cli_worker, _demo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--rounds", type=int, default=2)
     bench.add_argument("--chunk", type=int, default=500,
                        help="jobs per chunk; chunks alternate between the two variants")
+    _cli_worker.add_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "worker":
+        try:
+            return _cli_worker.run(args)
+        except (_cli_worker.LoadError, NotMigrated, UnsupportedConnection) as error:
+            return _fail("worker", str(error))
     if not args.database_url:
         parser.error("give --database-url, or set DATABASE_URL")
 

@@ -37,7 +37,7 @@ pub const NOTIFY_CHANNEL: &str = jobguard_core::sql::postgres::queue::NOTIFY_CHA
 
 /// The table of queue states beside a queue's jobs table: which queues are paused.
 pub(crate) fn queue_states(table: &TableName) -> String {
-    table.derived_qualified("queues")
+    jobguard_core::sql::paused_queues(table)
 }
 
 /// A job a worker holds: its lease is the token and `leased_until`, and its stored state stays

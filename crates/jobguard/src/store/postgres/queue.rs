@@ -2,15 +2,15 @@
 //! arrive as microseconds.
 
 use jobguard_core::sql::postgres::queue as core;
-use jobguard_core::sql::{LEGACY_RUNNING, REPLAYED};
+use jobguard_core::sql::postgres::worker::{self, Scope};
 use sqlx::AssertSqlSafe;
 
 use sqlx::postgres::Postgres;
 
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
-    HELD, HELD_COUNT_SPAN, Holder, HolderColumns, InsertedJob, NewJob, QueueSql, QueueStore, STATE,
-    WAITING, job_indexes, job_upgrades, queue_states, unique_columns,
+    HELD_COUNT_SPAN, Holder, HolderColumns, InsertedJob, NewJob, QueueSql, QueueStore, STATE,
+    job_indexes, job_upgrades, queue_states, unique_columns,
 };
 use crate::table::TableName;
 use crate::time::duration_micros;
@@ -37,7 +37,6 @@ pub(super) const DIALECT: QueueDialect = QueueDialect {
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
-    let paused_table = queue_states(table);
     let live = jobguard_core::sql::LIVE_STATES;
     let micros = "* interval '1 microsecond'";
     let mut create = Vec::new();
@@ -79,44 +78,6 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             )",
         queue_states(table)
     ));
-    // `skip locked`: concurrent workers take different jobs instead of queueing on one. With
-    // `after`, the scan starts past the last job a worker's previous fetch took (see
-    // `worker/fetch.rs`), over neither the jobs it holds nor the entries completed jobs left.
-    // The token is drawn from the clock (microseconds since the epoch), and is one more than
-    // the row's last when that is ahead of the clock: it never repeats, even when a crash loses
-    // the fetch's asynchronous commit and the row comes back with its earlier token, since the
-    // fetch after the recovery reads a later clock. Every statement that ends or extends the
-    // lease compares it for equality, so a worker whose fetch was lost is fenced off.
-    const NEXT_TOKEN: &str =
-        "greatest(j.lease_token + 1, (extract(epoch from now()) * 1000000)::int8)";
-    let fetch = |after: &str| {
-        format!(
-            "with picked as (
-                 select id from {t}
-                 where {WAITING} and queue = $1 and run_at <= now() {after}
-                   -- a paused queue gives out nothing; jobs already leased run on
-                   and not exists (select 1 from {paused_table} p
-                                   where p.name = $1 and p.paused)
-                 order by run_at, id
-                 limit $2
-                 for update skip locked
-             ),
-             -- the lease commits without waiting for its WAL flush: the job's own transaction,
-             -- which completes it under this token, flushes the lease with its commit, and a
-             -- lease lost with a crash only lets the job be fetched again, which its token and
-             -- the guard make harmless (set once per fetch, not per job)
-             asynchronous as materialized (
-                 select set_config('synchronous_commit', 'off', true)
-             )
-             update {t} j
-             set attempt = j.attempt + 1, lease_token = {NEXT_TOKEN},
-                 leased_until = now() + $3 {micros}
-             from picked, asynchronous where j.id = picked.id
-             returning j.id, j.kind, j.job_key, j.payload, j.attempt, j.max_attempts,
-                       (extract(epoch from j.leased_until) * 1000000)::int8, j.lease_token,
-                       (extract(epoch from j.run_at) * 1000000)::int8, {REPLAYED}"
-        )
-    };
     QueueSql::new(
         table,
         &DIALECT,
@@ -148,7 +109,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                  where job_key = any($1::text[]) and ({live} or {kept})",
                 kept = jobguard_core::sql::keeps_key_finished("")
             ),
-            fetch: fetch(""),
+            fetch: worker::fetch(table, Scope::Queue),
             // The held jobs at the head of each queue, as the counts find them, looked up by id:
             // with the state a constant, the planner would otherwise read the jobs in id order
             // by the primary key and walk every finished job older than the first held one.
@@ -162,45 +123,14 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                           order by h.run_at, h.id limit {HELD_COUNT_SPAN}) h
                      where h.leased_until is not null))"
             ),
-            fetch_after: fetch(
-                "and (run_at, id) > ('epoch'::timestamptz + $4 * interval '1 microsecond', $5)",
-            ),
+            fetch_after: worker::fetch(table, Scope::After),
             // Rows a transaction of the worker's own holds (a job whose claim locked it) are
             // skipped rather than waited for: one such job must not stall the heartbeats of all the
             // others. They count as held, as does every lease still running under its token in the
             // statement's snapshot; only a lease rescued or taken over is not.
-            heartbeat_many: format!(
-            "with held as (select * from jsonb_to_recordset($1::jsonb) as h(id int8, token int8)),
-                  free as (select j.id from {t} j join held h
-                           on j.id = h.id and j.lease_token = h.token
-                           where {HELD}
-                           for update of j skip locked),
-                  extended as (update {t} set leased_until = now() + $2 {micros}
-                               where id in (select id from free) returning id)
-             select h.id from held h join {t} j
-             on j.id = h.id and j.lease_token = h.token and {HELD}"
-        ),
-            // The last attempt is the lesser of the job's own limit and the worker's retry
-            // policy ($1), as when an attempt fails: a job is never given more attempts by
-            // losing its lease than by failing.
-            rescue: format!(
-                "update {t}
-             set state = case when attempt >= least(max_attempts, $1) then 'dead'
-                              else 'available' end,
-                 finished_at = case when attempt >= least(max_attempts, $1) then now() end,
-                 last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
-                 leased_until = null
-             where id in (select id from {t}
-                          -- a job a worker of the earlier schema fetched and stored
-                          -- `running` (`LEGACY_RUNNING`), once its lease expired, too
-                          where ({HELD} or {LEGACY_RUNNING}) and leased_until < now()
-                            -- leases known to hold ($2, `id:token`): on PostgreSQL those of
-                            -- the worker that rescues, whose heartbeats are in the table
-                            and (id::text || ':' || lease_token::text)
-                                not in (select jsonb_array_elements_text($2::jsonb))
-                          -- a running job's own transaction holds its row: not expired
-                          for update skip locked)"
-            ),
+            // The worker's statements are the core's, which the Python worker runs too.
+            heartbeat_many: worker::heartbeat_many(table),
+            rescue: worker::rescue(table),
             // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2` and at or
             // after `$4` (where the last batch ended, past the index entries it left for vacuum), times
             // in microseconds since the Unix epoch; returns how many, and the latest finish. A job

@@ -1,12 +1,13 @@
 //! The worker's statements on PostgreSQL: completing a job and claiming its key in one round
 //! trip, and the same for a whole batch, built once per worker from both table names.
 
+use jobguard_core::sql::postgres::worker;
 use sqlx::postgres::Postgres;
 use sqlx::{AssertSqlSafe, Row};
 
 use super::guard::claim_row;
 use crate::store::guard::{ClaimRow, GuardSql};
-use crate::store::queue::{HELD, QueueSql};
+use crate::store::queue::QueueSql;
 use crate::store::worker::{
     BatchRow, CompletingClaim, HeldRow, WorkerSql, WorkerStatements, WorkerStore, batch_claim_rows,
     unclaimed_keys,
@@ -16,7 +17,8 @@ use crate::table::TableName;
 impl WorkerStore for Postgres {
     fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
         WorkerSql {
-            claim_completing: Some(claim_completing(&guard.table, &queue.table).into()),
+            // The core's text, which the Python worker runs too.
+            claim_completing: Some(worker::claim_completing(&guard.table, &queue.table).into()),
             claim_completing_many: Some(claim_completing_many(&guard.table, &queue.table).into()),
             complete_many: None,
             held: Some(held(&guard.table).into()),
@@ -89,24 +91,6 @@ impl WorkerStore for Postgres {
         }
         Ok(batch_claim_rows(jobs, &rows, held))
     }
-}
-
-/// Completes a job and claims its key in one statement, for the worker. The job's row is
-/// updated only under the lease that holds it, and the key is claimed only when it was: a
-/// fenced worker gets no row back and has claimed nothing. A row whose `claimed` is null means
-/// the claim function found the key's row gone (see the core crate's `sql::postgres::claim`).
-fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
-    format!(
-        "with completed as (
-             update {jobs} set state = 'completed', finished_at = now(), leased_until = null
-             where id = $5 and lease_token = $6 and {held}
-             returning 1
-         )
-         select c.* from completed left join lateral {claim}($1, $2, $3, $4) c on true",
-        jobs = jobs.quoted(),
-        held = HELD,
-        claim = guard.derived_qualified("claim"),
-    )
 }
 
 /// Completes a batch's jobs under their lease tokens and claims the keys of the completed ones,

@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use jobguard_core::sql::{HELD, LEGACY_RUNNING, LIVE_STATES, STATE, WAITING, keeps_key_finished};
+use jobguard_core::sql::lease;
+use jobguard_core::sql::{LEGACY_RUNNING, LIVE_STATES, STATE, WAITING, keeps_key_finished};
 
 use super::{HELD_COUNT_SPAN, QueueSql, TERMINAL_COUNT_CAP, other_holder};
 use crate::table::TableName;
@@ -83,7 +84,10 @@ impl QueueSql {
         } = dialect;
         let t = table.quoted();
         let live = LIVE_STATES;
-        let fenced = format!("where id = $1 and lease_token = $2 and {HELD}");
+        let clock = lease::Clock {
+            now,
+            plus_micros: m,
+        };
         let columns = job_row_columns(dialect);
         QueueSql {
             table: table.clone(),
@@ -113,30 +117,15 @@ impl QueueSql {
             fetch: own.fetch.into(),
             fetch_after: own.fetch_after.into(),
             // Every statement that ends or extends a lease names the attempt that holds it, so a
-            // worker whose lease expired and was taken over changes nothing.
-            complete: format!(
-                "update {t} set state = 'completed', finished_at = {now}, leased_until = null
-                 {fenced}"
-            )
-            .into(),
-            retry: format!(
-                "update {t} set state = 'available', run_at = {now} + $3{m}, last_error = $4,
-                 leased_until = null {fenced}"
-            )
-            .into(),
-            dead: format!(
-                "update {t} set state = 'dead', finished_at = {now}, last_error = $3,
-                 leased_until = null {fenced}"
-            )
-            .into(),
-            release: format!(
-                "update {t} set state = 'available', attempt = attempt - 1, leased_until = null
-                 {fenced}"
-            )
-            .into(),
+            // worker whose lease expired and was taken over changes nothing. The core's text,
+            // which the Python worker runs too.
+            complete: lease::complete(table, clock).into(),
+            retry: lease::retry(table, clock).into(),
+            dead: lease::dead(table, clock).into(),
+            release: lease::release(table).into(),
             // One lease, outside a worker's own heartbeats (on SQLite through the busy timeout,
             // outside this process's writer turn).
-            heartbeat: format!("update {t} set leased_until = {now} + $3{m} {fenced}").into(),
+            heartbeat: lease::heartbeat(table, clock).into(),
             heartbeat_many: own.heartbeat_many.into(),
             rescue: own.rescue.into(),
             // Finished states are counted up to TERMINAL_COUNT_CAP rows through the `finished`

@@ -3,7 +3,7 @@
 
 use jobguard_core::sql::sqlite::NOW_MICROS as NOW;
 use jobguard_core::sql::sqlite::queue as core;
-use jobguard_core::sql::{LEGACY_RUNNING, REPLAYED};
+use jobguard_core::sql::sqlite::worker::{self, Scope};
 use std::time::Duration;
 
 use super::heartbeat;
@@ -13,7 +13,7 @@ use sqlx::sqlite::Sqlite;
 
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
-    HELD, Holder, HolderColumns, InsertedJob, Lease, NewJob, QueueSql, QueueStore, STATE, WAITING,
+    HELD, Holder, HolderColumns, InsertedJob, Lease, NewJob, QueueSql, QueueStore, STATE,
     job_indexes, job_upgrades, queue_states, unique_columns,
 };
 use crate::table::TableName;
@@ -35,7 +35,6 @@ pub(super) const DIALECT: QueueDialect = QueueDialect {
 
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
-    let paused_table = queue_states(table);
     let live = jobguard_core::sql::LIVE_STATES;
     let mut create = vec![format!(
         "create table if not exists {t} (
@@ -68,25 +67,6 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             )",
         queue_states(table)
     ));
-    // One statement, atomic on its own: SQLite's one writer at a time makes two workers take
-    // different jobs. With `after`, the scan starts past the last job a worker's previous fetch
-    // took (see `worker/fetch.rs`), over none of the jobs it holds.
-    let fetch = |after: &str| {
-        format!(
-            "update {t}
-             -- a token from the clock, never one the row had (see PostgreSQL's fetch)
-             set attempt = attempt + 1, lease_token = max(lease_token + 1, {NOW}),
-                 leased_until = {NOW} + $3
-             where id in (select id from {t}
-                          where {WAITING} and queue = $1 and run_at <= {NOW} {after}
-                            -- a paused queue gives out nothing
-                            and not exists (select 1 from {paused_table} p
-                                            where p.name = $1 and p.paused <> 0)
-                          order by run_at, id limit $2)
-             returning id, kind, job_key, payload, attempt, max_attempts, leased_until, lease_token,
-                       run_at, {REPLAYED}"
-        )
-    };
     QueueSql::new(
         table,
         &DIALECT,
@@ -119,8 +99,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
              where job_key in (select value from json_each($1)) and ({live} or {kept})",
                 kept = jobguard_core::sql::keeps_key_finished("")
             ),
-            fetch: fetch(""),
-            fetch_after: fetch("and (run_at, id) > ($4, $5)"),
+            fetch: worker::fetch(table, Scope::Queue),
+            fetch_after: worker::fetch(table, Scope::After),
             // The `(state, id)` index hands out the oldest jobs stored `available` first, where
             // the held ones are.
             held: "leased_until is not null".into(),
@@ -133,22 +113,7 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                              and json_extract(h.value, '$.token') = {t}.lease_token)
              returning id"
             ),
-            // The last attempt is the lesser of the job's own limit and the worker's retry
-            // policy ($1), as when an attempt fails: a job is never given more attempts by
-            // losing its lease than by failing.
-            rescue: format!(
-                "update {t}
-             set state = case when attempt >= min(max_attempts, $1) then 'dead'
-                              else 'available' end,
-                 finished_at = case when attempt >= min(max_attempts, $1) then {NOW} end,
-                 last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
-                 leased_until = null
-             -- a job a worker of the earlier schema fetched (`LEGACY_RUNNING`) too
-             where ({HELD} or {LEGACY_RUNNING}) and leased_until < {NOW}
-               -- a lease whose heartbeat file says it holds ($2, `id:token`) belongs to a
-               -- worker that is alive, waiting for the write lock: not expired
-               and (id || ':' || lease_token) not in (select value from json_each($2))"
-            ),
+            rescue: worker::rescue(table),
             // Deletes up to `$3` of the oldest jobs in state `$1` that finished before `$2`, from `$4`
             // on (where the last batch ended); returns the finish times of the jobs deleted. One
             // statement under SQLite's single writer: no replay can come between the pick and the

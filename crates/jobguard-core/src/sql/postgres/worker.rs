@@ -1,0 +1,144 @@
+//! The worker's statements for PostgreSQL: fetch, complete-and-claim, the heartbeats of many
+//! leases and the rescue. The Rust worker and the Python worker run this same text; the
+//! statements that settle one lease are in [`lease`](crate::sql::lease).
+
+use crate::sql::{HELD, LEGACY_RUNNING, REPLAYED, WAITING, paused_queues};
+use crate::table::TableName;
+
+/// Which jobs of a queue a fetch takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every kind, from the head of the queue.
+    Queue,
+    /// Every kind, past run time `$4` (microseconds since the epoch) and id `$5`: where the
+    /// worker's previous fetch ended, over none of the jobs it holds.
+    After,
+    /// Only the kinds named in `$4` (a `text[]`): a worker running some kinds beside workers
+    /// running others leaves their jobs waiting, to be fetched by them.
+    Kinds,
+}
+
+/// Fetches up to `$2` waiting jobs of queue `$1` in run-time order, each leased for `$3`
+/// microseconds under a new fencing token; see [`Scope`] for `$4` and `$5`. Returns id, kind,
+/// key, payload, attempt, max attempts, leased until and run at (microseconds), lease token,
+/// and whether the job was replayed.
+///
+/// `skip locked`: concurrent workers take different jobs instead of queueing on one. The token
+/// is drawn from the clock (microseconds since the epoch), and is one more than the row's last
+/// when that is ahead of the clock: it never repeats, even when a crash loses the fetch's
+/// asynchronous commit and the row comes back with its earlier token, since the fetch after
+/// the recovery reads a later clock. Every statement that ends or extends the lease compares it
+/// for equality, so a worker whose fetch was lost is fenced off.
+pub fn fetch(table: &TableName, scope: Scope) -> String {
+    const NEXT_TOKEN: &str =
+        "greatest(j.lease_token + 1, (extract(epoch from now()) * 1000000)::int8)";
+    let t = table.quoted();
+    let paused_table = paused_queues(table);
+    let micros = "* interval '1 microsecond'";
+    let scope = match scope {
+        Scope::Queue => "",
+        Scope::After => {
+            "and (run_at, id) > ('epoch'::timestamptz + $4 * interval '1 microsecond', $5)"
+        }
+        Scope::Kinds => "and kind = any($4::text[])",
+    };
+    format!(
+        "with picked as (
+                 select id from {t}
+                 where {WAITING} and queue = $1 and run_at <= now() {scope}
+                   -- a paused queue gives out nothing; jobs already leased run on
+                   and not exists (select 1 from {paused_table} p
+                                   where p.name = $1 and p.paused)
+                 order by run_at, id
+                 limit $2
+                 for update skip locked
+             ),
+             -- the lease commits without waiting for its WAL flush: the job's own transaction,
+             -- which completes it under this token, flushes the lease with its commit, and a
+             -- lease lost with a crash only lets the job be fetched again, which its token and
+             -- the guard make harmless (set once per fetch, not per job)
+             asynchronous as materialized (
+                 select set_config('synchronous_commit', 'off', true)
+             )
+             update {t} j
+             set attempt = j.attempt + 1, lease_token = {NEXT_TOKEN},
+                 leased_until = now() + $3 {micros}
+             from picked, asynchronous where j.id = picked.id
+             returning j.id, j.kind, j.job_key, j.payload, j.attempt, j.max_attempts,
+                       (extract(epoch from j.leased_until) * 1000000)::int8, j.lease_token,
+                       (extract(epoch from j.run_at) * 1000000)::int8, {REPLAYED}"
+    )
+}
+
+/// Completes a job and claims its key in one statement: `$1` key, `$2` kind, `$3`
+/// fingerprint, `$4` claim token (the guard's claim), `$5` job id, `$6` lease token. The job's
+/// row is updated only under the lease that holds it, and the key is claimed only when it was:
+/// a fenced worker gets no row back and has claimed nothing. Otherwise the row of the guard's
+/// claim function (`claimed`, then the holding row's applied at, fingerprint, result and claim
+/// token); a null `claimed` means the key's row vanished between the conflict and its read.
+///
+/// The update locks the job's row until the transaction ends: from here no other worker can
+/// fetch or rescue it, and the job's effect commits with its completion and its guard row.
+pub fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
+    format!(
+        "with completed as (
+             update {jobs} set state = 'completed', finished_at = now(), leased_until = null
+             where id = $5 and lease_token = $6 and {HELD}
+             returning 1
+         )
+         select c.* from completed left join lateral {claim}($1, $2, $3, $4) c on true",
+        jobs = jobs.quoted(),
+        claim = guard.derived_qualified("claim"),
+    )
+}
+
+/// Extends to `$2` microseconds from now the leases in `$1` (a JSON array of `{"id", "token"}`)
+/// that still hold; returns the ids of those that do.
+///
+/// Rows a transaction of the worker's own holds (a job whose claim locked it) are skipped
+/// rather than waited for: one such job must not stall the heartbeats of all the others. They
+/// count as held, as does every lease still running under its token in the statement's
+/// snapshot; only a lease rescued or taken over is not.
+pub fn heartbeat_many(table: &TableName) -> String {
+    let t = table.quoted();
+    format!(
+        "with held as (select * from jsonb_to_recordset($1::jsonb) as h(id int8, token int8)),
+                  free as (select j.id from {t} j join held h
+                           on j.id = h.id and j.lease_token = h.token
+                           where {HELD}
+                           for update of j skip locked),
+                  extended as (update {t} set leased_until = now() + $2 * interval '1 microsecond'
+                               where id in (select id from free) returning id)
+             select h.id from held h join {t} j
+             on j.id = h.id and j.lease_token = h.token and {HELD}"
+    )
+}
+
+/// Gives back, or dead-letters on their last attempt, the jobs whose lease expired: `$1` is
+/// the worker's retry policy's attempts, `$2` a JSON array of `id:token` leases known to hold
+/// (the rescuing worker's own). A job running under its own transaction holds its row locked
+/// and is skipped.
+///
+/// The last attempt is the lesser of the job's own limit and the policy's, as when an attempt
+/// fails: a job is never given more attempts by losing its lease than by failing.
+pub fn rescue(table: &TableName) -> String {
+    let t = table.quoted();
+    format!(
+        "update {t}
+             set state = case when attempt >= least(max_attempts, $1) then 'dead'
+                              else 'available' end,
+                 finished_at = case when attempt >= least(max_attempts, $1) then now() end,
+                 last_error = 'the lease of attempt ' || attempt || ' expired before it finished',
+                 leased_until = null
+             where id in (select id from {t}
+                          -- a job a worker of the earlier schema fetched and stored
+                          -- `running` (`LEGACY_RUNNING`), once its lease expired, too
+                          where ({HELD} or {LEGACY_RUNNING}) and leased_until < now()
+                            -- leases known to hold ($2, `id:token`): on PostgreSQL those of
+                            -- the worker that rescues, whose heartbeats are in the table
+                            and (id::text || ':' || lease_token::text)
+                                not in (select jsonb_array_elements_text($2::jsonb))
+                          -- a running job's own transaction holds its row: not expired
+                          for update skip locked)"
+    )
+}

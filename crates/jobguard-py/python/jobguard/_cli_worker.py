@@ -1,0 +1,74 @@
+"""``python -m jobguard worker module:app``: loads the app and runs its worker.
+
+A module that does not import, or an attribute that is not a :class:`jobguard.App`, ends the
+command with one line naming it (exit status 2), not a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+from .app import App
+
+
+class LoadError(Exception):
+    """The app cannot be loaded: the message names what and why."""
+
+
+def add_parser(commands: Any) -> None:
+    worker = commands.add_parser(
+        "worker", help="run the jobs an App defines from jobguard's queue, until SIGTERM/SIGINT"
+    )
+    worker.add_argument("app", help="module:attribute of the jobguard.App, e.g. myapp.jobs:app")
+    worker.add_argument("--queue", default="default")
+    worker.add_argument("--concurrency", type=int, default=10)
+    worker.add_argument("--lease", type=float, default=30.0, help="seconds")
+    worker.add_argument("--poll-interval", type=float, default=1.0, help="seconds")
+    worker.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds")
+    worker.add_argument("--until-idle", action="store_true",
+                        help="stop once no job of the app's kinds is due and none runs")
+
+
+def load_app(spec: str) -> App:
+    """The App at ``module:attribute`` (attribute ``app`` when omitted)."""
+    module_name, _, attribute = spec.partition(":")
+    attribute = attribute or "app"
+    if not module_name:
+        raise LoadError(f"`{spec}` names no module: give module:attribute, e.g. myapp.jobs:app")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any import failure is the user's to fix
+        raise LoadError(f"cannot import `{module_name}`: {type(error).__name__}: {error}") from None
+    app = module
+    for part in attribute.split("."):
+        try:
+            app = getattr(app, part)
+        except AttributeError:
+            raise LoadError(f"module `{module_name}` has no attribute `{attribute}`") from None
+    if not isinstance(app, App):
+        raise LoadError(
+            f"`{spec}` is a {type(app).__module__}.{type(app).__qualname__}, not a jobguard.App"
+        )
+    return app
+
+
+def run(args: argparse.Namespace) -> int:
+    app = load_app(args.app)
+    logging.basicConfig(level=os.environ.get("JOBGUARD_LOG", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stats = asyncio.run(app.run_worker(
+        queue=args.queue, concurrency=args.concurrency, lease=args.lease,
+        poll_interval=args.poll_interval, shutdown_timeout=args.shutdown_timeout,
+        until_idle=args.until_idle,
+    ))
+    print(f"{stats.applied} applied, {stats.duplicates} duplicates, {stats.failed} failed, "
+          f"{stats.dead} dead, {stats.fenced} fenced, {stats.released} given back",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,196 @@
+"""``jobguard.App``: Python jobs on jobguard's own queue.
+
+Jobs are defined where the code is, and receive the connection of the transaction that
+completes them and claims their key, in the user's own driver::
+
+    app = jobguard.App(db=lambda: asyncpg.create_pool(DATABASE_URL))
+
+    @app.job("credit", key=lambda order, account, amount: jobguard.key("credit", order))
+    async def credit(conn, order, account, amount):
+        await conn.execute("insert into ledger (account, amount) values ($1, $2)", account, amount)
+
+    async with conn.transaction():          # the caller's transaction
+        await credit.enqueue(conn, order="o-1", account=7, amount=500)
+
+    await app.run_worker()                  # or: python -m jobguard worker myapp.jobs:app
+
+A job's payload is its keyword arguments, as JSON; its key names the business operation (by
+default, derived from the kind and the payload's fingerprint). The worker runs each job in one
+transaction on a connection of ``db``: the statement that completes the job under its lease
+and claims its key (the Rust worker's own text), the body, the commit. A key already applied
+completes the job as a duplicate without calling the body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import inspect
+from typing import Any, Callable
+
+from . import _keys
+from ._enqueue import DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_sync
+from ._migrate import DEFAULT_TABLE
+from ._pools import is_async_db
+from ._queue_sql import Backoff
+from .errors import UnsupportedConnection
+
+DEFAULT_MAX_ATTEMPTS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """How a job kind is run: its body, key function, queue and limits."""
+
+    kind: str
+    fn: Callable[..., Any]
+    key: Callable[..., str] | None
+    queue: str
+    max_attempts: int
+    signature: inspect.Signature
+    is_async: bool
+
+
+class Job:
+    """A job kind defined with ``@app.job``: call it to run the body directly, or
+    ``enqueue`` it into the queue in the caller's transaction."""
+
+    def __init__(self, app: "App", spec: JobSpec) -> None:
+        self.app, self.spec = app, spec
+        self.__wrapped__ = spec.fn
+        self.__doc__ = spec.fn.__doc__
+        self.__name__ = getattr(spec.fn, "__name__", spec.kind)
+
+    def __call__(self, conn: Any, /, **kwargs: Any) -> Any:
+        return self.spec.fn(conn, **kwargs)
+
+    def _job_key(self, payload: dict[str, Any]) -> str | None:
+        if self.spec.key is None:
+            return None
+        key = self.spec.key(**payload)
+        if not isinstance(key, str):
+            raise _keys.InvalidKey(
+                f"the key function of `{self.spec.kind}` returned a {type(key).__name__}: "
+                "return jobguard.key(...)"
+            )
+        return key
+
+    def _args(self, kwargs: dict[str, Any], delay: float, run_at: _dt.datetime | None) -> dict:
+        self.spec.signature.bind(None, **kwargs)  # a payload that cannot bind is refused here
+        if run_at is not None:
+            if run_at.tzinfo is None:
+                raise ValueError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+            delay = max(delay, (run_at - _dt.datetime.now(_dt.timezone.utc)).total_seconds(), 0.0)
+        return dict(
+            kind=self.spec.kind, payload=kwargs, key=self._job_key(kwargs),
+            queue=self.spec.queue, max_attempts=self.spec.max_attempts, delay=delay,
+            table=self.app.table, schema=self.app.schema,
+        )
+
+    async def enqueue(
+        self, conn: Any, /, *, delay: float = 0.0, run_at: _dt.datetime | None = None,
+        **kwargs: Any,
+    ) -> Enqueued:
+        """Enqueues this job with ``kwargs`` as its arguments, inside the transaction open on
+        ``conn`` (asyncpg, psycopg async, SQLAlchemy async, aiosqlite): visible to workers when
+        it commits, never enqueued when it rolls back. A key a waiting or running job holds
+        returns that job (``inserted=False``). ``delay`` (seconds) or ``run_at`` (an aware
+        datetime) schedules it later."""
+        args = self._args(kwargs, delay, run_at)
+        return await enqueue(conn, args.pop("kind"), args.pop("payload"), **args)
+
+    def enqueue_sync(
+        self, conn: Any, /, *, delay: float = 0.0, run_at: _dt.datetime | None = None,
+        **kwargs: Any,
+    ) -> Enqueued:
+        """:meth:`enqueue` on a psycopg, SQLAlchemy or sqlite3 connection."""
+        args = self._args(kwargs, delay, run_at)
+        return enqueue_sync(conn, args.pop("kind"), args.pop("payload"), **args)
+
+    async def enqueue_many(
+        self, conn: Any, jobs: list[dict[str, Any]], /, *, delay: float = 0.0,
+    ) -> list[Enqueued]:
+        """Enqueues one job per dict of arguments in ``jobs``, in the caller's transaction, in
+        key order (so that two transactions enqueueing the same keys wait for each other
+        rather than deadlock)."""
+        prepared = [self._args(kwargs, delay, None) for kwargs in jobs]
+        order = sorted(range(len(prepared)), key=lambda i: prepared[i]["key"] or "")
+        out: list[Enqueued | None] = [None] * len(prepared)
+        for i in order:
+            args = dict(prepared[i])
+            out[i] = await enqueue(conn, args.pop("kind"), args.pop("payload"), **args)
+        return out  # type: ignore[return-value]
+
+
+class App:
+    """The job kinds of a Python service on jobguard's queue, and the pool its workers run on.
+
+    ``db`` is the pool the worker takes connections from: an asyncpg pool or a psycopg 3
+    ``AsyncConnectionPool`` (async jobs), or a function returning one (called when the worker
+    starts, so that a module can define the app before an event loop runs). ``table`` and
+    ``guard_table`` are the queue's jobs table and the guard table, shared with Rust workers.
+    ``retry`` is the worker's retry policy (the Rust worker's defaults)."""
+
+    def __init__(
+        self, db: Any, *, table: str = DEFAULT_QUEUE_TABLE, guard_table: str = DEFAULT_TABLE,
+        schema: str | None = None, guard_schema: str | None = None,
+        retry: Backoff | None = None,
+    ) -> None:
+        self.db = db
+        self.table, self.schema = table, schema
+        self.guard_table, self.guard_schema = guard_table, guard_schema
+        self.retry = retry or Backoff()
+        self.jobs: dict[str, Job] = {}
+        # Whether db is a pool of an async driver; None for a factory, known once called.
+        self.is_async = is_async_db(db)
+
+    def job(
+        self, kind: str, *, key: Callable[..., str] | None = None, queue: str = DEFAULT_QUEUE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> Callable[[Callable[..., Any]], Job]:
+        """Defines the job kind ``kind``, run by ``fn(conn, **payload)``.
+
+        ``key(**payload)`` names the business operation (``jobguard.key(kind, ...)``); without
+        it the key is derived from the kind and the payload's fingerprint. ``max_attempts``
+        bounds its attempts (as does the worker's retry policy, whichever is less)."""
+        _keys.key(kind, "x")  # a kind follows the key rules
+        _keys.key(queue, "x")
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+
+        def define(fn: Callable[..., Any]) -> Job:
+            if kind in self.jobs:
+                raise ValueError(f"job kind `{kind}` is already defined on this app")
+            is_async = inspect.iscoroutinefunction(fn)
+            self.check_driver(kind, is_async)
+            signature = inspect.signature(fn)
+            if not signature.parameters:
+                raise TypeError(f"job `{kind}` must take the connection as its first parameter")
+            job = Job(self, JobSpec(kind, fn, key, queue, max_attempts, signature, is_async))
+            self.jobs[kind] = job
+            return job
+
+        return define
+
+    def check_driver(self, kind: str, is_async: bool, pool_is_async: bool | None = None) -> None:
+        """Refuses a job whose body does not match the pool's driver (sync body on an async
+        pool, or the reverse); ``pool_is_async`` once a factory's pool is known."""
+        pool_is_async = self.is_async if pool_is_async is None else pool_is_async
+        if pool_is_async is None or pool_is_async == is_async:
+            return
+        if pool_is_async:
+            raise UnsupportedConnection(
+                f"job `{kind}` is a plain function but the app's pool is asynchronous: define "
+                "it with `async def`, it receives the async connection"
+            )
+        raise UnsupportedConnection(
+            f"job `{kind}` is `async def` but the app's pool is synchronous: define it with "
+            "`def`, or give the app an async pool"
+        )
+
+    async def run_worker(self, **options: Any) -> Any:
+        """Runs a worker for this app's kinds until SIGTERM or SIGINT (or ``stop``); see
+        :class:`jobguard.worker.Worker` for the options. Returns its stats."""
+        from .worker import Worker
+
+        return await Worker(self, **options).run()

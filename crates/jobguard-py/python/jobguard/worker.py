@@ -1,0 +1,437 @@
+"""The Python worker of jobguard's queue: fetch, run, settle, on the user's own pool.
+
+Each job runs in one transaction on a connection of the app's pool: the statement that
+completes the job under its lease token and claims its key in the guard table (the Rust
+worker's own text, from the core), then the job's body on that connection, then the commit. So
+the job's effect, its guard row and its completion commit together or not at all:
+
+- a key already applied completes the job as a duplicate, without calling the body;
+- a worker whose lease expired and was taken over gets no row from that statement: it is
+  fenced off, and neither calls the body nor commits anything;
+- an exception rolls everything back, and the job is retried after the core's backoff, or
+  dead-lettered on its last attempt (the lesser of its own and the retry policy's), exactly as
+  a Rust job; a transient database error (serialization failure, deadlock, lost connection) runs
+  the job again at once, a few times, then gives its lease back without counting the attempt.
+
+The loop fetches only the kinds the app defines, so Rust and Python workers share one queue,
+each running its own kinds; a kind no running worker defines stays waiting. It wakes on the
+queue's notification (``LISTEN``), with a poll as fallback; it extends the leases of jobs
+fetched but not started, and gives back expired leases of dead workers (the rescue). SIGTERM
+and SIGINT stop fetching, let running jobs finish within ``shutdown_timeout`` and give back the
+rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as _dt
+import json
+import logging
+import signal
+from typing import TYPE_CHECKING, Any
+
+from . import _keys
+from ._enqueue import DEFAULT_QUEUE
+from ._guard import _tokens
+from ._migrate import is_not_migrated
+from ._pools import Database, open_database
+from ._queue_sql import worker_sql
+from ._retry import transient_reason
+from .errors import GuardVanished, KeyReused, NotMigrated
+from .metrics import record_outcome
+
+if TYPE_CHECKING:
+    from .app import App, Job
+
+log = logging.getLogger("jobguard.worker")
+
+# Runs of one job within one attempt when its transaction failed for a transient reason.
+_TRANSIENT_RUNS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class LeasedJob:
+    """A job a fetch leased to this worker: ``token`` fences every statement on it."""
+
+    id: int
+    kind: str
+    key: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    token: int
+    replayed: bool
+
+
+@dataclasses.dataclass
+class WorkerStats:
+    """How the jobs a worker ran ended."""
+
+    applied: int = 0
+    duplicates: int = 0
+    failed: int = 0
+    dead: int = 0
+    fenced: int = 0
+    released: int = 0
+
+    def count(self, outcome: str) -> None:
+        name = {"duplicate": "duplicates"}.get(outcome, outcome)
+        setattr(self, name, getattr(self, name) + 1)
+
+
+class _Fenced(Exception):
+    """The job's lease was taken over: nothing was completed or claimed."""
+
+
+class Worker:
+    """Runs an :class:`~jobguard.App`'s kinds from one queue.
+
+    ``concurrency`` jobs at once, each holding one connection of the pool while it runs (the
+    worker needs one more for its fetches and heartbeats, and one to listen); leases of
+    ``lease`` seconds, extended every third of it until the job starts; a poll every
+    ``poll_interval`` seconds when no notification comes; ``shutdown_timeout`` seconds for
+    running jobs to finish on SIGTERM or SIGINT. ``until_idle`` returns once the queue has no
+    job due for its kinds and nothing runs."""
+
+    def __init__(
+        self, app: "App", *, queue: str = DEFAULT_QUEUE, concurrency: int = 10,
+        lease: float = 30.0, poll_interval: float = 1.0, shutdown_timeout: float = 30.0,
+        until_idle: bool = False, handle_signals: bool = True,
+    ) -> None:
+        _keys.key(queue, "x")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if lease <= 0 or poll_interval <= 0 or shutdown_timeout < 0:
+            raise ValueError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
+        if not app.jobs:
+            raise ValueError("the app defines no jobs: define them with @app.job(...) first")
+        self.app, self.queue, self.concurrency = app, queue, concurrency
+        self.lease, self.poll_interval = lease, poll_interval
+        self.shutdown_timeout, self.until_idle = shutdown_timeout, until_idle
+        self.handle_signals = handle_signals
+        self.kinds = sorted(app.jobs)
+        self.stats = WorkerStats()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        # Leases fetched and not settled (id -> token), and those of jobs not yet started,
+        # which the heartbeats extend.
+        self._leased: dict[int, int] = {}
+        self._waiting: dict[int, int] = {}
+        self._db: Database | None = None
+        self._sql: dict[str, str] = {}
+
+    def stop(self) -> None:
+        """Stops fetching; running jobs finish within ``shutdown_timeout``."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> WorkerStats:
+        """Runs until :meth:`stop`, SIGTERM or SIGINT (or idle, with ``until_idle``)."""
+        db = self._db = await open_database(self.app.db)
+        try:
+            for job in self.app.jobs.values():
+                self.app.check_driver(job.spec.kind, job.spec.is_async, db.is_async)
+            self._sql = worker_sql(
+                db.dialect, self.app.table, self.app.guard_table, self.app.schema,
+                self.app.guard_schema,
+            )
+            return await self._serve(db)
+        finally:
+            await db.close()
+
+    async def _serve(self, db: Database) -> WorkerStats:
+        loop = asyncio.get_running_loop()
+        signals = self._install_signals(loop)
+        unlisten = None
+        if "notify_channel" in self._sql:
+            try:
+                unlisten = await db.listen(self._sql["notify_channel"], self._notified)
+            except Exception as error:  # noqa: BLE001 - the poll still finds every job
+                log.warning("cannot listen for new jobs (%s); polling every %ss",
+                            error, self.poll_interval)
+        keepers = [loop.create_task(self._heartbeats()), loop.create_task(self._rescues())]
+        running: set[asyncio.Task] = set()
+        try:
+            await self._fetch_loop(running)
+        finally:
+            await self._drain(running)
+            for task in keepers:
+                task.cancel()
+            for task in keepers:
+                with contextlib.suppress(BaseException):
+                    await task
+            if unlisten is not None:
+                with contextlib.suppress(Exception):
+                    await unlisten()
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+        return self.stats
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+        if not self.handle_signals:
+            return []
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                pass
+        return installed
+
+    def _notified(self, queue: str) -> None:
+        if queue == self.queue:
+            self._wake.set()
+
+    async def _fetch_loop(self, running: set[asyncio.Task]) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            free = self.concurrency - len(running)
+            if free <= 0:
+                await self._wait(running, None)
+                continue
+            self._wake.clear()
+            try:
+                jobs = await self._fetch(free)
+            except NotMigrated:
+                raise
+            except Exception as error:  # noqa: BLE001 - the database may come back
+                log.warning("fetching jobs failed (%s); trying again in %ss",
+                            error, self.poll_interval)
+                await self._wait(running, self.poll_interval)
+                continue
+            for job in jobs:
+                task = loop.create_task(self._process(job))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if len(jobs) == free:
+                continue
+            if self.until_idle and not jobs and not running:
+                return
+            await self._wait(running, self.poll_interval)
+
+    async def _wait(self, running: set[asyncio.Task], timeout: float | None) -> None:
+        """Until a notification, a job ending, a stop, or ``timeout``."""
+        waiters = [asyncio.ensure_future(self._wake.wait())]
+        waiters += list(running)
+        done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        waiters[0].cancel()
+
+    async def _fetch(self, limit: int) -> list[LeasedJob]:
+        assert self._db is not None
+        params = [self.queue, limit, int(self.lease * 1_000_000), self._kinds_param()]
+        try:
+            async with self._db.session() as s:
+                rows = await s.fetch(self._sql["fetch"], params)
+        except Exception as error:
+            if is_not_migrated(error):
+                raise NotMigrated(
+                    f"the queue table `{self.app.table}` or the guard table "
+                    f"`{self.app.guard_table}` does not exist or was made by an older jobguard: "
+                    "run `jobguard worker --until-idle` (or migrate a Rust Queue) and "
+                    "`jobguard.migrate` on this database once first"
+                ) from error
+            raise
+        jobs = []
+        for row in rows:
+            payload = row[3]
+            if not self._db.decodes_json and isinstance(payload, (str, bytes)):
+                payload = json.loads(payload)
+            job = LeasedJob(int(row[0]), row[1], row[2], payload, int(row[4]), int(row[5]),
+                            int(row[7]), bool(row[9]))
+            self._leased[job.id] = job.token
+            self._waiting[job.id] = job.token
+            jobs.append(job)
+        return jobs
+
+    def _kinds_param(self) -> Any:
+        return json.dumps(self.kinds) if self._db and self._db.dialect == "sqlite" else self.kinds
+
+    async def _process(self, job: LeasedJob) -> None:
+        try:
+            outcome = await self.execute(job)
+        finally:
+            self._leased.pop(job.id, None)
+            self._waiting.pop(job.id, None)
+        self.stats.count(outcome)
+        record_outcome(job.kind, outcome)
+        log.debug("job %s (%s, key %s, attempt %d): %s", job.id, job.kind, job.key,
+                  job.attempt, outcome)
+
+    async def execute(self, job: LeasedJob) -> str:
+        """Runs one leased job and settles it; how it ended: ``applied``, ``duplicate``,
+        ``failed`` (to run again), ``dead`` or ``fenced``."""
+        spec = self.app.jobs[job.kind].spec
+        try:
+            fingerprint = self._check(job, self.app.jobs[job.kind])
+        except Exception as error:  # noqa: BLE001 - a bad job is dead-lettered, never retried
+            return await self._settle(job, f"the job cannot run: {error}", fatal=True)
+        for run in range(1, _TRANSIENT_RUNS + 1):
+            try:
+                return await self._attempt(job, spec, fingerprint)
+            except _Fenced:
+                log.warning("job %s: its lease was taken over; the new holder runs it", job.id)
+                return "fenced"
+            except KeyReused as error:
+                return await self._settle(job, str(error), fatal=True)
+            except Exception as error:  # noqa: BLE001 - every failure is settled
+                reason = transient_reason(error)
+                if reason is None:
+                    log.warning("job %s (%s) failed: %r", job.id, job.key, error)
+                    return await self._settle(job, _message(error), fatal=False)
+                if run == _TRANSIENT_RUNS:
+                    log.warning("job %s (%s) did not commit (%s) %d times; giving it back",
+                                job.id, job.key, reason, run)
+                    return await self._release(job)
+                await asyncio.sleep(0.002 * 2**run)
+        raise AssertionError("unreachable")
+
+    def _check(self, job: LeasedJob, defined: "Job") -> bytes:
+        """The payload binds to the body's parameters and the key function accepts it; the
+        payload's fingerprint. Raises what makes the job impossible to run."""
+        if not isinstance(job.payload, dict):
+            raise TypeError(f"its payload is a JSON {type(job.payload).__name__}, not an object "
+                            "of the job's arguments")
+        try:
+            defined.spec.signature.bind(None, **job.payload)
+        except TypeError as error:
+            raise TypeError(f"its payload does not bind to `{job.kind}`'s parameters: {error}") from None
+        if defined.spec.key is not None:
+            try:
+                computed = defined.spec.key(**job.payload)
+            except Exception as error:
+                raise ValueError(f"the key function raised {error!r}") from None
+            if computed != job.key:
+                log.warning("job %s: stored key %s differs from its key function's %r; the "
+                            "stored key is the one claimed", job.id, job.key, computed)
+        return _keys.fingerprint_bytes(job.payload)
+
+    async def _attempt(self, job: LeasedJob, spec: Any, fingerprint: bytes) -> str:
+        assert self._db is not None
+        async with self._db.session() as s:
+            async with s.transaction():
+                row = await s.fetchone(self._sql["claim_completing"], [
+                    job.key, job.kind, fingerprint, _tokens.next(), job.id, job.token,
+                ])
+                if row is None:
+                    raise _Fenced()
+                # The job's row is locked until this transaction ends: no heartbeat needed.
+                self._waiting.pop(job.id, None)
+                claimed = row[0]
+                if claimed is None:
+                    raise GuardVanished(
+                        f"the guard row of `{job.key}` disappeared between the conflict and its "
+                        "read: guard rows are being pruned while jobs run"
+                    )
+                if not claimed:
+                    held = row[2]
+                    if held is not None and bytes(held) != fingerprint:
+                        first = _dt.datetime.fromtimestamp(row[1] / 1e6, tz=_dt.timezone.utc)
+                        raise KeyReused(job.key, first)
+                    return "duplicate"
+                await spec.fn(s.conn, **job.payload)
+            return "applied"
+
+    async def _settle(self, job: LeasedJob, message: str, fatal: bool) -> str:
+        """Retries a failed attempt after the backoff, or dead-letters it when it was fatal or
+        its last attempt. Fenced when the lease no longer holds."""
+        assert self._db is not None
+        retry = self.app.retry
+        dead = fatal or job.attempt >= retry.last_attempt(job.max_attempts)
+        if dead:
+            statement, params = self._sql["dead"], [job.id, job.token, message]
+        else:
+            delay = int(retry.delay(job.attempt) * 1_000_000)
+            statement, params = self._sql["retry"], [job.id, job.token, delay, message]
+        try:
+            async with self._db.session() as s:
+                changed = await s.execute(statement, params)
+        except Exception as error:  # noqa: BLE001 - the rescue settles it once its lease expires
+            log.warning("job %s: settling it failed (%s); it runs again when its lease expires",
+                        job.id, error)
+            return "failed"
+        if not changed:
+            return "fenced"
+        if dead:
+            log.warning("job %s (%s) dead-lettered: %s", job.id, job.key, message)
+        return "dead" if dead else "failed"
+
+    async def _release(self, job: LeasedJob) -> str:
+        """Gives the lease back: the job runs again now, its attempt not counted."""
+        assert self._db is not None
+        try:
+            async with self._db.session() as s:
+                changed = await s.execute(self._sql["release"], [job.id, job.token])
+        except Exception as error:  # noqa: BLE001 - the rescue settles it once its lease expires
+            log.warning("job %s: giving it back failed (%s)", job.id, error)
+            return "failed"
+        self.stats.released += bool(changed)
+        return "failed" if changed else "fenced"
+
+    async def _heartbeats(self) -> None:
+        """Extends the leases of jobs fetched and not started, every third of a lease."""
+        assert self._db is not None
+        while True:
+            await asyncio.sleep(self.lease / 3)
+            leases = dict(self._waiting)
+            if not leases or "heartbeat_many" not in self._sql:
+                continue
+            held = [{"id": i, "token": t} for i, t in leases.items()]
+            try:
+                async with self._db.session() as s:
+                    rows = await s.fetch(self._sql["heartbeat_many"],
+                                         [json.dumps(held), int(self.lease * 1_000_000)])
+            except Exception as error:  # noqa: BLE001 - the next beat tries again
+                log.warning("extending leases failed: %s", error)
+                continue
+            kept = {int(row[0]) for row in rows}
+            for lost in set(leases) - kept:
+                log.warning("job %s: its lease was lost before it started", lost)
+
+    async def _rescues(self) -> None:
+        """Gives back the jobs whose lease expired (a worker that died), or dead-letters them
+        on their last attempt, as the Rust worker's rescue does."""
+        assert self._db is not None
+        every = max(min(self.lease / 2, 30.0), 0.05)
+        while True:
+            await asyncio.sleep(every)
+            mine = json.dumps([f"{i}:{t}" for i, t in self._leased.items()])
+            try:
+                async with self._db.session() as s:
+                    rescued = await s.execute(self._sql["rescue"],
+                                              [self.app.retry.max_attempts, mine])
+            except Exception as error:  # noqa: BLE001 - the next round tries again
+                log.warning("rescuing expired leases failed: %s", error)
+                continue
+            if rescued:
+                log.info("gave back %d jobs whose lease expired", rescued)
+
+    async def _drain(self, running: set[asyncio.Task]) -> None:
+        """Lets running jobs finish within the shutdown timeout; cancels the rest, whose
+        transactions roll back, and gives their leases back."""
+        if not running:
+            return
+        _, pending = await asyncio.wait(set(running), timeout=self.shutdown_timeout)
+        if not pending:
+            return
+        leases = dict(self._leased)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        assert self._db is not None
+        for job_id, token in leases.items():
+            try:
+                async with self._db.session() as s:
+                    if await s.execute(self._sql["release"], [job_id, token]):
+                        self.stats.released += 1
+            except Exception as error:  # noqa: BLE001 - the rescue gives it back later
+                log.warning("job %s: giving it back at shutdown failed (%s)", job_id, error)
+        log.info("stopped: %d jobs did not finish in %ss and were given back",
+                 len(pending), self.shutdown_timeout)
+
+
+def _message(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -1,0 +1,97 @@
+"""``python -m jobguard worker`` as a process: SIGTERM with jobs running lets them finish, or
+gives them back past the shutdown timeout; an app that cannot be loaded ends it with one line."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+
+import jobguard
+from conftest import rows
+from ledger_app import make_app
+
+
+def start(env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobguard", "worker", "ledger_app:app", *args],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def enqueue_slow(url: str, driver: str, orders: list[str]) -> None:
+    app, _ = make_app(driver, url)
+    with psycopg.connect(url) as conn, conn.transaction():
+        for order in orders:
+            jobguard.enqueue_sync(conn, "slow", {"order": order}, key=jobguard.key("slow", order))
+
+
+def wait_running(url: str, count: int, timeout: float = 10.0) -> None:
+    """Until ``count`` jobs are locked by their own transactions (their bodies running)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        [(locked,)] = rows(url, "select count(*) from jobguard_jobs where id not in "
+                                "(select id from jobguard_jobs for update skip locked)")
+        if locked >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{count} jobs did not start within {timeout}s")
+
+
+def test_sigterm_lets_running_jobs_finish(worker_env, queue_url, driver):
+    enqueue_slow(queue_url, driver, [f"s-{i}" for i in range(4)])
+    env = dict(worker_env, JOBGUARD_TEST_SLOW="1.5")
+    worker = start(env, "--concurrency", "4", "--shutdown-timeout", "20")
+    wait_running(queue_url, 4)
+    worker.send_signal(signal.SIGTERM)
+    _, err = worker.communicate(timeout=20)
+    assert worker.returncode == 0, err
+    assert "4 applied" in err
+    assert rows(queue_url, "select count(*) from worker_ledger") == [(4,)]
+    assert rows(queue_url, "select distinct state from jobguard_jobs") == [("completed",)]
+
+
+def test_sigterm_past_the_shutdown_timeout_gives_running_jobs_back(worker_env, queue_url, driver):
+    enqueue_slow(queue_url, driver, ["s-1", "s-2"])
+    env = dict(worker_env, JOBGUARD_TEST_SLOW="60")
+    worker = start(env, "--concurrency", "2", "--shutdown-timeout", "0.2")
+    wait_running(queue_url, 2)
+    started = time.monotonic()
+    worker.send_signal(signal.SIGINT)
+    _, err = worker.communicate(timeout=20)
+    assert worker.returncode == 0, err
+    assert time.monotonic() - started < 10
+    # Rolled back and given back at once, their attempt not counted: due now, for any worker.
+    assert rows(queue_url, "select state, attempt, leased_until is null from jobguard_jobs") == [
+        ("available", 0, True), ("available", 0, True)]
+    assert rows(queue_url, "select count(*) from worker_ledger") == [(0,)]
+    env = dict(worker_env, JOBGUARD_TEST_SLOW="0")
+    done = subprocess.run([sys.executable, "-m", "jobguard", "worker", "ledger_app:app",
+                           "--until-idle"], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert rows(queue_url, "select count(*) from worker_ledger") == [(2,)]
+
+
+def one_line_failure(env: dict[str, str], spec: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "jobguard", "worker", spec], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_an_app_that_cannot_be_loaded_ends_the_command_with_one_line(worker_env):
+    line = one_line_failure(worker_env, "no_such_module:app")
+    assert line.startswith("python -m jobguard worker: cannot import `no_such_module`")
+    line = one_line_failure(worker_env, "ledger_app:not_an_app")
+    assert "`ledger_app:not_an_app` is a builtins.dict, not a jobguard.App" in line
+    line = one_line_failure(worker_env, "ledger_app:missing")
+    assert "module `ledger_app` has no attribute `missing`" in line
