@@ -5,6 +5,8 @@
 //! - [`fingerprint`]: the canonical-JSON hash of a payload that tells a redelivery from a
 //!   reused key;
 //! - [`api_key`]: idempotency keys for external APIs, derived from a job key and a step;
+//! - [`periodic`]: the key of a periodic job's firing and which missed firings a scheduler
+//!   enqueues;
 //! - [`retention`]: the horizon a guard retention must cover;
 //! - [`table`]: validated, quoted table names;
 //! - [`sql`]: the guard's statements and DDL per dialect, the very text the Rust guard runs;
@@ -32,6 +34,7 @@ pub mod api_key;
 pub mod duration;
 pub mod fingerprint;
 pub mod key;
+pub mod periodic;
 pub mod retention;
 pub mod sql;
 pub mod table;
