@@ -15,6 +15,7 @@ pub(crate) mod outbox;
 mod postgres;
 pub(crate) mod prune;
 pub(crate) mod queue;
+pub(crate) mod schedules;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod steps;
@@ -44,6 +45,7 @@ pub trait Backend:
     + self::outbox::OutboxStore
     + self::steps::StepStore
     + self::offsets::OffsetStore
+    + self::schedules::ScheduleStore
 {
     /// The backend's name as shown to users: `postgres` or `sqlite`.
     const BACKEND: &'static str;
