@@ -197,6 +197,11 @@ impl Periodic {
         &self.queue
     }
 
+    /// The payload field set to each firing's time, if any.
+    pub fn firing_field_name(&self) -> Option<&str> {
+        self.firing_field.as_deref()
+    }
+
     /// The missed-firings policy.
     pub fn missed_policy(&self) -> Missed {
         self.missed
