@@ -110,6 +110,12 @@ impl<DB: Backend> Console<DB> {
         Console { queue, sql }
     }
 
+    /// The periodic schedules beside the queues: each one's last and next firing, and the job
+    /// of its last firing with its state (see [`periodic`](crate::periodic)).
+    pub async fn schedules(&self) -> Result<Vec<crate::periodic::ScheduleStatus>> {
+        crate::periodic::Scheduler::status(&self.queue, std::time::SystemTime::now()).await
+    }
+
     /// The queue the console acts on.
     pub fn queue(&self) -> &Queue<DB> {
         &self.queue

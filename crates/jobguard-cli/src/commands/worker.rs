@@ -261,6 +261,19 @@ async fn run<DB: ExampleDb>(
             }
         );
     }
+    if !args.target.json {
+        for periodic in worker.schedules() {
+            eprintln!(
+                "jobguard worker: schedule `{}`: `{}` {} -> {} on `{}`, missed firings: {}",
+                periodic.name(),
+                periodic.expression(),
+                periodic.zone_name(),
+                periodic.kind(),
+                periodic.queue_name(),
+                periodic.missed_policy()
+            );
+        }
+    }
     let started = Instant::now();
     // One signal for both; the relay also stops when the worker does (--until-idle).
     let (worker_stopped, on_worker_stop) = tokio::sync::oneshot::channel::<()>();

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use super::Periodic;
 use super::cron::{ZonedCron, parse_zone};
+use crate::console::is_missing_table;
 use crate::error::{Error, Result};
 use crate::queue::{NewJob, Queue};
 use crate::store::Backend;
@@ -388,13 +389,4 @@ impl<DB: Backend> Scheduler<DB> {
 
 fn count(firing: &Firing) {
     crate::metrics::count_periodic_firing(&firing.schedule, firing.outcome.as_str());
-}
-
-/// Whether `error` says the schedules table does not exist (no scheduler ever ran).
-fn is_missing_table(error: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(error) = error else {
-        return false;
-    };
-    // PostgreSQL's undefined_table; SQLite says so in its message.
-    error.code().as_deref() == Some("42P01") || error.message().contains("no such table")
 }
