@@ -231,10 +231,4 @@ fn or_absent<T>(read: sqlx::Result<T>, absent: T) -> Result<T> {
     }
 }
 
-/// PostgreSQL's undefined_table, or SQLite's "no such table".
-pub(crate) fn is_missing_table(error: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(db) = error else {
-        return false;
-    };
-    db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
-}
+pub(crate) use crate::store::is_missing_table;

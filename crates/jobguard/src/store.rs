@@ -61,3 +61,12 @@ pub(crate) fn is_connection_error(error: &sqlx::Error) -> bool {
             | sqlx::Error::WorkerCrashed
     )
 }
+
+/// PostgreSQL's undefined_table, or SQLite's "no such table": a read of a table nothing has
+/// created yet.
+pub(crate) fn is_missing_table(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
+}

@@ -11,11 +11,10 @@ use tokio::sync::watch;
 
 use super::Periodic;
 use super::cron::{ZonedCron, parse_zone};
-use crate::console::is_missing_table;
 use crate::error::{Error, Result};
 use crate::queue::{NewJob, Queue};
-use crate::store::Backend;
 use crate::store::schedules::{ScheduleRow, ScheduleSql};
+use crate::store::{Backend, is_missing_table};
 use crate::unique::{UniqueOpts, UniqueStates};
 use jobguard_core::periodic::{firing_key, plan};
 
