@@ -30,6 +30,7 @@ pub fn routes<DB: Backend>(console: Console<DB>) -> Router {
         .route("/api/jobs/{id}/cancel", post(cancel::<DB>))
         .route("/api/keys/{*key}", get(key::<DB>))
         .route("/api/queues", get(queues::<DB>))
+        .route("/api/schedules", get(schedules::<DB>))
         .route("/api/queues/{name}/pause", post(pause::<DB>))
         .route("/api/queues/{name}/resume", post(resume::<DB>))
         .with_state(console)
@@ -172,6 +173,13 @@ async fn remove<DB: Backend>(State(console): State<Console<DB>>, Path(id): Path<
 async fn queues<DB: Backend>(State(console): State<Console<DB>>) -> Response {
     match console.queues().await {
         Ok(queues) => Json(json!({"queues": queues})).into_response(),
+        Err(e) => error(e),
+    }
+}
+
+async fn schedules<DB: Backend>(State(console): State<Console<DB>>) -> Response {
+    match console.schedules().await {
+        Ok(schedules) => Json(json!({"schedules": schedules})).into_response(),
         Err(e) => error(e),
     }
 }

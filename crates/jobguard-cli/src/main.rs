@@ -30,7 +30,7 @@ use clap::{Parser, Subcommand};
 
 use crate::commands::{
     bench::BenchCommand, consume, dead, demo as demo_command, demo_process, enqueue, jobs, key,
-    outbox, provider, prune, queue, relay, retention, serve, stats, steps, worker,
+    outbox, provider, prune, queue, relay, retention, schedules, serve, stats, steps, worker,
 };
 
 /// Exactly-once effects for background jobs delivered at least once.
@@ -93,6 +93,9 @@ enum Command {
     /// The dashboard's figures in the terminal: backlog, dead letters, steps needing
     /// attention, the guard's memory horizon, and with --url a server's outcome counts.
     Stats(stats::StatsArgs),
+    /// Periodic schedules: each one's last and next firing, and the job its last firing
+    /// produced.
+    Schedules(schedules::SchedulesArgs),
 }
 
 fn main() -> ExitCode {
@@ -131,6 +134,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Provider(args) => provider::provider(args).await,
         Command::Serve(args) => serve::serve(args).await,
         Command::Stats(args) => stats::stats(args).await,
+        Command::Schedules(args) => schedules::schedules(args).await,
         Command::Prune(args) => prune::prune(args).await,
         Command::Retention(args) => retention::retention(args).await,
         Command::Consume(command) => consume::consume(command).await,

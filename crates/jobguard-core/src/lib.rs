@@ -6,6 +6,8 @@
 //!   reused key;
 //! - [`api_key`]: idempotency keys for external APIs, derived from a job key and a step;
 //! - [`payload`]: the size and NUL rules every job and outbox payload keeps;
+//! - [`periodic`]: the key of a periodic job's firing and which missed firings a scheduler
+//!   enqueues;
 //! - [`retention`]: the horizon a guard retention must cover;
 //! - [`table`]: validated, quoted table names;
 //! - [`sql`]: the guard's statements and DDL per dialect, the very text the Rust guard runs;
@@ -34,6 +36,7 @@ pub mod duration;
 pub mod fingerprint;
 pub mod key;
 pub mod payload;
+pub mod periodic;
 pub mod retention;
 pub mod sql;
 pub mod table;

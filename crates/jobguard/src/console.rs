@@ -110,6 +110,12 @@ impl<DB: Backend> Console<DB> {
         Console { queue, sql }
     }
 
+    /// The periodic schedules beside the queues: each one's last and next firing, and the job
+    /// of its last firing with its state (see [`periodic`](crate::periodic)).
+    pub async fn schedules(&self) -> Result<Vec<crate::periodic::ScheduleStatus>> {
+        crate::periodic::Scheduler::status(&self.queue, std::time::SystemTime::now()).await
+    }
+
     /// The queue the console acts on.
     pub fn queue(&self) -> &Queue<DB> {
         &self.queue
@@ -225,10 +231,4 @@ fn or_absent<T>(read: sqlx::Result<T>, absent: T) -> Result<T> {
     }
 }
 
-/// PostgreSQL's undefined_table, or SQLite's "no such table".
-pub(crate) fn is_missing_table(error: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(db) = error else {
-        return false;
-    };
-    db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
-}
+pub(crate) use crate::store::is_missing_table;

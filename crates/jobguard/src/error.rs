@@ -33,6 +33,17 @@ pub enum Error {
         name: String,
     },
 
+    /// A periodic schedule cannot run: its cron expression, time zone, kind or payload is
+    /// wrong. Refused when the schedule is made or when the worker starts, before any firing
+    /// is enqueued.
+    #[error("schedule `{schedule}`: {reason}")]
+    InvalidSchedule {
+        /// The schedule's name.
+        schedule: String,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+
     /// The key was first applied with a different payload.
     ///
     /// Nothing was applied. Either the producer derived the same key for different work (derive

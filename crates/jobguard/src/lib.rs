@@ -118,6 +118,7 @@ pub mod key;
 pub mod metrics;
 pub mod outbox;
 mod payload;
+pub mod periodic;
 pub mod queue;
 pub mod retention;
 mod retry;

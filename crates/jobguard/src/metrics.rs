@@ -22,6 +22,7 @@
 //! | [`OUTBOX_RETRIED_TOTAL`] `jobguard_outbox_retried_total` | counter | `topic` |
 //! | [`OUTBOX_DEAD_TOTAL`] `jobguard_outbox_dead_total` | counter | `topic` |
 //! | [`KAFKA_OFFSET_OUT_OF_RANGE_TOTAL`] `jobguard_kafka_offset_out_of_range_total` | counter | `topic`, `reason`, `action` |
+//! | [`PERIODIC_FIRINGS_TOTAL`] `jobguard_periodic_firings_total` | counter | `schedule`, `outcome` |
 //! | [`KAFKA_PARTITIONS_RESTARTED_TOTAL`] `jobguard_kafka_partitions_restarted_total` | counter | `topic` |
 //!
 //! Counters, histograms and the spike gauge are recorded by the process that runs the jobs (a
@@ -81,6 +82,18 @@ pub(crate) fn record_oldest_age(table: &str, age: Option<Duration>) {
 
 pub(crate) fn record_pruned(table: &str, rows: u64) {
     metrics::counter!(PRUNED_ROWS_TOTAL, "table" => table.to_owned()).increment(rows);
+}
+
+/// Periodic firings per schedule by outcome: `jobguard_periodic_firings_total{schedule,
+/// outcome}`, `outcome` one of `enqueued` (this scheduler enqueued the firing's job),
+/// `already_enqueued` (another scheduler had: normal with several workers) and `missed` (no
+/// scheduler reached it in time, and the schedule's policy left it out). Counted by the
+/// worker that runs the schedule.
+pub const PERIODIC_FIRINGS_TOTAL: &str = "jobguard_periodic_firings_total";
+
+pub(crate) fn count_periodic_firing(schedule: &str, outcome: &'static str) {
+    metrics::counter!(PERIODIC_FIRINGS_TOTAL, "schedule" => schedule.to_owned(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// Duplicates per job kind by where they came from, where that is known:
@@ -293,6 +306,11 @@ pub fn describe() {
     describe_counter!(
         BATCHES_TOTAL,
         "Worker batches, committed or rolled back (their jobs then ran one per transaction)."
+    );
+    describe_counter!(
+        PERIODIC_FIRINGS_TOTAL,
+        "Periodic firings per schedule: enqueued, already_enqueued (by another scheduler), \
+         missed (left out by the schedule's policy)."
     );
     describe_counter!(
         STEPS_ATTENTION_TOTAL,

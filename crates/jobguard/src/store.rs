@@ -15,6 +15,7 @@ pub(crate) mod outbox;
 mod postgres;
 pub(crate) mod prune;
 pub(crate) mod queue;
+pub(crate) mod schedules;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod steps;
@@ -44,6 +45,7 @@ pub trait Backend:
     + self::outbox::OutboxStore
     + self::steps::StepStore
     + self::offsets::OffsetStore
+    + self::schedules::ScheduleStore
 {
     /// The backend's name as shown to users: `postgres` or `sqlite`.
     const BACKEND: &'static str;
@@ -58,4 +60,13 @@ pub(crate) fn is_connection_error(error: &sqlx::Error) -> bool {
             | sqlx::Error::Tls(_)
             | sqlx::Error::WorkerCrashed
     )
+}
+
+/// PostgreSQL's undefined_table, or SQLite's "no such table": a read of a table nothing has
+/// created yet.
+pub(crate) fn is_missing_table(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
 }

@@ -74,6 +74,7 @@ mod cursor;
 mod fetch;
 mod group;
 mod leases;
+mod periodic;
 mod run_batch;
 mod run_one;
 mod runnable;
@@ -255,6 +256,8 @@ pub struct Worker<DB: Backend> {
     /// taken and again when it is given back; at thousands of jobs a second that doubles the
     /// statements of a short job.
     connections: Mutex<Vec<PoolConnection<DB>>>,
+    /// Periodic schedules whose firings this worker enqueues, on a timer task of its own.
+    schedules: Vec<crate::periodic::Periodic>,
 }
 
 impl<DB: Backend> Worker<DB> {
@@ -277,6 +280,7 @@ impl<DB: Backend> Worker<DB> {
             leases: leases::Leases::default(),
             config,
             connections: Mutex::default(),
+            schedules: Vec::new(),
         })
     }
 
@@ -324,10 +328,12 @@ impl<DB: Backend> Worker<DB> {
         &self.guard
     }
 
-    /// Creates the queue's and the guard's tables when missing; cheap when they exist.
+    /// Creates the queue's and the guard's tables (and the schedules table, with
+    /// [`schedules`](Self::schedule)) when missing; cheap when they exist.
     pub async fn migrate(&self) -> Result<()> {
         self.queue.migrate().await?;
-        self.guard.migrate().await
+        self.guard.migrate().await?;
+        self.migrate_schedules().await
     }
 
     /// The worker's retention, checked against the horizon of its retry policy and lease

@@ -12,7 +12,7 @@ use jobguard::outbox::{RelayConfig, RelayReport, WebhookSink};
 use jobguard::retention::{PruneConfig, PruneSchedule, format_duration};
 use jobguard::steps::StepConfig;
 use jobguard::worker::shutdown_signal;
-use jobguard::{Guard, Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
+use jobguard::{Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
 use serde::Serialize;
 use sqlx::Pool;
 
@@ -84,6 +84,10 @@ pub struct WorkerArgs {
     /// --keep after their key was applied will apply again.
     #[arg(long)]
     override_horizon: bool,
+    /// Enqueue the jobs of the periodic schedules in this file (TOML, or JSON when it ends in
+    /// .json; see `jobguard schedules`), each firing once however many workers run it.
+    #[arg(long, value_name = "FILE")]
+    schedule: Option<std::path::PathBuf>,
     #[command(flatten)]
     metrics: MetricsArgs,
     #[command(flatten)]
@@ -185,12 +189,17 @@ async fn run<DB: ExampleDb>(
         ..WorkerConfig::default()
     };
     let queue = Queue::new(pool.clone());
-    let worker = builtin_jobs::register(Worker::with_config(queue.clone(), config)?);
+    let mut worker = builtin_jobs::register(Worker::with_config(queue.clone(), config)?);
+    if let Some(path) = &args.schedule {
+        for periodic in super::schedules::load(path, &args.queue)? {
+            worker = worker.schedule(periodic);
+        }
+    }
     // Refused before anything is created or started.
     let retention = worker.retention()?;
     // Creating the tables is safe to run again: a server going down meanwhile is waited for.
     tokio::select! {
-        migrated = startup.retry(|| migrate(&queue, worker.guard(), &pool, &database)) => migrated?,
+        migrated = startup.retry(|| migrate(&worker, &pool, &database)) => migrated?,
         () = signal.clone() => return Ok(stopped_while_starting()),
     }
 
@@ -252,6 +261,19 @@ async fn run<DB: ExampleDb>(
             }
         );
     }
+    if !args.target.json {
+        for periodic in worker.schedules() {
+            eprintln!(
+                "jobguard worker: schedule `{}`: `{}` {} -> {} on `{}`, missed firings: {}",
+                periodic.name(),
+                periodic.expression(),
+                periodic.zone_name(),
+                periodic.kind(),
+                periodic.queue_name(),
+                periodic.missed_policy()
+            );
+        }
+    }
     let started = Instant::now();
     // One signal for both; the relay also stops when the worker does (--until-idle).
     let (worker_stopped, on_worker_stop) = tokio::sync::oneshot::channel::<()>();
@@ -291,21 +313,15 @@ async fn run<DB: ExampleDb>(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Creates the queue's, the guard's and the built-in jobs' tables when missing.
+/// Creates the queue's, the guard's, the schedules' and the built-in jobs' tables when missing.
 async fn migrate<DB: ExampleDb>(
-    queue: &Queue<DB>,
-    guard: &Guard<DB>,
+    worker: &Worker<DB>,
     pool: &Pool<DB>,
     database: &str,
 ) -> anyhow::Result<()> {
-    queue
-        .migrate()
-        .await
-        .with_context(|| format!("cannot create the job queue's table in {database}"))?;
-    guard
-        .migrate()
-        .await
-        .with_context(|| format!("cannot create the guard's table in {database}"))?;
+    worker.migrate().await.with_context(|| {
+        format!("cannot create the job queue's, the guard's or the schedules' tables in {database}")
+    })?;
     builtin_jobs::migrate(pool)
         .await
         .with_context(|| format!("cannot create the built-in jobs' tables in {database}"))

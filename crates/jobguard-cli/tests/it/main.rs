@@ -16,6 +16,7 @@ mod demo;
 mod faults;
 mod operators;
 mod ops;
+mod periodic;
 mod relay;
 mod retention;
 mod serve;

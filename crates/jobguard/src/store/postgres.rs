@@ -13,6 +13,7 @@ mod offsets;
 mod outbox;
 mod prune;
 mod queue;
+mod schedules;
 mod steps;
 mod worker;
 

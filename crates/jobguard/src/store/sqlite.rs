@@ -15,6 +15,7 @@ mod offsets;
 mod outbox;
 mod prune;
 mod queue;
+mod schedules;
 mod steps;
 mod worker;
 

@@ -37,10 +37,13 @@ impl<DB: Backend> Worker<DB> {
     /// [`WorkerConfig::shutdown_timeout`](super::WorkerConfig::shutdown_timeout), then rolls back the rest and gives their jobs back.
     pub async fn run(mut self, shutdown: impl Future<Output = ()> + Send) -> Result<WorkerStats> {
         let retention = self.retention()?;
+        let scheduler = self.scheduler()?;
         self.config.concurrency = self.servable_concurrency();
         let worker = Arc::new(self);
         let counters = Arc::new(Counters::default());
         let (stop_pruning, pruning) = worker.prune_on_schedule(retention, &counters);
+        let scheduling = scheduler
+            .map(|scheduler| AbortOnDrop(tokio::spawn(scheduler.run(stop_pruning.subscribe()))));
         let concurrency = worker.config.concurrency.max(1);
         let ahead = worker.prefetch();
         // Fetch when half the jobs fetched ahead have started (or half the slots are free, with
@@ -155,6 +158,8 @@ impl<DB: Backend> Worker<DB> {
         }
 
         drop(fetch_conn);
+        // No firing is enqueued once shutdown is asked.
+        drop(scheduling);
         // Jobs still waiting for a slot are given back now rather than started.
         for job in ready.stop() {
             worker.end_lease(job.lease);

@@ -33,6 +33,7 @@ mod key;
 mod lost_fetch;
 mod metrics;
 mod outbox;
+mod periodic;
 mod postgres_faults;
 mod queue;
 mod retention;

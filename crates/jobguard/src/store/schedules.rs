@@ -1,0 +1,236 @@
+//! The periodic schedules' state table (`<jobs table>_schedules`): one row per schedule with
+//! the time of its last firing enqueued and the job that firing produced, written in the
+//! transaction that enqueues the firing. Its statements are the same text on both backends
+//! (times are whole seconds since the Unix epoch, in `bigint` columns); the binding and
+//! decoding are written once in [`schedule_statements`].
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::table::TableName;
+
+/// The schedules table's statements, built once from its validated name.
+#[derive(Debug)]
+pub struct ScheduleSql {
+    pub(crate) table: TableName,
+    pub(crate) create: Vec<Arc<str>>,
+    /// `$1` name, `$2` cron, `$3` zone, `$4` kind, `$5` queue, `$6` now: inserts the row, or
+    /// updates its definition; returns `(created_at, last_fired_at)`.
+    pub(crate) register: Arc<str>,
+    /// `$1` name: `(created_at, last_fired_at)`.
+    pub(crate) read: Arc<str>,
+    /// `$1` name, `$2` the firing's time, `$3` its job, `$4` now: records the firing unless a
+    /// later one is recorded already.
+    pub(crate) fired: Arc<str>,
+    /// Every row, by name.
+    pub(crate) list: Arc<str>,
+}
+
+/// A schedule's row as read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleRow {
+    /// The schedule's name.
+    pub name: String,
+    /// Its cron expression, as the last scheduler to start had it.
+    pub cron: String,
+    /// Its time zone.
+    pub zone: String,
+    /// The kind of its jobs.
+    pub kind: String,
+    /// The queue its jobs go to.
+    pub queue: String,
+    /// When a scheduler first ran it (seconds since the epoch): no firing before is missed.
+    pub created_at: i64,
+    /// The time of its last firing enqueued (seconds since the epoch), if any.
+    pub last_fired_at: Option<i64>,
+    /// The job that firing produced.
+    pub last_job_id: Option<i64>,
+}
+
+impl ScheduleSql {
+    /// The statements on the schedules table `table`, created by `create`.
+    pub(crate) fn new(table: &TableName, create: Vec<String>) -> Self {
+        let t = table.quoted();
+        ScheduleSql {
+            table: table.clone(),
+            create: create.into_iter().map(Arc::from).collect(),
+            register: format!(
+                "insert into {t} (name, cron, zone, kind, queue, created_at, updated_at)
+                 values ($1, $2, $3, $4, $5, $6, $6)
+                 on conflict (name) do update
+                 set cron = excluded.cron, zone = excluded.zone, kind = excluded.kind,
+                     queue = excluded.queue, updated_at = excluded.updated_at
+                 returning created_at, last_fired_at"
+            )
+            .into(),
+            read: format!("select created_at, last_fired_at from {t} where name = $1").into(),
+            // In the firing's enqueue transaction: the row and the job commit together. Two
+            // schedulers recording firings out of order never move the row back.
+            fired: format!(
+                "update {t}
+                 set last_fired_at = $2, last_job_id = $3, updated_at = $4
+                 where name = $1 and (last_fired_at is null or last_fired_at <= $2)"
+            )
+            .into(),
+            list: format!(
+                "select name, cron, zone, kind, queue, created_at, last_fired_at, last_job_id
+                 from {t} order by name"
+            )
+            .into(),
+        }
+    }
+}
+
+/// The schedules table's statements each backend implements, in its `schedules.rs`.
+pub trait ScheduleStore: sqlx::Database {
+    /// The statements on the schedules table of the jobs table `jobs`.
+    fn schedule_sql(jobs: &TableName) -> crate::Result<ScheduleSql>;
+
+    /// Inserts or updates the schedule's row; its `(created_at, last_fired_at)`.
+    fn register_schedule(
+        conn: &mut Self::Connection,
+        sql: &ScheduleSql,
+        row: &ScheduleRow,
+        now: i64,
+    ) -> impl Future<Output = sqlx::Result<(i64, Option<i64>)>> + Send;
+
+    /// The schedule's `(created_at, last_fired_at)`, if it has a row.
+    fn read_schedule(
+        conn: &mut Self::Connection,
+        sql: &ScheduleSql,
+        name: &str,
+    ) -> impl Future<Output = sqlx::Result<Option<(i64, Option<i64>)>>> + Send;
+
+    /// Records the firing at `at` and its job, on the enqueue's transaction.
+    fn record_firing(
+        conn: &mut Self::Connection,
+        sql: &ScheduleSql,
+        name: &str,
+        at: i64,
+        job: i64,
+        now: i64,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+
+    /// Every schedule's row.
+    fn list_schedules(
+        conn: &mut Self::Connection,
+        sql: &ScheduleSql,
+    ) -> impl Future<Output = sqlx::Result<Vec<ScheduleRow>>> + Send;
+}
+
+/// The schedule statements' binding and decoding, the same on every backend. Expanded inside
+/// each `impl ScheduleStore`, where the backend's types are concrete.
+macro_rules! schedule_statements {
+    () => {
+        async fn register_schedule(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::schedules::ScheduleSql,
+            row: &$crate::store::schedules::ScheduleRow,
+            now: i64,
+        ) -> sqlx::Result<(i64, Option<i64>)> {
+            sqlx::query_as(sqlx::AssertSqlSafe(&*sql.register))
+                .bind(&row.name)
+                .bind(&row.cron)
+                .bind(&row.zone)
+                .bind(&row.kind)
+                .bind(&row.queue)
+                .bind(now)
+                .fetch_one(conn)
+                .await
+        }
+
+        async fn read_schedule(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::schedules::ScheduleSql,
+            name: &str,
+        ) -> sqlx::Result<Option<(i64, Option<i64>)>> {
+            sqlx::query_as(sqlx::AssertSqlSafe(&*sql.read))
+                .bind(name)
+                .fetch_optional(conn)
+                .await
+        }
+
+        async fn record_firing(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::schedules::ScheduleSql,
+            name: &str,
+            at: i64,
+            job: i64,
+            now: i64,
+        ) -> sqlx::Result<()> {
+            sqlx::query(sqlx::AssertSqlSafe(&*sql.fired))
+                .bind(name)
+                .bind(at)
+                .bind(job)
+                .bind(now)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn list_schedules(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::schedules::ScheduleSql,
+        ) -> sqlx::Result<Vec<$crate::store::schedules::ScheduleRow>> {
+            type Row = (
+                String,
+                String,
+                String,
+                String,
+                String,
+                i64,
+                Option<i64>,
+                Option<i64>,
+            );
+            let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(&*sql.list))
+                .fetch_all(conn)
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(
+                    |(name, cron, zone, kind, queue, created_at, last_fired_at, last_job_id)| {
+                        $crate::store::schedules::ScheduleRow {
+                            name,
+                            cron,
+                            zone,
+                            kind,
+                            queue,
+                            created_at,
+                            last_fired_at,
+                            last_job_id,
+                        }
+                    },
+                )
+                .collect())
+        }
+    };
+}
+
+pub(crate) use schedule_statements;
+
+/// The schedules table of the jobs table `jobs`: `<jobs>_schedules`, in its schema.
+pub(crate) fn schedules_table(jobs: &TableName) -> crate::Result<TableName> {
+    let name = format!("{}_schedules", jobs.name());
+    let table = TableName::new(&name).map_err(crate::Error::from)?;
+    Ok(match jobs.schema() {
+        Some(schema) => table.in_schema(schema).map_err(crate::Error::from)?,
+        None => table,
+    })
+}
+
+/// The columns, the same on both backends.
+pub(crate) fn create_table(t: &str) -> String {
+    format!(
+        "create table if not exists {t} (
+            name          text primary key,
+            cron          text not null,
+            zone          text not null,
+            kind          text not null,
+            queue         text not null,
+            created_at    bigint not null,
+            last_fired_at bigint,
+            last_job_id   bigint,
+            updated_at    bigint not null
+        )"
+    )
+}
