@@ -116,3 +116,28 @@ impl<DB: Backend> Lane<DB> {
         self.quiet.heard();
     }
 }
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use std::time::Duration;
+
+    use super::Lane;
+
+    #[test]
+    fn a_lane_knows_its_next_offset_only_once_it_knows_where_it_was_assigned_at() {
+        let mut lane = Lane::<sqlx::Sqlite>::new(Duration::from_secs(10));
+        lane.reset(true);
+        // Assigned with no stored offset: settled_next (0) is no position of the partition.
+        assert_eq!(lane.next_offset(), None);
+        lane.assigned_at = Some(40);
+        assert_eq!(lane.next_offset(), Some(40));
+        lane.settled_next = 45;
+        assert_eq!(lane.next_offset(), Some(45));
+        lane.expect_from(50, true);
+        assert_eq!(lane.next_offset(), Some(50));
+        // Never below where the partition was assigned at, whatever settled before.
+        lane.reset(true);
+        lane.assigned_at = Some(60);
+        assert_eq!(lane.next_offset(), Some(60));
+    }
+}

@@ -109,13 +109,9 @@ pub(super) async fn restart_if_stopped<C: ConsumerContext + 'static>(
     else {
         return Checked::Caught;
     };
-    if next < low {
-        // Fetching from `next` would read from the log start, each message after the one the
-        // lane expects: dropped as a skip, and the partition read again from its start.
-        return Checked::BelowLogStart { low, high };
-    }
-    if high <= next {
-        return Checked::Caught;
+    let found = found(next, low, high);
+    if found != Checked::Refetched {
+        return found;
     }
     tracing::warn!(
         topic,
@@ -131,6 +127,20 @@ pub(super) async fn restart_if_stopped<C: ConsumerContext + 'static>(
         Checked::Refetched
     } else {
         Checked::Caught
+    }
+}
+
+/// What a quiet lane whose next offset is `next` finds in its partition's log `[low, high)`.
+/// Below the log start, fetching from `next` would serve the log start, a message after the
+/// one the lane expects: dropped as a broker's skip, with the partition read again from its
+/// start, message after message, check after check.
+fn found(next: i64, low: i64, high: i64) -> Checked {
+    if next < low {
+        Checked::BelowLogStart { low, high }
+    } else if high <= next {
+        Checked::Caught
+    } else {
+        Checked::Refetched
     }
 }
 
@@ -177,5 +187,19 @@ mod tests {
         assert_eq!(quiet.wait, LONGEST_WAIT);
         quiet.heard();
         assert_eq!(quiet.wait, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_next_offset_below_the_log_start_is_found_once_and_never_fetched() {
+        // The log holds [150, 300).
+        assert_eq!(found(150, 150, 300), Checked::Refetched);
+        assert_eq!(found(299, 150, 300), Checked::Refetched);
+        assert_eq!(found(300, 150, 300), Checked::Caught);
+        let below = found(100, 150, 300);
+        assert_eq!(below, Checked::BelowLogStart { low: 150, high: 300 });
+        // An emptied log: the messages the lane never received are gone all the same.
+        assert_eq!(found(100, 150, 150), Checked::BelowLogStart { low: 150, high: 150 });
+        // The lane goes on from the log start: the next check finds it there.
+        assert_eq!(found(150, 150, 150), Checked::Caught);
     }
 }

@@ -1,0 +1,74 @@
+//! The Kafka stall check on partitions assigned with no stored offset: the client starts them
+//! where it says (Kafka's committed offset, `auto.offset.reset`), and the check must not guess.
+
+use std::time::{Duration, Instant};
+
+use jobguard::broker::kafka::KafkaConfig;
+
+use super::Settings;
+use super::consumer::{Credit, DEADLINE, Fixture, effect_runs};
+use super::kafka::{Kafka, credit_consumer};
+use crate::common::{TestDb, ledger_rows};
+
+backends!(fn a_new_group_starting_at_the_log_end_applies_nothing_old);
+/// A new group told `auto.offset.reset=latest` (through the client settings) joins a topic with
+/// ten credits in it: it has no stored offset, and the client starts the partition at its end.
+/// The partition stays quiet for several `stalled_after`; the check must not take it for a
+/// stalled one (a guess of offset 0 read the whole retained log again, every old credit
+/// applied). Credits published afterwards apply; the old ones never run.
+async fn a_new_group_starting_at_the_log_end_applies_nothing_old<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("latest_new_group").await else {
+        return;
+    };
+    let one = Settings {
+        partitions: 1,
+        prefetch: 1,
+        ..Settings::default()
+    };
+    fixture.prepare(one).await;
+    let credit = |n: usize| Credit {
+        order: format!("latest-{n}"),
+        ..Credit::new(n, 10)
+    };
+    let old: Vec<Credit> = (0..10).map(credit).collect();
+    fixture
+        .publish(old.iter().map(Credit::body).collect())
+        .await;
+
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(3), 1).await;
+    let config = KafkaConfig {
+        stalled_after: Duration::from_secs(1),
+        client_settings: vec![("auto.offset.reset".to_owned(), "latest".to_owned())],
+        ..Kafka::config(&fixture.name, one)
+    };
+    let source = consumer
+        .kafka_source(&fixture.url, config)
+        .await
+        .expect("join the group");
+    let run = tokio::spawn(consumer.run_kafka(source, std::future::pending()));
+
+    // The group joins and the partition stays quiet: the stall check has its turns.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let replayed = ledger_rows(&fixture.pool).await;
+    assert_eq!(replayed, 0, "old credits applied while the partition was quiet");
+
+    // New credits, one every half second until one applies: published before the group took
+    // the partition, one is skipped by `latest`, as it should be.
+    let started = Instant::now();
+    let mut fresh = Vec::new();
+    while ledger_rows(&fixture.pool).await == 0 {
+        assert!(started.elapsed() < DEADLINE, "a new credit applied");
+        let next = credit(100 + fresh.len());
+        fixture.publish(vec![next.body()]).await;
+        fresh.push(next);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let stats = run.await.unwrap().expect("the consumer ran");
+    let applied: usize = fresh.iter().map(|c| effect_runs::<DB>(&c.order)).sum();
+    assert!(applied >= 1, "{stats:?}");
+    assert_eq!((stats.applied, stats.duplicates), (applied as u64, 0), "{stats:?}");
+    for credit in &old {
+        assert_eq!(effect_runs::<DB>(&credit.order), 0, "{}", credit.order);
+    }
+    fixture.cleanup().await;
+}
