@@ -278,6 +278,7 @@ impl<DB: Backend> Consumer<DB> {
                                                 lane.expected = None;
                                                 // After a reset, the offsets start over.
                                                 lane.settled_next = low;
+                                                lane.assigned_at = Some(low);
                                             }
                                             Err(error) => {
                                                 failure = Some(error);
