@@ -196,9 +196,21 @@ mod tests {
         assert_eq!(found(299, 150, 300), Checked::Refetched);
         assert_eq!(found(300, 150, 300), Checked::Caught);
         let below = found(100, 150, 300);
-        assert_eq!(below, Checked::BelowLogStart { low: 150, high: 300 });
+        assert_eq!(
+            below,
+            Checked::BelowLogStart {
+                low: 150,
+                high: 300
+            }
+        );
         // An emptied log: the messages the lane never received are gone all the same.
-        assert_eq!(found(100, 150, 150), Checked::BelowLogStart { low: 150, high: 150 });
+        assert_eq!(
+            found(100, 150, 150),
+            Checked::BelowLogStart {
+                low: 150,
+                high: 150
+            }
+        );
         // The lane goes on from the log start: the next check finds it there.
         assert_eq!(found(150, 150, 150), Checked::Caught);
     }

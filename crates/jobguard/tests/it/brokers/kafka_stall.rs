@@ -35,7 +35,8 @@ async fn a_new_group_starting_at_the_log_end_applies_nothing_old<DB: TestDb>() {
         .publish(old.iter().map(Credit::body).collect())
         .await;
 
-    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(3), 1).await;
+    // Stopped by the test: idle would stop it while the partition is quiet, as it must be.
+    let consumer = credit_consumer(&fixture.pool, DEADLINE, 1).await;
     let config = KafkaConfig {
         stalled_after: Duration::from_secs(1),
         client_settings: vec![("auto.offset.reset".to_owned(), "latest".to_owned())],
@@ -45,12 +46,18 @@ async fn a_new_group_starting_at_the_log_end_applies_nothing_old<DB: TestDb>() {
         .kafka_source(&fixture.url, config)
         .await
         .expect("join the group");
-    let run = tokio::spawn(consumer.run_kafka(source, std::future::pending()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(consumer.run_kafka(source, async move {
+        let _ = stopped.await;
+    }));
 
     // The group joins and the partition stays quiet: the stall check has its turns.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let replayed = ledger_rows(&fixture.pool).await;
-    assert_eq!(replayed, 0, "old credits applied while the partition was quiet");
+    assert_eq!(
+        replayed, 0,
+        "old credits applied while the partition was quiet"
+    );
 
     // New credits, one every half second until one applies: published before the group took
     // the partition, one is skipped by `latest`, as it should be.
@@ -63,10 +70,15 @@ async fn a_new_group_starting_at_the_log_end_applies_nothing_old<DB: TestDb>() {
         fresh.push(next);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    stop.send(()).unwrap();
     let stats = run.await.unwrap().expect("the consumer ran");
     let applied: usize = fresh.iter().map(|c| effect_runs::<DB>(&c.order)).sum();
     assert!(applied >= 1, "{stats:?}");
-    assert_eq!((stats.applied, stats.duplicates), (applied as u64, 0), "{stats:?}");
+    assert_eq!(
+        (stats.applied, stats.duplicates),
+        (applied as u64, 0),
+        "{stats:?}"
+    );
     for credit in &old {
         assert_eq!(effect_runs::<DB>(&credit.order), 0, "{}", credit.order);
     }
