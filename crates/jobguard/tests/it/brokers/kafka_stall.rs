@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use jobguard::broker::Offsets;
 use jobguard::broker::kafka::KafkaConfig;
 
 use super::Settings;
@@ -81,6 +82,64 @@ async fn a_new_group_starting_at_the_log_end_applies_nothing_old<DB: TestDb>() {
     );
     for credit in &old {
         assert_eq!(effect_runs::<DB>(&credit.order), 0, "{}", credit.order);
+    }
+    fixture.cleanup().await;
+}
+
+backends!(fn a_group_whose_stored_offsets_were_forgotten_reads_nothing_again);
+/// A group applies ten credits, then its stored offsets are deleted (`Offsets::forget`): the
+/// next consumer has none and starts where Kafka's committed offset says, the log end. The
+/// partition stays quiet past `stalled_after`; the check must not read it again from offset 0
+/// (the guard would catch the copies here, not once their guard rows are pruned).
+async fn a_group_whose_stored_offsets_were_forgotten_reads_nothing_again<DB: TestDb>() {
+    let Some(fixture) = Fixture::<DB, Kafka>::new("forgotten").await else {
+        return;
+    };
+    let one = Settings {
+        partitions: 1,
+        prefetch: 1,
+        ..Settings::default()
+    };
+    fixture.prepare(one).await;
+    let credits: Vec<Credit> = (0..10)
+        .map(|n| Credit {
+            order: format!("forgotten-{n}"),
+            ..Credit::new(n, 10)
+        })
+        .collect();
+    fixture
+        .publish(credits.iter().map(Credit::body).collect())
+        .await;
+    let config = KafkaConfig {
+        stalled_after: Duration::from_secs(1),
+        ..Kafka::config(&fixture.name, one)
+    };
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(2), 1).await;
+    let source = consumer
+        .kafka_source(&fixture.url, config.clone())
+        .await
+        .unwrap();
+    let first = consumer
+        .run_kafka(source, std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(first.applied, 10, "{first:?}");
+    let offsets = Offsets::new(fixture.pool.clone());
+    assert_eq!(
+        offsets.forget(&config.group, &config.topic).await.unwrap(),
+        1
+    );
+
+    // Idle for 6 s from the assignment: several checks of the quiet partition.
+    let consumer = credit_consumer(&fixture.pool, Duration::from_secs(6), 1).await;
+    let source = consumer.kafka_source(&fixture.url, config).await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, consumer.run_kafka(source, std::future::pending()))
+        .await
+        .expect("the consumer stopped before the deadline")
+        .expect("the consumer ran");
+    assert_eq!((second.applied, second.duplicates), (0, 0), "{second:?}");
+    for credit in &credits {
+        assert_eq!(effect_runs::<DB>(&credit.order), 1, "{}", credit.order);
     }
     fixture.cleanup().await;
 }
