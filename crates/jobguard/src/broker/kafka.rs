@@ -113,8 +113,11 @@ pub struct KafkaConfig {
     pub session_timeout: Duration,
     /// How long a partition this consumer owns may stay quiet, its lane with nothing to run,
     /// before its log is asked whether it holds messages the consumer has not received; when it
-    /// does, the client fetches the partition again from there (default 10 s). Each check of a
-    /// partition that stays quiet waits twice as long as the one before, up to five minutes.
+    /// does, the client fetches the partition again from there (default 10 s). Only a partition
+    /// whose next offset is known is checked: assigned at a stored offset, or a message
+    /// received since it was assigned with none. A log that starts after the next offset is met
+    /// as [`below_log_start`](Self::below_log_start) says, once. Each check of a partition that
+    /// stays quiet waits twice as long as the one before, up to five minutes.
     /// At least [`MIN_STALLED_AFTER`]: a shorter wait is refused with
     /// [`Error::InvalidConfig`] when the source connects.
     pub stalled_after: Duration,

@@ -22,9 +22,9 @@ use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::Instrument;
 
 use super::lane::{Lane, Received};
-use super::out_of_range::{self, OutOfRange};
+use super::out_of_range::{self, Gone, OutOfRange};
 use super::source::{Event, KafkaSource};
-use super::stall::{self, partition_list};
+use super::stall::{self, Checked, partition_list};
 use super::{KafkaConfig, kafka_error};
 use crate::broker::consumer::{
     Consumer, ConsumerStats, Counters, MAX_RECEIVE_FAILURES, kind_of, retry_delay,
@@ -221,7 +221,7 @@ impl<DB: Backend> Consumer<DB> {
                         // Expected even when the seek was refused: a later message then
                         // reads the partition again from its start (as when a broker skips).
                         stall::refetch(&client, &topic, ran.partition, next);
-                        lane.expect_from(next);
+                        lane.expect_from(next, false);
                     } else if ran.generation == lane.generation && lane.owned {
                         for message in ran.unsettled.into_iter().rev() {
                             lane.queue.push_front(message);
@@ -257,6 +257,9 @@ impl<DB: Backend> Consumer<DB> {
                                 continue;
                             };
                             lane.quiet.heard();
+                            // Assigned with no stored offset: the client's first message says
+                            // where it started the partition.
+                            lane.assigned_at.get_or_insert(message.offset());
                             if let Some(expected) = lane.expected {
                                 let offset = message.offset();
                                 if offset != expected && !lane.rewound && !lane.range_checked {
@@ -275,6 +278,7 @@ impl<DB: Backend> Consumer<DB> {
                                                 lane.expected = None;
                                                 // After a reset, the offsets start over.
                                                 lane.settled_next = low;
+                                                lane.assigned_at = Some(low);
                                             }
                                             Err(error) => {
                                                 failure = Some(error);
@@ -345,6 +349,7 @@ impl<DB: Backend> Consumer<DB> {
                                 if let Some(start) = start {
                                     lane.settled_next = lane.settled_next.max(start);
                                     lane.expected = Some(start);
+                                    lane.assigned_at = Some(start);
                                 }
                             }
                             if failure.is_some() {
@@ -387,14 +392,28 @@ impl<DB: Backend> Consumer<DB> {
                 _ = stall_checks.tick() => {
                     // One partition a tick, the one quiet longest: the broker's answer is awaited
                     // here (up to `stall::ASK_TIMEOUT`), and the loop must stay responsive.
+                    // A lane that does not know its next offset (assigned with none stored, no
+                    // message since) is not checked: any offset picked for it would be a guess.
                     let quiet = lanes
                         .iter_mut()
                         .filter(|(_, lane)| lane.owned && !lane.running && lane.queue.is_empty() && lane.quiet.due())
-                        .max_by_key(|(_, lane)| lane.quiet.overdue());
-                    if let Some((&partition, lane)) = quiet {
-                        let next = lane.settled_next.max(lane.expected.unwrap_or(0));
-                        if stall::restart_if_stopped(&client, &topic, partition, next, &mut lane.quiet).await {
-                            lane.expect_from(next);
+                        .filter_map(|(&partition, lane)| Some((partition, lane.next_offset()?, lane)))
+                        .max_by_key(|(_, _, lane)| lane.quiet.overdue());
+                    if let Some((partition, next, lane)) = quiet {
+                        match stall::restart_if_stopped(&client, &topic, partition, next, &mut lane.quiet).await {
+                            Checked::Caught => {}
+                            Checked::Refetched => lane.expect_from(next, true),
+                            Checked::BelowLogStart { low, high } => {
+                                // Logged and counted; the lane goes on from the log start, so the
+                                // next check finds it there, or the consumer stops.
+                                if let Err(error) = out_of_range::out_of_range((&shared.config, &shared.offsets), partition, next, low, high, Gone::BelowLogStart).await {
+                                    failure = Some(error);
+                                    break;
+                                }
+                                stall::refetch(&client, &topic, partition, low);
+                                lane.settled_next = lane.settled_next.max(low);
+                                lane.expect_from(low, true);
+                            }
                         }
                     }
                 }

@@ -47,6 +47,11 @@ pub(super) struct Lane<DB: Backend> {
     /// The offset after the last message this process settled: anything before it was
     /// applied or dead-lettered, and is skipped when it comes again.
     pub(super) settled_next: i64,
+    /// Where the partition was assigned at, once known: its stored offset (or the log start a
+    /// policy resumed at), else the offset of the first message received of it. A partition
+    /// assigned with no stored offset starts where the client says (Kafka's committed offset,
+    /// `auto.offset.reset`), which the lane learns only from a message.
+    pub(super) assigned_at: Option<i64>,
     /// When a message of the partition last came, for the check of a partition that stopped.
     pub(super) quiet: Quiet,
 }
@@ -67,19 +72,29 @@ impl<DB: Backend> Lane<DB> {
             rewound_below: false,
             range_checked: false,
             settled_next: 0,
+            assigned_at: None,
             quiet: Quiet::new(stalled_after),
         }
     }
 
+    /// The offset the partition goes on from, when the lane knows it: past what it settled and
+    /// what it expects, never below where the partition was assigned at. `None` until the
+    /// lane knows where the partition was assigned at: nothing is to be fetched again then.
+    pub(super) fn next_offset(&self) -> Option<i64> {
+        let at = self.assigned_at?;
+        Some(at.max(self.settled_next).max(self.expected.unwrap_or(at)))
+    }
+
     /// The client fetches the partition again from `next`, unpaused: the lane expects the
-    /// message at `next` (a broker that skips past it is met as after an assignment), its
-    /// log range already asked.
-    pub(super) fn expect_from(&mut self, next: i64) {
+    /// message at `next` (a broker that skips past it is met as after an assignment).
+    /// `range_checked` says whether the log was just asked and holds `next`; if not, a first
+    /// message elsewhere asks it before the partition is read again from its start.
+    pub(super) fn expect_from(&mut self, next: i64, range_checked: bool) {
         self.paused = false;
         self.expected = Some(next);
         self.rewound = false;
         self.rewound_below = false;
-        self.range_checked = true;
+        self.range_checked = range_checked;
     }
 
     /// A new assignment or revocation: what the lane held belongs to the old one.
@@ -97,6 +112,32 @@ impl<DB: Backend> Lane<DB> {
         self.rewound = false;
         self.rewound_below = false;
         self.range_checked = false;
+        self.assigned_at = None;
         self.quiet.heard();
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use std::time::Duration;
+
+    use super::Lane;
+
+    #[test]
+    fn a_lane_knows_its_next_offset_only_once_it_knows_where_it_was_assigned_at() {
+        let mut lane = Lane::<sqlx::Sqlite>::new(Duration::from_secs(10));
+        lane.reset(true);
+        // Assigned with no stored offset: settled_next (0) is no position of the partition.
+        assert_eq!(lane.next_offset(), None);
+        lane.assigned_at = Some(40);
+        assert_eq!(lane.next_offset(), Some(40));
+        lane.settled_next = 45;
+        assert_eq!(lane.next_offset(), Some(45));
+        lane.expect_from(50, true);
+        assert_eq!(lane.next_offset(), Some(50));
+        // Never below where the partition was assigned at, whatever settled before.
+        lane.reset(true);
+        lane.assigned_at = Some(60);
+        assert_eq!(lane.next_offset(), Some(60));
     }
 }

@@ -2,6 +2,14 @@
 //! the last one the lane settled, yet none arrived for [`KafkaConfig::stalled_after`] while the
 //! lane had nothing to run. The client's fetch of it is then started again from that offset.
 //!
+//! Only a lane that knows its next offset is checked: one assigned at a stored offset, or one
+//! that received a message since its assignment. A partition assigned with no stored offset
+//! starts where the client says (Kafka's committed offset, `auto.offset.reset`); until a message
+//! shows where, fetching it "again" could only guess, and a guess of 0 would read the retained
+//! log once more. A next offset below the log start (retention removed messages the lane never
+//! received) is met as [`KafkaConfig::below_log_start`] says, once: the lane goes on from the
+//! log start.
+//!
 //! The loop pauses and resumes partitions in the client, and so does the rebalance callback on
 //! the client's own thread; the client also keeps a pause across a revocation. A pause that
 //! reaches the client after the resume meant to end it, or a seek the client dropped, leaves a
@@ -9,6 +17,7 @@
 //! looks idle. This is the check that finds such a partition, whatever left it so.
 //!
 //! [`KafkaConfig::stalled_after`]: super::KafkaConfig::stalled_after
+//! [`KafkaConfig::below_log_start`]: super::KafkaConfig::below_log_start
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,25 +75,43 @@ impl Quiet {
     }
 }
 
-/// Asks the log of `partition` where it ends. When it holds messages from `next` on that the
-/// quiet lane never received, the client fetches the partition again from `next` (a seek, and a
-/// resume in case it was paused) and `true` is returned: the lane then expects the message at
-/// `next`. Either way the next check waits longer.
+/// What a check of a quiet partition found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Checked {
+    /// Nothing past the next offset, or the broker did not answer: the lane waits on.
+    Caught,
+    /// The log holds messages past the next offset: the client fetches the partition again
+    /// from it, and the lane expects the message there.
+    Refetched,
+    /// The log starts after the next offset: messages the lane never received were removed
+    /// (retention, delete-records). The caller meets it as [`KafkaConfig::below_log_start`]
+    /// says, and goes on from `low`.
+    ///
+    /// [`KafkaConfig::below_log_start`]: super::KafkaConfig::below_log_start
+    BelowLogStart { low: i64, high: i64 },
+}
+
+/// Asks the log of `partition` where it starts and ends. When it holds messages from `next` on
+/// that the quiet lane never received, the client fetches the partition again from `next` (a
+/// seek, and a resume in case it was paused). When it starts after `next`, nothing is fetched:
+/// the caller applies the policy for a lost offset, once, and fetches from the log start.
+/// Either way the next check waits longer.
 pub(super) async fn restart_if_stopped<C: ConsumerContext + 'static>(
     client: &Arc<BaseConsumer<C>>,
     topic: &str,
     partition: i32,
     next: i64,
     quiet: &mut Quiet,
-) -> bool {
+) -> Checked {
     let quiet_for = quiet.since.elapsed();
     quiet.checked();
-    let Some((_, high)) = out_of_range::log_range(client, topic, partition, ASK_TIMEOUT).await
+    let Some((low, high)) = out_of_range::log_range(client, topic, partition, ASK_TIMEOUT).await
     else {
-        return false;
+        return Checked::Caught;
     };
-    if high <= next {
-        return false;
+    let found = found(next, low, high);
+    if found != Checked::Refetched {
+        return found;
     }
     tracing::warn!(
         topic,
@@ -96,7 +123,25 @@ pub(super) async fn restart_if_stopped<C: ConsumerContext + 'static>(
          waited for them: fetching it again from the next offset"
     );
     crate::metrics::count_kafka_partition_restarted(topic);
-    refetch(client, topic, partition, next)
+    if refetch(client, topic, partition, next) {
+        Checked::Refetched
+    } else {
+        Checked::Caught
+    }
+}
+
+/// What a quiet lane whose next offset is `next` finds in its partition's log `[low, high)`.
+/// Below the log start, fetching from `next` would serve the log start, a message after the
+/// one the lane expects: dropped as a broker's skip, with the partition read again from its
+/// start, message after message, check after check.
+fn found(next: i64, low: i64, high: i64) -> Checked {
+    if next < low {
+        Checked::BelowLogStart { low, high }
+    } else if high <= next {
+        Checked::Caught
+    } else {
+        Checked::Refetched
+    }
 }
 
 /// The client fetches `partition` again from `next`: a seek, and a resume in case it was
@@ -142,5 +187,31 @@ mod tests {
         assert_eq!(quiet.wait, LONGEST_WAIT);
         quiet.heard();
         assert_eq!(quiet.wait, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_next_offset_below_the_log_start_is_found_once_and_never_fetched() {
+        // The log holds [150, 300).
+        assert_eq!(found(150, 150, 300), Checked::Refetched);
+        assert_eq!(found(299, 150, 300), Checked::Refetched);
+        assert_eq!(found(300, 150, 300), Checked::Caught);
+        let below = found(100, 150, 300);
+        assert_eq!(
+            below,
+            Checked::BelowLogStart {
+                low: 150,
+                high: 300
+            }
+        );
+        // An emptied log: the messages the lane never received are gone all the same.
+        assert_eq!(
+            found(100, 150, 150),
+            Checked::BelowLogStart {
+                low: 150,
+                high: 150
+            }
+        );
+        // The lane goes on from the log start: the next check finds it there.
+        assert_eq!(found(150, 150, 150), Checked::Caught);
     }
 }

@@ -33,11 +33,11 @@ pub(super) struct Kafka;
 type ReadBack = (Option<String>, Option<Vec<u8>>, Vec<u8>);
 
 impl Kafka {
-    fn topic(name: &str) -> String {
+    pub(super) fn topic(name: &str) -> String {
         format!("jg-test-{name}")
     }
 
-    fn config(name: &str, settings: Settings) -> KafkaConfig {
+    pub(super) fn config(name: &str, settings: Settings) -> KafkaConfig {
         KafkaConfig {
             group: Self::topic(name),
             concurrency: settings.prefetch,
@@ -275,7 +275,7 @@ impl TestBroker for Kafka {
 }
 
 /// A consumer of `Credit` jobs on `pool`, stopping once idle for `idle`.
-async fn credit_consumer<DB: TestDb>(
+pub(super) async fn credit_consumer<DB: TestDb>(
     pool: &sqlx::Pool<DB>,
     idle: Duration,
     batch: usize,

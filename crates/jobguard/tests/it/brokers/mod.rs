@@ -647,6 +647,7 @@ macro_rules! brokers {
 mod batch;
 mod consumer;
 mod kafka;
+mod kafka_stall;
 mod nats;
 mod rabbitmq;
 mod sqs;
