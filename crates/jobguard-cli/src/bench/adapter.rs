@@ -27,7 +27,8 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use jobguard::queue::NewJob;
 use jobguard::{
-    GuardConfig, Job, JobError, JobKey, KeyError, Queue, TableName, Worker, WorkerConfig,
+    GuardConfig, Job, JobError, JobKey, KeyError, PruneConfig, PruneSchedule, Queue,
+    RetentionConfig, TableName, Worker, WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -83,6 +84,14 @@ struct Settings {
     payload_bytes: usize,
     work_ms: u64,
     sample_every: Duration,
+    /// `BENCH_INSTANCE_ID`: which replica this is (0 without replicas), in every record.
+    instance_id: u32,
+    /// Whether this replica produces: all do, unless `PRODUCER_ONLY_INSTANCE_ZERO=1`.
+    produces: bool,
+    /// `PRODUCER_RATE_CONTROL_FILE`: the fixed rate, read again every tick (the harness's
+    /// phases change it while the run goes on); `PRODUCER_RATE` while it is missing or
+    /// unreadable.
+    rate_control: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -109,7 +118,14 @@ impl Settings {
         if sample_every_s == 0 {
             bail!("SAMPLE_EVERY_S=0: the samples need a cadence of at least a second");
         }
+        let instance_id: u32 = var("BENCH_INSTANCE_ID", 0)?;
+        let only_zero: u32 = var("PRODUCER_ONLY_INSTANCE_ZERO", 0)?;
         Ok(Settings {
+            instance_id,
+            produces: only_zero == 0 || instance_id == 0,
+            rate_control: std::env::var_os("PRODUCER_RATE_CONTROL_FILE")
+                .filter(|path| !path.is_empty())
+                .map(Into::into),
             database_url,
             depth_target,
             harness_paced,
@@ -122,6 +138,17 @@ impl Settings {
             work_ms: var("JOB_WORK_MS", 1)?,
             sample_every: Duration::from_secs(sample_every_s),
         })
+    }
+}
+
+impl Settings {
+    /// The fixed rate now: the control file's number when it has one, else `PRODUCER_RATE`.
+    fn current_rate(&self) -> f64 {
+        self.rate_control
+            .as_ref()
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .and_then(|text| text.trim().parse::<f64>().ok())
+            .map_or(self.rate, |rate| rate.max(0.0))
     }
 }
 
@@ -160,6 +187,9 @@ struct Counters {
     latency: Mutex<Option<Window>>,
     enqueued: AtomicU64,
     completed: AtomicU64,
+    /// The producer's `enqueue_many` calls, and the microseconds they took, for its log line.
+    enqueue_calls: AtomicU64,
+    enqueue_us: AtomicU64,
 }
 
 impl Counters {
@@ -168,6 +198,8 @@ impl Counters {
             latency: Mutex::new(None),
             enqueued: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            enqueue_calls: AtomicU64::new(0),
+            enqueue_us: AtomicU64::new(0),
         }
     }
 
@@ -210,7 +242,7 @@ pub async fn run(args: BenchAdapterArgs) -> anyhow::Result<ExitCode> {
     queue.migrate().await?;
     let guard = GuardConfig::default().table(TableName::new(GUARD)?);
     queue.guard(guard.clone())?.migrate().await?;
-    emit(&descriptor(&pool, system).await?)?;
+    emit(&descriptor(&pool, system, settings.instance_id).await?)?;
 
     let config = WorkerConfig {
         concurrency: settings.workers,
@@ -220,6 +252,17 @@ pub async fn run(args: BenchAdapterArgs) -> anyhow::Result<ExitCode> {
         },
         shutdown_timeout: Duration::from_secs(2),
         guard,
+        // What a deployment at this rate runs: completed jobs pruned every minute (the guard
+        // rows are the record of what was applied, kept for their retention), so the jobs
+        // table stays near the jobs in flight (see docs/performance.md).
+        retention: RetentionConfig {
+            keep_completed: Duration::ZERO,
+            ..RetentionConfig::default()
+        },
+        prune: PruneConfig {
+            schedule: Some(PruneSchedule::new("* * * * *")?),
+            ..PruneConfig::default()
+        },
         ..WorkerConfig::default()
     };
     let worker = Worker::with_config(queue.clone(), config)?.register::<AdapterJob>();
@@ -262,7 +305,11 @@ pub async fn run(args: BenchAdapterArgs) -> anyhow::Result<ExitCode> {
 
 /// The startup descriptor: the system, its tables (in the schema the connection writes to) and
 /// its version.
-async fn descriptor(pool: &PgPool, system: &str) -> anyhow::Result<serde_json::Value> {
+async fn descriptor(
+    pool: &PgPool,
+    system: &str,
+    instance_id: u32,
+) -> anyhow::Result<serde_json::Value> {
     let schema: String = sqlx::query_scalar("select current_schema()")
         .fetch_one(pool)
         .await?;
@@ -272,6 +319,7 @@ async fn descriptor(pool: &PgPool, system: &str) -> anyhow::Result<serde_json::V
     Ok(json!({
         "kind": "descriptor",
         "system": system,
+        "instance_id": instance_id,
         "event_tables": [format!("{schema}.{JOBS}"), format!("{schema}.{GUARD}")],
         "extensions": [],
         "version": env!("CARGO_PKG_VERSION"),
@@ -290,6 +338,10 @@ async fn produce(
     depth: Arc<AtomicU64>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    if !settings.produces {
+        let _ = stopped.wait_for(|stop| *stop).await;
+        return Ok(());
+    }
     let run = epoch_micros();
     let pad = "x".repeat(settings.payload_bytes.saturating_sub(64));
     let mut n = 0u64;
@@ -315,14 +367,19 @@ async fn produce(
                 (settings.target_depth - depth.load(Ordering::Relaxed) as i64).max(0) as usize
             } else {
                 let now = Instant::now();
-                credit += settings.rate * now.duration_since(last_credit).as_secs_f64();
+                let rate = settings.current_rate();
+                credit += rate * now.duration_since(last_credit).as_secs_f64();
                 last_credit = now;
                 let whole = credit.floor();
                 credit -= whole;
                 whole as usize
             }
         };
+        // Up to PRODUCER_CALLS calls of at most `PRODUCER_BATCH_MAX` jobs each at a time: one
+        // call waits for its commit's WAL flush and its round trips, during which the database
+        // has room for more (see docs/performance.md, the producer's cap).
         let mut left = due;
+        let mut calls = Vec::with_capacity(PRODUCER_CALLS);
         while left > 0 {
             let count = left.min(settings.batch_max);
             let enqueued_us = epoch_micros();
@@ -337,16 +394,31 @@ async fn produce(
                     })
                 })
                 .collect::<jobguard::Result<Vec<_>>>()?;
-            queue.enqueue_many(&jobs).await?;
             n += count as u64;
             left -= count;
-            COUNTERS.enqueued.fetch_add(count as u64, Ordering::Relaxed);
-            if settings.depth_target {
-                depth.fetch_add(count as u64, Ordering::Relaxed);
+            let (queue, depth, depth_target) = (&queue, &depth, settings.depth_target);
+            calls.push(async move {
+                let call = Instant::now();
+                queue.enqueue_many(&jobs).await?;
+                COUNTERS.enqueue_calls.fetch_add(1, Ordering::Relaxed);
+                COUNTERS
+                    .enqueue_us
+                    .fetch_add(call.elapsed().as_micros() as u64, Ordering::Relaxed);
+                COUNTERS.enqueued.fetch_add(count as u64, Ordering::Relaxed);
+                if depth_target {
+                    depth.fetch_add(count as u64, Ordering::Relaxed);
+                }
+                Ok::<(), jobguard::Error>(())
+            });
+            if calls.len() == PRODUCER_CALLS || left == 0 {
+                futures::future::try_join_all(calls.drain(..)).await?;
             }
         }
     }
 }
+
+/// How many `enqueue_many` calls the producer has in flight at most.
+const PRODUCER_CALLS: usize = 4;
 
 /// The counts of `ENQUEUE <n>` lines on stdin, read on a thread of their own; the channel
 /// closes with stdin.
@@ -443,10 +515,24 @@ async fn sample(
             ("queue_depth", depth.load(Ordering::Relaxed) as f64, 0),
         ];
         (enqueued, completed) = (enqueued_now, completed_now);
+        // Where the producer's time went, on stderr: its calls and how long they took.
+        let (calls, busy_us) = (
+            COUNTERS.enqueue_calls.swap(0, Ordering::Relaxed),
+            COUNTERS.enqueue_us.swap(0, Ordering::Relaxed),
+        );
+        if calls > 0 {
+            eprintln!(
+                "jobguard bench adapter: {calls} enqueue_many calls, {:.1} ms each, {:.0}% of \
+                 the sample in calls (up to {PRODUCER_CALLS} at once)",
+                busy_us as f64 / calls as f64 / 1000.0,
+                busy_us as f64 / 1e4 / seconds
+            );
+        }
         for (metric, value, window) in metrics {
             emit(&json!({
                 "t": t,
                 "system": system,
+                "instance_id": settings.instance_id,
                 "kind": "adapter",
                 "subject_kind": "adapter",
                 "subject": "",

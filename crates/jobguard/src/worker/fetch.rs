@@ -128,7 +128,8 @@ impl<DB: Backend> Worker<DB> {
                         fetched = jobs.len();
                         read_head = cursor.record(start, wanted, &jobs, Instant::now());
                         queue_drained = fetched < wanted && !read_head;
-                        let groups = worker.group(jobs, size);
+                        let idle = ready.idle_slots();
+                        let groups = worker.group(jobs, size, idle);
                         // A slot for each new group while slots are free; running slots take
                         // the rest as they finish.
                         let waiting = groups.len();

@@ -75,6 +75,12 @@ impl Ready {
         self.slots.available_permits() > 0
     }
 
+    /// Slots free for groups not yet waiting: those pushed now start at once.
+    pub(super) fn idle_slots(&self) -> usize {
+        let waiting = self.waiting.lock().expect("not poisoned").len();
+        self.slots.available_permits().saturating_sub(waiting)
+    }
+
     /// A free slot, unless none is free or the worker is stopping.
     pub(super) fn free_slot(&self) -> Option<OwnedSemaphorePermit> {
         Arc::clone(&self.slots).try_acquire_owned().ok()
@@ -178,7 +184,32 @@ impl<DB: Backend> Drop for Taken<'_, DB> {
 impl<DB: Backend> Worker<DB> {
     /// The tasks for fetched jobs: jobs of batched kinds in groups of up to the batch size, in
     /// fetch order; every other job alone.
-    pub(super) fn group(&self, jobs: Vec<LeasedJob>, size: usize) -> Vec<Vec<LeasedJob>> {
+    ///
+    /// The jobs of a batch run one after another in its transaction, so a job late in a batch
+    /// starts only when the jobs before it have done their work. With `idle` slots free, the
+    /// jobs are spread over them first: the groups are only as large as it takes to give each
+    /// idle slot one, so that at a light load (slots idle, a few jobs per fetch) every job starts
+    /// at once, and batches fill up to the batch size only when jobs outnumber idle slots (a
+    /// backlog, where batches pay for themselves). With no slot idle the groups wait for one
+    /// anyway, and are full.
+    pub(super) fn group(
+        &self,
+        jobs: Vec<LeasedJob>,
+        size: usize,
+        idle: usize,
+    ) -> Vec<Vec<LeasedJob>> {
+        let size = if size > 1 && idle > 0 {
+            let batchable = jobs
+                .iter()
+                .filter(|job| self.batched.contains(&job.kind))
+                .count();
+            let alone = jobs.len() - batchable;
+            batchable
+                .div_ceil(idle.saturating_sub(alone).max(1))
+                .clamp(1, size)
+        } else {
+            size
+        };
         let mut groups = Vec::new();
         let mut batch = Vec::new();
         for job in jobs {

@@ -436,3 +436,49 @@ async fn two_batching_workers_apply_each_of_a_thousand_keys_once<DB: TestDb>() {
     );
     assert_eq!(queue.counts().await.unwrap().completed, 3 * i64::from(KEYS));
 }
+
+// At a light load a batch would make its later jobs wait for the earlier ones' work: a fetch
+// that finds fewer jobs than idle slots spreads them one per slot, and batches fill only once
+// jobs outnumber the idle slots.
+backends!(fn jobs_fewer_than_idle_slots_run_alone_and_a_backlog_fills_batches);
+async fn jobs_fewer_than_idle_slots_run_alone_and_a_backlog_fills_batches<DB: TestDb>() {
+    const TAG: usize = 7;
+    let Some((pool, queue)) = setup::<DB>("batch_light_load").await else {
+        return;
+    };
+    let jobs: Vec<Batched> = (0..6)
+        .map(|order| Batched {
+            order,
+            act: Act::Credit,
+            tag: TAG,
+        })
+        .collect();
+    queue.enqueue_jobs(&jobs).await.unwrap();
+    let light = WorkerConfig {
+        concurrency: 8,
+        batch_size: 10,
+        ..draining()
+    };
+    let stats = drain::<DB>(queue.clone(), light.clone()).await;
+    assert_eq!((stats.applied, stats.batches), (6, 0), "{stats:?}");
+
+    let backlog: Vec<Batched> = (100..300)
+        .map(|order| Batched {
+            order,
+            act: Act::Credit,
+            tag: TAG,
+        })
+        .collect();
+    queue.enqueue_jobs(&backlog).await.unwrap();
+    let busy = WorkerConfig {
+        concurrency: 2,
+        prefetch: Some(0),
+        ..light
+    };
+    let stats = drain::<DB>(queue.clone(), busy).await;
+    assert_eq!(stats.applied, 200, "{stats:?}");
+    // Two slots, 200 jobs: the first fetch fills batches of 10; so do the later ones while
+    // the backlog lasts.
+    assert!(stats.batches >= 10, "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 206);
+}

@@ -176,3 +176,124 @@ fn paced_by_the_harness_it_enqueues_what_it_is_told() {
     assert_eq!(db.count("select count(*) from jobguard_adapter_jobs"), 200);
     assert_eq!(db.count(applied), 200);
 }
+
+/// Jobs waiting in the adapter's queue: stored available, no lease on them.
+const WAITING: &str = "select count(*) from jobguard_adapter_jobs \
+                       where state = 'available' and leased_until is null";
+
+/// Waits until the adapter's tables exist.
+fn migrated(db: &Db) {
+    let started = Instant::now();
+    let migrated = "select count(*) from pg_tables where schemaname = current_schema() \
+                    and tablename = 'jobguard_adapter_processed_jobs'";
+    while db.count(migrated) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no guard table"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// In depth-target mode the producer keeps the queue near its target while the workers drain
+/// it: two slow workers (50 ms a job, about 40 jobs/s) under a target of 400.
+#[test]
+fn depth_target_keeps_the_queue_near_its_target_while_workers_drain_it() {
+    let Some(db) = Db::postgres("bench::adapter_depth_target") else {
+        return;
+    };
+    let child = adapter(
+        &db,
+        "per-job",
+        &[
+            ("PRODUCER_MODE", "depth-target"),
+            ("TARGET_DEPTH", "400"),
+            ("WORKER_COUNT", "2"),
+            ("JOB_WORK_MS", "50"),
+        ],
+    );
+    migrated(&db);
+    std::thread::sleep(Duration::from_secs(2));
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        seen.push(db.count(WAITING));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let lines = stop(child);
+    assert!(
+        seen.iter().all(|&waiting| (300..=460).contains(&waiting)),
+        "the waiting jobs strayed from the target of 400: {seen:?}"
+    );
+    let applied = db.count("select count(*) from jobguard_adapter_processed_jobs");
+    assert!(applied > 0, "the workers drained it meanwhile");
+    let depths: Vec<f64> = lines
+        .iter()
+        .filter(|r| r["metric"] == "queue_depth")
+        .filter_map(|r| r["value"].as_f64())
+        .collect();
+    assert!(
+        depths.iter().rev().take(2).all(|&d| d >= 300.0),
+        "the reported depth: {depths:?}"
+    );
+}
+
+/// A replica says which one it is in every record, and with `PRODUCER_ONLY_INSTANCE_ZERO=1`
+/// only replica 0 produces.
+#[test]
+fn a_replica_names_itself_and_produces_only_when_asked() {
+    let Some(db) = Db::postgres("bench::adapter_replica") else {
+        return;
+    };
+    let child = adapter(
+        &db,
+        "per-job",
+        &[
+            ("BENCH_INSTANCE_ID", "3"),
+            ("PRODUCER_ONLY_INSTANCE_ZERO", "1"),
+        ],
+    );
+    migrated(&db);
+    std::thread::sleep(Duration::from_secs(3));
+    let lines = stop(child);
+    assert!(lines.len() > METRICS.len(), "{lines:?}");
+    for record in &lines {
+        assert_eq!(record["instance_id"], 3, "{record}");
+    }
+    assert_eq!(
+        db.count("select count(*) from jobguard_adapter_jobs"),
+        0,
+        "replica 3 produced"
+    );
+}
+
+/// In the fixed mode the rate comes from `PRODUCER_RATE_CONTROL_FILE` while it has one: 0
+/// pauses the producer, a number resumes it at that rate.
+#[test]
+fn the_rate_control_file_sets_the_fixed_rate() {
+    let Some(db) = Db::postgres("bench::adapter_rate_control") else {
+        return;
+    };
+    let file = std::env::temp_dir().join(format!("jobguard-rate-{}", std::process::id()));
+    std::fs::write(&file, "0\n").unwrap();
+    let child = adapter(
+        &db,
+        "per-job",
+        &[("PRODUCER_RATE_CONTROL_FILE", file.to_str().unwrap())],
+    );
+    migrated(&db);
+    std::thread::sleep(Duration::from_secs(2));
+    let jobs = "select count(*) from jobguard_adapter_jobs";
+    assert_eq!(db.count(jobs), 0, "a rate of 0 enqueues nothing");
+    std::fs::write(&file, "300\n").unwrap();
+    let started = Instant::now();
+    while db.count(jobs) < 100 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the producer did not resume: {} jobs",
+            db.count(jobs)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop(child);
+    let _ = std::fs::remove_file(&file);
+}
