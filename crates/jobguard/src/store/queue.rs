@@ -287,9 +287,8 @@ pub struct Lease {
     pub job_id: i64,
     /// The attempt this lease is for, starting at 1.
     pub attempt: i32,
-    /// The fencing token: drawn anew by every fetch, never one the job had before (even
-    /// after a database crash lost the fetch's commit), and compared for equality by every
-    /// statement that extends or ends the lease.
+    /// The fencing token: new at every fetch, never one the job had before (even when a crash
+    /// lost the fetch's commit); every statement that extends or ends the lease compares it.
     pub token: i64,
 }
 
@@ -310,8 +309,7 @@ pub struct LeasedJob {
     pub leased_until: SystemTime,
     /// When the job was due: with its id, its place in the order the queue gives jobs out.
     pub run_at: SystemTime,
-    /// Whether the job was replayed from the dead letters since it last ran (this is its
-    /// first attempt since): a duplicate it finds is counted as the replay's.
+    /// Whether this is the first attempt since a replay: a duplicate it finds is the replay's.
     pub replayed: bool,
 }
 
