@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+# At the top, while `conftest` is still this directory's: worker/ has a conftest of its own.
+from conftest import ADMIN_URL, _with_db
+
 FIELDS = {
     "backend", "database", "jobs", "deliveries", "concurrency", "expected_balance_total",
     "naive", "guarded", "exactly_once", "seconds",
@@ -124,8 +127,6 @@ def test_the_demo_on_an_existing_sqlite_file_drops_only_its_tables(tmp_path):
     ],
 )
 def test_the_demo_reports_what_stops_it_in_one_line(case, expected, tmp_path):
-    from conftest import ADMIN_URL, _with_db
-
     url = {
         "no_asyncpg": ADMIN_URL,
         "unreachable": "postgres://postgres@127.0.0.1:1/postgres",
