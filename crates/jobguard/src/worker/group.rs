@@ -186,30 +186,19 @@ impl<DB: Backend> Worker<DB> {
     /// fetch order; every other job alone.
     ///
     /// The jobs of a batch run one after another in its transaction, so a job late in a batch
-    /// starts only when the jobs before it have done their work. With `idle` slots free, the
-    /// jobs are spread over them first: the groups are only as large as it takes to give each
-    /// idle slot one, so that at a light load (slots idle, a few jobs per fetch) every job starts
-    /// at once, and batches fill up to the batch size only when jobs outnumber idle slots (a
-    /// backlog, where batches pay for themselves). With no slot idle the groups wait for one
-    /// anyway, and are full.
+    /// starts only when the jobs before it have done their work. When a fetch brings no more
+    /// jobs than there are `idle` slots (a light load), each runs alone and starts at once;
+    /// batches fill up to the batch size only when jobs outnumber idle slots.
     pub(super) fn group(
         &self,
         jobs: Vec<LeasedJob>,
         size: usize,
         idle: usize,
     ) -> Vec<Vec<LeasedJob>> {
-        let size = if size > 1 && idle > 0 {
-            let batchable = jobs
-                .iter()
-                .filter(|job| self.batched.contains(&job.kind))
-                .count();
-            let alone = jobs.len() - batchable;
-            batchable
-                .div_ceil(idle.saturating_sub(alone).max(1))
-                .clamp(1, size)
-        } else {
-            size
-        };
+        // Fewer jobs than idle slots: each alone. More: full batches, as the load that brings
+        // them is one batches pay for (a fetch spread thinner would run more transactions
+        // exactly when the database has least room for them).
+        let size = if jobs.len() <= idle { 1 } else { size };
         let mut groups = Vec::new();
         let mut batch = Vec::new();
         for job in jobs {
