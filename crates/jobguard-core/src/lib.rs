@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod api_key;
+pub mod date;
 pub mod duration;
 pub mod fingerprint;
 pub mod key;

@@ -28,6 +28,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::date::civil_from_days;
 use crate::key::{JobKey, KeyError};
 
 /// The kind of every firing's key: `periodic:<schedule>:<time>`.
@@ -148,20 +149,6 @@ pub fn plan(due: &[i64], now: i64, grace: i64, missed: Missed) -> Plan {
         enqueue,
         missed: left_out.to_vec(),
     }
-}
-
-/// The date `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]
