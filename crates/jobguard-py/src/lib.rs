@@ -288,6 +288,61 @@ fn worker_sql<'py>(
     Ok(out)
 }
 
+/// The queue's migration for `dialect` on the jobs table `table` (in `schema`, on PostgreSQL),
+/// exactly as the Rust `Queue::migrate` runs it: `create`, the statements in order (the core's
+/// `queue::create`, the list the Rust queue runs); on PostgreSQL the table's schema `marker`
+/// and the statements that read it, take the per-table migration lock and leave the marker, as
+/// the guard's migration has them; on SQLite `optional`, per statement, whether a `duplicate
+/// column name` error skips it.
+#[pyfunction]
+#[pyo3(signature = (dialect, table, schema=None))]
+fn queue_migration<'py>(
+    py: Python<'py>,
+    dialect: &str,
+    table: &str,
+    schema: Option<&str>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut name = TableName::new(table).map_err(value_error)?;
+    if let Some(schema) = schema {
+        name = name.in_schema(schema).map_err(value_error)?;
+    }
+    let out = PyDict::new(py);
+    match dialect {
+        "postgres" => {
+            let create = sql::postgres::queue::create(&name);
+            let marker = sql::schema_marker(&create);
+            out.set_item("mark_migrated", sql::postgres::mark_migrated(&name, &marker))?;
+            out.set_item("marker", marker)?;
+            out.set_item("create", create)?;
+            out.set_item("migrated", sql::postgres::MIGRATED)?;
+            out.set_item("migrate_lock", sql::postgres::MIGRATE_LOCK)?;
+            out.set_item("migrate_lock_key", sql::postgres::migrate_lock_key(&name))?;
+            out.set_item("migrate_lock_timeout", sql::postgres::MIGRATE_LOCK_TIMEOUT)?;
+        }
+        "sqlite" => {
+            if schema.is_some() {
+                return Err(value_error(format!(
+                    "SQLite has no schemas: name the table alone, not `{name}`"
+                )));
+            }
+            let create = sql::sqlite::queue::create(&name);
+            let optional: Vec<bool> = create
+                .iter()
+                .map(|statement| sql::queue_schema::is_optional_on_sqlite(statement))
+                .collect();
+            out.set_item("create", create)?;
+            out.set_item("optional", optional)?;
+        }
+        other => {
+            return Err(value_error(format!(
+                "unknown dialect {other:?}: use `postgres` or `sqlite`"
+            )));
+        }
+    }
+    out.set_item("quoted", name.quoted())?;
+    Ok(out)
+}
+
 /// A retry policy's numbers as `(max_attempts, base, max_delay, jitter)`, seconds as floats,
 /// checked as the Rust worker checks them.
 type Policy = (u32, f64, f64, f64);
@@ -362,6 +417,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(guard_sql, m)?)?;
     m.add_function(wrap_pyfunction!(queue_sql, m)?)?;
     m.add_function(wrap_pyfunction!(worker_sql, m)?)?;
+    m.add_function(wrap_pyfunction!(queue_migration, m)?)?;
     m.add_function(wrap_pyfunction!(retry_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(check_retry, m)?)?;
     m.add_function(wrap_pyfunction!(retry_delay, m)?)?;

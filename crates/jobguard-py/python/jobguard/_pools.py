@@ -1,217 +1,77 @@
-"""The database a worker runs on: the user's own pool, in the user's own driver.
+"""The database a worker runs on: the user's own pool or engine, in the user's own driver.
 
 A worker takes a connection from the pool for each unit of work (a fetch, a job's transaction,
 a settle, the heartbeats, the rescue), runs the core's statements on it with the driver's
 placeholders, and gives it back. The job's body receives that same connection, inside the
-transaction that completes the job and claims its key.
+transaction that completes the job and claims its key. Async drivers (asyncpg, psycopg's
+``AsyncConnectionPool``, a SQLAlchemy ``AsyncEngine``) are in :mod:`jobguard._async_pools`;
+sync ones (psycopg's ``ConnectionPool``, a SQLAlchemy ``Engine``, a sqlite3 connection factory)
+run on threads, in :mod:`jobguard._sync_pools`, behind the same :class:`Session`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
-from ._drivers import convert
+from . import _sync_pools
+from ._async_pools import AsyncpgDatabase, PsycopgAsyncDatabase, SqlalchemyAsyncDatabase
+from ._session import Database, Session
 from .errors import UnsupportedConnection
 
-log = logging.getLogger("jobguard.worker")
+__all__ = ["Database", "Session", "database_of", "is_async_db", "is_factory", "open_database"]
 
 
-class Session:
-    """One connection taken from the pool: ``conn`` is the driver's own object, which a job's
-    body receives."""
-
-    conn: Any
-
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
-        raise NotImplementedError
-
-    async def execute(self, sql: str, params: Sequence[Any]) -> int:
-        """Runs ``sql``; the number of rows it changed."""
-        raise NotImplementedError
-
-    def transaction(self) -> Any:
-        raise NotImplementedError
-
-    async def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
-        rows = await self.fetch(sql, params)
-        return rows[0] if rows else None
-
-
-class Database:
-    """A pool the worker takes sessions from."""
-
-    dialect = "postgres"
-    is_async = True
-    name = ""
-    #: Whether JSON columns come back decoded.
-    decodes_json = False
-
-    def session(self) -> contextlib.AbstractAsyncContextManager[Session]:
-        raise NotImplementedError
-
-    async def listen(self, channel: str, woken: Callable[[str], None]) -> Callable[[], Awaitable[None]]:
-        """Calls ``woken(payload)`` for each notification on ``channel``; returns the coroutine
-        function that stops listening. Raises when the database cannot listen."""
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        """Closes a pool the worker opened itself (from a factory)."""
-
-
-class _AsyncpgSession(Session):
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
-        return list(await self.conn.fetch(sql, *params))
-
-    async def execute(self, sql: str, params: Sequence[Any]) -> int:
-        status = await self.conn.execute(sql, *params)
-        return int(status.rsplit(" ", 1)[-1]) if status and status[-1].isdigit() else 0
-
-    def transaction(self) -> Any:
-        return self.conn.transaction()
-
-
-class AsyncpgDatabase(Database):
-    name = "asyncpg"
-
-    def __init__(self, pool: Any, owned: bool = False) -> None:
-        self.pool, self.owned = pool, owned
-
-    @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[Session]:
-        async with self.pool.acquire() as conn:
-            yield _AsyncpgSession(conn)
-
-    async def listen(self, channel: str, woken: Callable[[str], None]) -> Callable[[], Awaitable[None]]:
-        conn = await self.pool.acquire()
-
-        def notified(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-            woken(payload)
-
-        try:
-            await conn.add_listener(channel, notified)
-        except BaseException:
-            await self.pool.release(conn)
-            raise
-
-        async def stop() -> None:
-            try:
-                await conn.remove_listener(channel, notified)
-            except Exception:  # noqa: BLE001 - a dead connection stops listening anyway
-                pass
-            await self.pool.release(conn)
-
-        return stop
-
-    async def close(self) -> None:
-        if self.owned:
-            await self.pool.close()
-
-
-class _PsycopgSession(Session):
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    async def _run(self, sql: str, params: Sequence[Any]) -> Any:
-        text, args = convert(sql, params, "pyformat")
-        return await self.conn.execute(text, args if params else None)
-
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
-        if self._in_transaction():
-            return await (await self._run(sql, params)).fetchall()
-        async with self.conn.transaction():
-            return await (await self._run(sql, params)).fetchall()
-
-    async def execute(self, sql: str, params: Sequence[Any]) -> int:
-        if self._in_transaction():
-            return (await self._run(sql, params)).rowcount
-        async with self.conn.transaction():
-            return (await self._run(sql, params)).rowcount
-
-    def _in_transaction(self) -> bool:
-        from psycopg.pq import TransactionStatus
-
-        return self.conn.autocommit or self.conn.info.transaction_status != TransactionStatus.IDLE
-
-    def transaction(self) -> Any:
-        return self.conn.transaction()
-
-
-class PsycopgAsyncDatabase(Database):
-    name = "psycopg (async)"
-    decodes_json = True
-
-    def __init__(self, pool: Any, owned: bool = False) -> None:
-        self.pool, self.owned = pool, owned
-
-    @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[Session]:
-        async with self.pool.connection() as conn:
-            yield _PsycopgSession(conn)
-
-    async def listen(self, channel: str, woken: Callable[[str], None]) -> Callable[[], Awaitable[None]]:
-        import asyncio
-
-        import psycopg
-
-        kwargs = {k: v for k, v in (self.pool.kwargs or {}).items() if k != "autocommit"}
-        conn = await psycopg.AsyncConnection.connect(self.pool.conninfo, autocommit=True, **kwargs)
-        await conn.execute(f'listen "{channel}"')
-
-        async def receive() -> None:
-            async for notify in conn.notifies():
-                woken(notify.payload)
-
-        task = asyncio.get_running_loop().create_task(receive())
-
-        async def stop() -> None:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            await conn.close()
-
-        return stop
-
-    async def close(self) -> None:
-        if self.owned:
-            await self.pool.close()
+def _module(db: Any) -> str:
+    return type(db).__module__.split(".")[0]
 
 
 def database_of(db: Any, owned: bool = False) -> Database:
-    """The worker's view of ``db``: an asyncpg pool or a psycopg 3 ``AsyncConnectionPool``."""
-    module = type(db).__module__.split(".")[0]
+    """The worker's view of ``db``: an asyncpg pool, a psycopg 3 pool (async or sync), a
+    SQLAlchemy ``Engine`` or ``AsyncEngine``, or a sqlite3 connection (made by a factory)."""
+    module = _module(db)
     if module == "asyncpg" and hasattr(db, "acquire"):
         return AsyncpgDatabase(db, owned)
     if module == "psycopg_pool" and type(db).__name__ == "AsyncConnectionPool":
         return PsycopgAsyncDatabase(db, owned)
+    if module == "sqlalchemy" and type(db).__name__ == "AsyncEngine":
+        return SqlalchemyAsyncDatabase(db, owned)
+    sync = _sync_pools.sync_database_of(db, owned)
+    if sync is not None:
+        return _sync_pools.ThreadedDatabase(sync)
     raise UnsupportedConnection(
         f"{type(db).__module__}.{type(db).__qualname__} is not a pool jobguard's worker knows: "
-        "pass an asyncpg pool or a psycopg_pool.AsyncConnectionPool"
+        "pass an asyncpg pool, a psycopg_pool.AsyncConnectionPool or ConnectionPool, a "
+        "SQLAlchemy Engine or AsyncEngine, or a function returning a new sqlite3 connection"
     )
+
+
+def is_factory(db: Any) -> bool:
+    """Whether ``db`` is a function returning the pool (or connection) rather than one."""
+    return (callable(db) and not hasattr(db, "acquire") and not hasattr(db, "connection")
+            and not hasattr(db, "connect"))
 
 
 def is_async_db(db: Any) -> bool | None:
     """Whether ``db`` is a pool of an async driver; ``None`` for a factory, known once called."""
-    if callable(db) and not hasattr(db, "acquire") and not hasattr(db, "connection"):
+    if is_factory(db):
         return None
     return database_of(db).is_async
 
 
 async def open_database(db: Any) -> Database:
     """The database of ``db``, a pool or a function returning one (or an awaitable of one),
-    opened: a pool made by a factory is the worker's, closed when it stops."""
+    opened: a pool made by a factory is the worker's, closed when it stops. A factory that
+    returns a sqlite3 connection is called again for each of the worker's threads."""
     owned = False
-    if callable(db) and not hasattr(db, "acquire") and not hasattr(db, "connection"):
-        db = db()
+    if is_factory(db):
+        factory, db = db, db()
         if inspect.isawaitable(db):
             db = await db
+        if _sync_pools.is_connection(db):
+            return _sync_pools.ThreadedDatabase(_sync_pools.factory_database(factory, db))
         owned = True
     database = database_of(db, owned)
     if isinstance(database, PsycopgAsyncDatabase):
         await db.open()
-    return database
+    return await database.opened()

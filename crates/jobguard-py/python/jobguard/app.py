@@ -125,9 +125,13 @@ class Job:
 class App:
     """The job kinds of a Python service on jobguard's queue, and the pool its workers run on.
 
-    ``db`` is the pool the worker takes connections from: an asyncpg pool or a psycopg 3
-    ``AsyncConnectionPool`` (async jobs), or a function returning one (called when the worker
-    starts, so that a module can define the app before an event loop runs). ``table`` and
+    ``db`` is the pool the worker takes connections from. Async jobs (``async def``): an
+    asyncpg pool, a psycopg 3 ``AsyncConnectionPool`` or a SQLAlchemy ``AsyncEngine``; sync
+    jobs (``def``, run on threads): a psycopg 3 ``ConnectionPool``, a SQLAlchemy ``Engine``
+    (PostgreSQL or SQLite), or a function returning a new sqlite3 connection. A function
+    returning a pool or engine is called when the worker starts, so that a module can define the
+    app before an event loop runs. A job whose kind of body does not match the driver is
+    refused when it is defined (:class:`UnsupportedConnection`). ``table`` and
     ``guard_table`` are the queue's jobs table and the guard table, shared with Rust workers.
     ``retry`` is the worker's retry policy (the Rust worker's defaults)."""
 
@@ -181,11 +185,50 @@ class App:
         if pool_is_async:
             raise UnsupportedConnection(
                 f"job `{kind}` is a plain function but the app's pool is asynchronous: define "
-                "it with `async def`, it receives the async connection"
+                "it with `async def`, it receives the async connection (or give the app a sync "
+                "pool: psycopg ConnectionPool, SQLAlchemy Engine, a sqlite3 factory)"
             )
         raise UnsupportedConnection(
             f"job `{kind}` is `async def` but the app's pool is synchronous: define it with "
-            "`def`, or give the app an async pool"
+            "`def` (it runs on a thread with the sync connection), or give the app an async "
+            "pool (asyncpg, psycopg AsyncConnectionPool, SQLAlchemy AsyncEngine)"
+        )
+
+    async def migrate(self) -> None:
+        """Creates the queue's tables and the guard table on ``db`` when missing, with the
+        statements, lock and schema marker of the Rust ``Worker::migrate``: a table made here
+        is the Rust worker's and the ``jobguard`` CLI's, and the reverse. Idempotent, and one
+        read once done on PostgreSQL, so every worker may run it at start."""
+        from ._migrate_queue import migrate_tables, migrate_tables_sync
+        from ._pools import open_database
+
+        db = await open_database(self.db)
+        try:
+            async with db.session() as s:
+                await s.call(
+                    migrate_tables if db.is_async else migrate_tables_sync,
+                    table=self.table, schema=self.schema, guard_table=self.guard_table,
+                    guard_schema=self.guard_schema,
+                )
+        finally:
+            await db.close()
+
+    def migrate_sync(self) -> None:
+        """:meth:`migrate` from sync code, for an app on a sync driver (psycopg
+        ``ConnectionPool``, SQLAlchemy ``Engine``, a sqlite3 connection factory)."""
+        import asyncio
+
+        if self.is_async:
+            raise UnsupportedConnection(
+                "the app's pool is asynchronous: use `await app.migrate()`"
+            )
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(self.migrate())
+            return
+        raise UnsupportedConnection(
+            "app.migrate_sync() was called inside a running event loop: use `await app.migrate()`"
         )
 
     async def run_worker(self, **options: Any) -> Any:

@@ -151,6 +151,9 @@ class Worker:
             except Exception as error:  # noqa: BLE001 - the poll still finds every job
                 log.warning("cannot listen for new jobs (%s); polling every %ss",
                             error, self.poll_interval)
+        # Leases a dead worker left expired are given back before the first fetch, so that a
+        # worker started after a crash (or with `until_idle`) runs them at once.
+        await self._rescue()
         keepers = [loop.create_task(self._heartbeats()), loop.create_task(self._rescues())]
         running: set[asyncio.Task] = set()
         try:
@@ -230,8 +233,8 @@ class Worker:
                 raise NotMigrated(
                     f"the queue table `{self.app.table}` or the guard table "
                     f"`{self.app.guard_table}` does not exist or was made by an older jobguard: "
-                    "run `jobguard worker --until-idle` (or migrate a Rust Queue) and "
-                    "`jobguard.migrate` on this database once first"
+                    "run `await app.migrate()` (sync code: `app.migrate_sync()`) or a "
+                    "`jobguard worker` on this database once first"
                 ) from error
             raise
         jobs = []
@@ -312,11 +315,7 @@ class Worker:
         assert self._db is not None
         async with self._db.session() as s:
             async with s.transaction():
-                row = await s.fetchone(self._sql["claim_completing"], [
-                    job.key, job.kind, fingerprint, _tokens.next(), job.id, job.token,
-                ])
-                if row is None:
-                    raise _Fenced()
+                row = await self._complete_and_claim(s, job, fingerprint)
                 # The job's row is locked until this transaction ends: no heartbeat needed.
                 self._waiting.pop(job.id, None)
                 claimed = row[0]
@@ -331,8 +330,32 @@ class Worker:
                         first = _dt.datetime.fromtimestamp(row[1] / 1e6, tz=_dt.timezone.utc)
                         raise KeyReused(job.key, first)
                     return "duplicate"
-                await spec.fn(s.conn, **job.payload)
+                # A sync body runs on the session's thread, an async one here.
+                await s.call(spec.fn, **job.payload)
             return "applied"
+
+    async def _complete_and_claim(self, s: Any, job: LeasedJob, fingerprint: bytes) -> tuple:
+        """Completes the job under its lease and claims its key, in the open transaction: the
+        claim's row (claimed, then the holding row's applied at and fingerprint). Raises
+        :class:`_Fenced` when the lease no longer holds, having claimed nothing."""
+        token = _tokens.next()
+        if "claim_completing" in self._sql:  # PostgreSQL: one statement
+            row = await s.fetchone(self._sql["claim_completing"], [
+                job.key, job.kind, fingerprint, token, job.id, job.token,
+            ])
+            if row is None:
+                raise _Fenced()
+            return row
+        # SQLite, under the write lock `begin immediate` took: complete, then claim, as the
+        # Rust worker does.
+        if not await s.execute(self._sql["complete"], [job.id, job.token]):
+            raise _Fenced()
+        if await s.fetchone(self._sql["claim"], [job.key, job.kind, fingerprint, token]):
+            return (True, None, None)
+        held = await s.fetchone(self._sql["record"], [job.key])
+        if held is None:
+            return (None, None, None)
+        return (False, held[0], held[1])
 
     async def _settle(self, job: LeasedJob, message: str, fatal: bool) -> str:
         """Retries a failed attempt after the backoff, or dead-letters it when it was fatal or
@@ -376,37 +399,53 @@ class Worker:
         while True:
             await asyncio.sleep(self.lease / 3)
             leases = dict(self._waiting)
-            if not leases or "heartbeat_many" not in self._sql:
+            if not leases:
                 continue
-            held = [{"id": i, "token": t} for i, t in leases.items()]
             try:
-                async with self._db.session() as s:
-                    rows = await s.fetch(self._sql["heartbeat_many"],
-                                         [json.dumps(held), int(self.lease * 1_000_000)])
+                kept = await self._extend(leases)
             except Exception as error:  # noqa: BLE001 - the next beat tries again
                 log.warning("extending leases failed: %s", error)
                 continue
-            kept = {int(row[0]) for row in rows}
             for lost in set(leases) - kept:
                 log.warning("job %s: its lease was lost before it started", lost)
+
+    async def _extend(self, leases: dict[int, int]) -> set[int]:
+        """Extends ``leases`` (id -> token) by a lease from now; the ids whose lease held."""
+        assert self._db is not None
+        micros = int(self.lease * 1_000_000)
+        async with self._db.session() as s:
+            if "heartbeat_many" in self._sql:
+                held = [{"id": i, "token": t} for i, t in leases.items()]
+                rows = await s.fetch(self._sql["heartbeat_many"], [json.dumps(held), micros])
+                return {int(row[0]) for row in rows}
+            # SQLite: one statement per lease, in one transaction (one write lock).
+            kept = set()
+            async with s.transaction():
+                for job_id, token in leases.items():
+                    if await s.execute(self._sql["heartbeat"], [job_id, token, micros]):
+                        kept.add(job_id)
+            return kept
 
     async def _rescues(self) -> None:
         """Gives back the jobs whose lease expired (a worker that died), or dead-letters them
         on their last attempt, as the Rust worker's rescue does."""
-        assert self._db is not None
         every = max(min(self.lease / 2, 30.0), 0.05)
         while True:
             await asyncio.sleep(every)
-            mine = json.dumps([f"{i}:{t}" for i, t in self._leased.items()])
-            try:
-                async with self._db.session() as s:
-                    rescued = await s.execute(self._sql["rescue"],
-                                              [self.app.retry.max_attempts, mine])
-            except Exception as error:  # noqa: BLE001 - the next round tries again
-                log.warning("rescuing expired leases failed: %s", error)
-                continue
-            if rescued:
-                log.info("gave back %d jobs whose lease expired", rescued)
+            await self._rescue()
+
+    async def _rescue(self) -> None:
+        assert self._db is not None
+        mine = json.dumps([f"{i}:{t}" for i, t in self._leased.items()])
+        try:
+            async with self._db.session() as s:
+                rescued = await s.execute(self._sql["rescue"],
+                                          [self.app.retry.max_attempts, mine])
+        except Exception as error:  # noqa: BLE001 - the next round tries again
+            log.warning("rescuing expired leases failed: %s", error)
+            return
+        if rescued:
+            log.info("gave back %d jobs whose lease expired", rescued)
 
     async def _drain(self, running: set[asyncio.Task]) -> None:
         """Lets running jobs finish within the shutdown timeout; cancels the rest, whose
@@ -419,15 +458,23 @@ class Worker:
         leases = dict(self._leased)
         for task in pending:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
         assert self._db is not None
-        for job_id, token in leases.items():
-            try:
-                async with self._db.session() as s:
-                    if await s.execute(self._sql["release"], [job_id, token]):
-                        self.stats.released += 1
-            except Exception as error:  # noqa: BLE001 - the rescue gives it back later
-                log.warning("job %s: giving it back at shutdown failed (%s)", job_id, error)
+        # Sync bodies run on threads and cannot be cancelled: their transactions are ended
+        # (PostgreSQL) or, where they cannot be (SQLite's write lock), left to the rescue.
+        stuck = await self._db.abandon()
+        # A cancelled async job rolls back at once; an ended sync one when its body returns.
+        await asyncio.wait(pending, timeout=None if self._db.is_async else 1.0)
+        if stuck:
+            log.warning("stopped: %d sync jobs still run and hold the database; their leases "
+                        "expire and are rescued", len(stuck))
+        else:
+            for job_id, token in leases.items():
+                try:
+                    async with self._db.session() as s:
+                        if await s.execute(self._sql["release"], [job_id, token]):
+                            self.stats.released += 1
+                except Exception as error:  # noqa: BLE001 - the rescue gives it back later
+                    log.warning("job %s: giving it back at shutdown failed (%s)", job_id, error)
         log.info("stopped: %d jobs did not finish in %ss and were given back",
                  len(pending), self.shutdown_timeout)
 

@@ -1,27 +1,50 @@
 """The app the worker tests run, in-process and as ``python -m jobguard worker``: a credit job
-that appends to a ledger, a slow one, and one that always fails.
+that appends to a ledger, a slow one, and one that always fails; ``async def`` bodies on the
+async drivers, plain ``def`` ones (run on threads) on the sync drivers.
 
-``JOBGUARD_TEST_DRIVER`` picks the pool (``asyncpg`` or ``psycopg_async``), ``DATABASE_URL``
-the database; ``JOBGUARD_TEST_SLOW`` is how long the slow job sleeps, ``JOBGUARD_TEST_CREDIT_PAUSE`` how long
-a credit waits after its insert (seconds)."""
+``JOBGUARD_TEST_DRIVER`` picks the driver (one of ``DRIVERS``), ``DATABASE_URL`` the database (a
+PostgreSQL URL, or a SQLite file's path for ``sqlite3``); ``JOBGUARD_TEST_SLOW`` is how long the
+slow job sleeps, ``JOBGUARD_TEST_CREDIT_PAUSE`` how long a credit waits after its insert
+(seconds)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
+import time
 from typing import Any
 
 import jobguard
+from jobguard._drivers import convert
 
-DRIVERS = ["asyncpg", "psycopg_async"]
+ASYNC_DRIVERS = ["asyncpg", "psycopg_async", "sqlalchemy_async"]
+SYNC_DRIVERS = ["psycopg", "sqlalchemy", "sqlite3"]
+DRIVERS = ASYNC_DRIVERS + SYNC_DRIVERS
+SQLITE_DRIVERS = ["sqlite3"]
 
 LEDGER = """create table if not exists worker_ledger (
     id bigserial primary key, job_key text not null, amount bigint not null,
     pid int not null default pg_backend_pid())"""
+SQLITE_LEDGER = """create table if not exists worker_ledger (
+    id integer primary key autoincrement, job_key text not null, amount integer not null,
+    pid int not null default 0)"""
+
+
+def sqlite_connect(path: str) -> sqlite3.Connection:
+    """A sqlite3 connection as the documented factory makes it: waits for the write lock."""
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+    conn.execute("pragma journal_mode = wal")
+    return conn
+
+
+def _sa_url(url: str, driver: str) -> str:
+    return url.replace("postgres://", f"postgresql+{driver}://", 1)
 
 
 def pool_factory(driver: str, url: str, size: int = 8) -> Any:
-    """A function that opens a pool of ``driver`` on ``url``, as an app takes it."""
+    """A function that opens a pool (or engine, or connection) of ``driver`` on ``url``, as an
+    app takes it."""
     if driver == "asyncpg":
         import asyncpg
 
@@ -30,18 +53,58 @@ def pool_factory(driver: str, url: str, size: int = 8) -> Any:
         from psycopg_pool import AsyncConnectionPool
 
         return lambda: AsyncConnectionPool(url, min_size=1, max_size=size, open=False)
+    if driver == "psycopg":
+        from psycopg_pool import ConnectionPool
+
+        return lambda: ConnectionPool(url, min_size=1, max_size=size, open=False)
+    if driver == "sqlalchemy":
+        import sqlalchemy
+
+        return lambda: sqlalchemy.create_engine(_sa_url(url, "psycopg"), pool_size=size)
+    if driver == "sqlalchemy_async":
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        return lambda: create_async_engine(_sa_url(url, "asyncpg"), pool_size=size)
+    if driver == "sqlite3":
+        return lambda: sqlite_connect(url)
     raise ValueError(f"unknown driver {driver}")
 
 
-async def insert(conn: Any, sql: str, *params: Any) -> None:
-    """An insert on either driver's connection."""
-    if type(conn).__module__.startswith("asyncpg"):
-        await conn.execute(sql, *params)
-    else:
-        from jobguard._drivers import convert
+def _style(conn: Any) -> tuple[str, bool]:
+    """The placeholder style of a job's connection, and whether it goes through SQLAlchemy."""
+    module = type(conn).__module__
+    if module.startswith("asyncpg"):
+        return "numeric_dollar", False
+    if module.startswith("sqlalchemy"):
+        return conn.dialect.paramstyle, True
+    if isinstance(conn, sqlite3.Connection):
+        return "qmark", False
+    return "pyformat", False
 
-        text, args = convert(sql, params, "pyformat")
+
+async def insert(conn: Any, sql: str, *params: Any) -> None:
+    """An insert on an async driver's connection."""
+    style, via_sqlalchemy = _style(conn)
+    text, args = convert(sql, params, style)
+    if style == "numeric_dollar":
+        await conn.execute(text, *args)
+    elif via_sqlalchemy:
+        await conn.exec_driver_sql(text, args)
+    else:
         await conn.execute(text, args)
+
+
+def insert_sync(conn: Any, sql: str, *params: Any) -> None:
+    """An insert on a sync driver's connection."""
+    style, via_sqlalchemy = _style(conn)
+    text, args = convert(sql, params, style)
+    if via_sqlalchemy:
+        conn.exec_driver_sql(text, args)
+    else:
+        conn.execute(text, args)
+
+
+LEDGER_INSERT = "insert into worker_ledger (job_key, amount) values ($1, $2)"
 
 
 def make_app(driver: str, url: str, **options: Any) -> tuple[jobguard.App, dict[str, int]]:
@@ -49,26 +112,47 @@ def make_app(driver: str, url: str, **options: Any) -> tuple[jobguard.App, dict[
     app = jobguard.App(db=pool_factory(driver, url), **options)
     calls: dict[str, int] = {}
 
-    @app.job("credit", key=lambda order, amount: jobguard.key("credit", order))
-    async def credit(conn: Any, order: str, amount: int) -> None:
+    def called(order: str) -> None:
         calls[order] = calls.get(order, 0) + 1
-        await insert(conn, "insert into worker_ledger (job_key, amount) values ($1, $2)",
-                     jobguard.key("credit", order), amount)
-        pause = float(os.environ.get("JOBGUARD_TEST_CREDIT_PAUSE", "0"))
-        if pause:  # a commit that a kill can land before
-            await asyncio.sleep(pause)
 
-    @app.job("slow", key=lambda order: jobguard.key("slow", order))
-    async def slow(conn: Any, order: str) -> None:
-        calls[order] = calls.get(order, 0) + 1
-        await asyncio.sleep(float(os.environ.get("JOBGUARD_TEST_SLOW", "1")))
-        await insert(conn, "insert into worker_ledger (job_key, amount) values ($1, $2)",
-                     jobguard.key("slow", order), 1)
+    def pause(name: str, default: str) -> float:
+        return float(os.environ.get(name, default))
 
-    @app.job("broken", key=lambda order: jobguard.key("broken", order), max_attempts=3)
-    async def broken(conn: Any, order: str) -> None:
-        calls[order] = calls.get(order, 0) + 1
-        raise RuntimeError(f"no account for {order}")
+    if driver in ASYNC_DRIVERS:
+        @app.job("credit", key=lambda order, amount: jobguard.key("credit", order))
+        async def credit(conn: Any, order: str, amount: int) -> None:
+            called(order)
+            await insert(conn, LEDGER_INSERT, jobguard.key("credit", order), amount)
+            if pause("JOBGUARD_TEST_CREDIT_PAUSE", "0"):  # a commit that a kill can land before
+                await asyncio.sleep(pause("JOBGUARD_TEST_CREDIT_PAUSE", "0"))
+
+        @app.job("slow", key=lambda order: jobguard.key("slow", order))
+        async def slow(conn: Any, order: str) -> None:
+            called(order)
+            await asyncio.sleep(pause("JOBGUARD_TEST_SLOW", "1"))
+            await insert(conn, LEDGER_INSERT, jobguard.key("slow", order), 1)
+
+        @app.job("broken", key=lambda order: jobguard.key("broken", order), max_attempts=3)
+        async def broken(conn: Any, order: str) -> None:
+            called(order)
+            raise RuntimeError(f"no account for {order}")
+    else:
+        @app.job("credit", key=lambda order, amount: jobguard.key("credit", order))
+        def credit_sync(conn: Any, order: str, amount: int) -> None:
+            called(order)
+            insert_sync(conn, LEDGER_INSERT, jobguard.key("credit", order), amount)
+            time.sleep(pause("JOBGUARD_TEST_CREDIT_PAUSE", "0"))
+
+        @app.job("slow", key=lambda order: jobguard.key("slow", order))
+        def slow_sync(conn: Any, order: str) -> None:
+            called(order)
+            time.sleep(pause("JOBGUARD_TEST_SLOW", "1"))
+            insert_sync(conn, LEDGER_INSERT, jobguard.key("slow", order), 1)
+
+        @app.job("broken", key=lambda order: jobguard.key("broken", order), max_attempts=3)
+        def broken_sync(conn: Any, order: str) -> None:
+            called(order)
+            raise RuntimeError(f"no account for {order}")
 
     return app, calls
 

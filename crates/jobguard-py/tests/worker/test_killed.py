@@ -11,6 +11,7 @@ import sys
 import time
 
 import psycopg
+import pytest
 
 import jobguard
 from conftest import rows
@@ -18,6 +19,13 @@ from conftest import rows
 JOBS = 300
 WORKERS = 3
 CHAOS_SECONDS = 12
+
+
+@pytest.fixture(params=["asyncpg", "psycopg_async", "psycopg"])
+def driver(request) -> str:
+    """Both async pools and the sync psycopg pool (its jobs on threads): the kills cost ~15 s
+    each, so not every driver."""
+    return request.param
 
 
 def start(env: dict[str, str]) -> subprocess.Popen:

@@ -1,5 +1,7 @@
-"""``python -m jobguard worker`` as a process: SIGTERM with jobs running lets them finish, or
-gives them back past the shutdown timeout; an app that cannot be loaded ends it with one line."""
+"""``python -m jobguard worker`` as a process, on each driver: SIGTERM with jobs running lets
+them finish, or gives them back past the shutdown timeout (on SQLite, where a sync body holds
+the write lock, leaves their leases to expire and be rescued); an app that cannot be loaded
+ends it with one line."""
 
 from __future__ import annotations
 
@@ -11,11 +13,9 @@ import sys
 import time
 from typing import Any
 
-import psycopg
-
 import jobguard
-from conftest import rows
-from ledger_app import make_app
+from conftest import is_postgres, rows
+from ledger_app import SQLITE_DRIVERS, sqlite_connect
 
 
 def start(env: dict[str, str], *args: str) -> subprocess.Popen:
@@ -27,18 +27,32 @@ def start(env: dict[str, str], *args: str) -> subprocess.Popen:
 
 
 def enqueue_slow(url: str, driver: str, orders: list[str]) -> None:
-    app, _ = make_app(driver, url)
-    with psycopg.connect(url) as conn, conn.transaction():
+    if is_postgres(url):
+        import psycopg
+
+        conn = psycopg.connect(url)
+    else:
+        conn = sqlite_connect(url)
+        conn.execute("begin immediate")
+    try:
         for order in orders:
             jobguard.enqueue_sync(conn, "slow", {"order": order}, key=jobguard.key("slow", order))
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def wait_running(url: str, count: int, timeout: float = 10.0) -> None:
-    """Until ``count`` jobs are locked by their own transactions (their bodies running)."""
+    """Until ``count`` jobs are locked by their own transactions (their bodies running); on
+    SQLite, where one transaction writes at a time, until ``count`` jobs are leased."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        [(locked,)] = rows(url, "select count(*) from jobguard_jobs where id not in "
-                                "(select id from jobguard_jobs for update skip locked)")
+        if is_postgres(url):
+            [(locked,)] = rows(url, "select count(*) from jobguard_jobs where id not in "
+                                    "(select id from jobguard_jobs for update skip locked)")
+        else:
+            [(locked,)] = rows(url, "select count(*) from jobguard_jobs "
+                                    "where leased_until is not null")
         if locked >= count:
             return
         time.sleep(0.05)
@@ -61,17 +75,30 @@ def test_sigterm_lets_running_jobs_finish(worker_env, queue_url, driver):
 def test_sigterm_past_the_shutdown_timeout_gives_running_jobs_back(worker_env, queue_url, driver):
     enqueue_slow(queue_url, driver, ["s-1", "s-2"])
     env = dict(worker_env, JOBGUARD_TEST_SLOW="60")
-    worker = start(env, "--concurrency", "2", "--shutdown-timeout", "0.2")
+    worker = start(env, "--concurrency", "2", "--shutdown-timeout", "0.2", "--lease", "1")
     wait_running(queue_url, 2)
     started = time.monotonic()
     worker.send_signal(signal.SIGINT)
     _, err = worker.communicate(timeout=20)
     assert worker.returncode == 0, err
     assert time.monotonic() - started < 10
-    # Rolled back and given back at once, their attempt not counted: due now, for any worker.
-    assert rows(queue_url, "select state, attempt, leased_until is null from jobguard_jobs") == [
-        ("available", 0, True), ("available", 0, True)]
     assert rows(queue_url, "select count(*) from worker_ledger") == [(0,)]
+    if driver in SQLITE_DRIVERS:
+        # A sync body holds SQLite's write lock until it returns: the process exits without
+        # committing it, and the leases are left to expire (a second) and be rescued.
+        assert "hold the database; their leases expire and are rescued" in err
+        assert rows(queue_url, "select state, attempt from jobguard_jobs") == [
+            ("available", 1), ("available", 1)]
+        expired = ("select count(*) from jobguard_jobs where leased_until < "
+                   "cast((julianday('now') - 2440587.5) * 86400000000.0 as integer)")
+        while rows(queue_url, expired) != [(2,)]:
+            time.sleep(0.05)
+    else:
+        # Rolled back and given back at once, their attempt not counted: due now, for any
+        # worker (a sync body's transaction ended by the server).
+        assert rows(queue_url,
+                    "select state, attempt, leased_until is null from jobguard_jobs") == [
+            ("available", 0, True), ("available", 0, True)]
     env = dict(worker_env, JOBGUARD_TEST_SLOW="0")
     done = subprocess.run([sys.executable, "-m", "jobguard", "worker", "ledger_app:app",
                            "--until-idle"], env=env, capture_output=True, text=True, timeout=30)

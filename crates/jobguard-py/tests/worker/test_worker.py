@@ -1,43 +1,103 @@
-"""The Python worker on each async driver: a job applied once, a duplicate not calling its body,
-an exception retried then dead-lettered under the Rust policy, a lease taken over fenced off at
-commit, an enqueue rolled back leaving nothing."""
+"""The Python worker on each driver (asyncpg, psycopg async and sync, SQLAlchemy async and sync,
+sqlite3): a job applied once, a duplicate not calling its body, an exception retried then
+dead-lettered under the Rust policy, a lease taken over fenced off at commit, an enqueue rolled
+back leaving nothing, bad input dead-lettered without blocking the queue, and a body of the
+other kind than the driver refused at definition."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from typing import Any
+from typing import Any, AsyncIterator
 
 import pytest
 
 import jobguard
 from jobguard._pools import open_database
+from jobguard._queue_sql import worker_sql
 from jobguard.worker import Worker
 from conftest import rows
-from ledger_app import make_app
-
-
-async def connect(driver: str, url: str) -> Any:
-    if driver == "asyncpg":
-        import asyncpg
-
-        return await asyncpg.connect(url)
-    import psycopg
-
-    return await psycopg.AsyncConnection.connect(url)
+from ledger_app import ASYNC_DRIVERS, _sa_url, make_app, sqlite_connect
 
 
 class Rollback(Exception):
     pass
 
 
+@contextlib.asynccontextmanager
+async def producer(driver: str, url: str) -> AsyncIterator[Any]:
+    """A connection of ``driver`` with a transaction open: committed when the block ends,
+    rolled back when it raises."""
+    if driver == "asyncpg":
+        import asyncpg
+
+        conn = await asyncpg.connect(url)
+        try:
+            async with conn.transaction():
+                yield conn
+        finally:
+            await conn.close()
+    elif driver == "psycopg_async":
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(url) as conn, conn.transaction():
+            yield conn
+    elif driver == "sqlalchemy_async":
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        engine = create_async_engine(_sa_url(url, "asyncpg"))
+        try:
+            async with engine.begin() as conn:
+                yield conn
+        finally:
+            await engine.dispose()
+    elif driver == "psycopg":
+        import psycopg
+
+        with psycopg.connect(url) as conn, conn.transaction():
+            yield conn
+    elif driver == "sqlalchemy":
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(_sa_url(url, "psycopg"))
+        try:
+            with engine.begin() as conn:
+                yield conn
+        finally:
+            engine.dispose()
+    elif driver == "sqlite3":
+        conn = sqlite_connect(url)
+        try:
+            conn.execute("begin immediate")
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+        finally:
+            conn.close()
+    else:
+        raise ValueError(driver)
+
+
+async def enqueue_job(driver: str, conn: Any, job: jobguard.Job, **payload: Any) -> Any:
+    if driver in ASYNC_DRIVERS:
+        return await job.enqueue(conn, **payload)
+    return job.enqueue_sync(conn, **payload)
+
+
+async def enqueue_raw(driver: str, conn: Any, kind: str, payload: Any, key: str) -> Any:
+    """Another producer's enqueue: not through the job's own, so not checked against it."""
+    if driver in ASYNC_DRIVERS:
+        return await jobguard.enqueue(conn, kind, payload, key=key)
+    return jobguard.enqueue_sync(conn, kind, payload, key=key)
+
+
 async def enqueue(driver: str, url: str, job: jobguard.Job, *payloads: dict) -> list:
-    conn = await connect(driver, url)
-    try:
-        async with conn.transaction():
-            return [await job.enqueue(conn, **payload) for payload in payloads]
-    finally:
-        await conn.close()
+    async with producer(driver, url) as conn:
+        return [await enqueue_job(driver, conn, job, **payload) for payload in payloads]
 
 
 def ledger(url: str) -> dict[str, int]:
@@ -96,7 +156,7 @@ async def test_a_lease_taken_over_is_fenced_off_at_commit(driver, queue_url):
     stale, fresh = Worker(app, lease=0.2), Worker(app, lease=30)
     for w in (stale, fresh):
         w._db = await open_database(app.db)
-        w._sql = jobguard._queue_sql.worker_sql("postgres", app.table, app.guard_table)
+        w._sql = worker_sql(w._db.dialect, app.table, app.guard_table)
     try:
         [first] = await stale._fetch(1)
         await asyncio.sleep(0.3)  # the lease expires while the stale worker stalls
@@ -119,14 +179,10 @@ async def test_a_lease_taken_over_is_fenced_off_at_commit(driver, queue_url):
 
 async def test_an_enqueue_in_a_rolled_back_transaction_leaves_nothing(driver, queue_url):
     app, calls = make_app(driver, queue_url)
-    conn = await connect(driver, queue_url)
-    try:
-        with pytest.raises(Rollback):
-            async with conn.transaction():
-                await app.jobs["credit"].enqueue(conn, order="o-rb", amount=1)
-                raise Rollback
-    finally:
-        await conn.close()
+    with pytest.raises(Rollback):
+        async with producer(driver, queue_url) as conn:
+            await enqueue_job(driver, conn, app.jobs["credit"], order="o-rb", amount=1)
+            raise Rollback
     assert rows(queue_url, "select count(*) from jobguard_jobs") == [(0,)]
     stats = await app.run_worker(until_idle=True, handle_signals=False)
     assert stats.applied == 0 and calls == {}
@@ -136,18 +192,13 @@ async def test_a_payload_that_does_not_bind_or_a_key_function_that_raises_is_dea
     driver, queue_url,
 ):
     app, calls = make_app(driver, queue_url)
-    conn = await connect(driver, queue_url)
-    try:
-        async with conn.transaction():
-            # Enqueued by another producer, not through the job's own enqueue.
-            await jobguard.enqueue(conn, "credit", {"order": "o-1", "amout": 5},
-                                   key=jobguard.key("credit", "o-1"))
-            await jobguard.enqueue(conn, "credit", {"order": "", "amount": 5},
-                                   key=jobguard.key("credit", "o-2"))
-            await jobguard.enqueue(conn, "credit", ["o-3", 5], key=jobguard.key("credit", "o-3"))
-            good = await app.jobs["credit"].enqueue(conn, order="o-4", amount=5)
-    finally:
-        await conn.close()
+    async with producer(driver, queue_url) as conn:
+        await enqueue_raw(driver, conn, "credit", {"order": "o-1", "amout": 5},
+                          jobguard.key("credit", "o-1"))
+        await enqueue_raw(driver, conn, "credit", {"order": "", "amount": 5},
+                          jobguard.key("credit", "o-2"))
+        await enqueue_raw(driver, conn, "credit", ["o-3", 5], jobguard.key("credit", "o-3"))
+        good = await enqueue_job(driver, conn, app.jobs["credit"], order="o-4", amount=5)
     stats = await app.run_worker(until_idle=True, handle_signals=False)
     assert (stats.dead, stats.applied) == (3, 1)
     errors = dict(rows(queue_url, "select job_key, last_error from jobguard_jobs "
@@ -161,39 +212,76 @@ async def test_a_payload_that_does_not_bind_or_a_key_function_that_raises_is_dea
     assert calls == {"o-4": 1}
 
 
-def test_a_sync_job_on_an_async_pool_is_refused_at_definition(queue_url):
-    import asyncpg
+def _pool(driver: str, url: str) -> Any:
+    """The driver's pool itself (not a factory), made without connecting."""
+    if driver == "psycopg_async":
+        from psycopg_pool import AsyncConnectionPool
 
-    async def make() -> None:
-        pool = await asyncpg.create_pool(queue_url, min_size=1, max_size=1)
-        try:
-            app = jobguard.App(db=pool)
-            with pytest.raises(jobguard.UnsupportedConnection, match="async def"):
+        return AsyncConnectionPool(url, open=False)
+    if driver == "psycopg":
+        from psycopg_pool import ConnectionPool
+
+        return ConnectionPool(url, open=False)
+    if driver == "sqlalchemy":
+        import sqlalchemy
+
+        return sqlalchemy.create_engine(_sa_url(url, "psycopg"))
+    if driver == "sqlalchemy_async":
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        return create_async_engine(_sa_url(url, "asyncpg"))
+    raise ValueError(driver)
+
+
+async def test_a_body_of_the_other_kind_than_the_driver_is_refused_at_definition(
+    driver, queue_url,
+):
+    if driver == "asyncpg":
+        import asyncpg
+
+        db = await asyncpg.create_pool(queue_url, min_size=1, max_size=1)
+    elif driver == "sqlite3":
+        db = None  # a factory: known when the worker starts (the test below)
+    else:
+        db = _pool(driver, queue_url)
+    if db is not None:
+        app = jobguard.App(db=db)
+        if driver in ASYNC_DRIVERS:
+            with pytest.raises(jobguard.UnsupportedConnection, match="give the app a sync pool"):
                 @app.job("credit")
                 def credit(conn: Any, order: str) -> None:
                     pass
-            assert app.jobs == {}
-        finally:
-            await pool.close()
-
-    asyncio.run(make())
-
-
-async def test_a_sync_job_on_a_pool_from_a_factory_is_refused_when_the_worker_starts(queue_url):
-    app, _ = make_app("asyncpg", queue_url)
-
-    @app.job("plain")
-    def plain(conn: Any, order: str) -> None:
-        pass
-
-    with pytest.raises(jobguard.UnsupportedConnection, match="`plain` is a plain function"):
+        else:
+            with pytest.raises(jobguard.UnsupportedConnection, match="runs on a thread"):
+                @app.job("credit")
+                async def credit_async(conn: Any, order: str) -> None:
+                    pass
+        assert app.jobs == {}
+        if driver == "asyncpg":
+            await db.close()
+    # Through a factory, refused when the worker starts, before it fetches anything.
+    app, _ = make_app(driver, queue_url)
+    if driver in ASYNC_DRIVERS:
+        @app.job("plain")
+        def plain(conn: Any, order: str) -> None:
+            pass
+        match = "`plain` is a plain function"
+    else:
+        @app.job("coroutine")
+        async def coroutine(conn: Any, order: str) -> None:
+            pass
+        match = "`coroutine` is `async def`"
+    with pytest.raises(jobguard.UnsupportedConnection, match=match):
         await app.run_worker(until_idle=True, handle_signals=False)
 
 
-def test_the_worker_statements_are_the_rust_workers(queue_url):
+def test_the_worker_statements_are_the_rust_workers():
     sql = jobguard._native.worker_sql("postgres", "jobguard_jobs", "processed_jobs")
     assert "lease_token = $6" in sql["claim_completing"]
     assert "kind = any($4::text[])" in sql["fetch"]
     assert json.dumps(sorted(sql)) == json.dumps(sorted([
         "claim_completing", "complete", "dead", "fetch", "heartbeat", "heartbeat_many",
         "notify_channel", "release", "rescue", "retry"]))
+    sqlite = jobguard._native.worker_sql("sqlite", "jobguard_jobs", "processed_jobs")
+    assert "kind in (select value from json_each($4))" in sqlite["fetch"]
+    assert "on conflict (job_key) do nothing" in sqlite["claim"]

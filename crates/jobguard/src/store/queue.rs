@@ -47,34 +47,6 @@ pub(crate) fn queue_states(table: &TableName) -> String {
 /// a lease sets `leased_until` back to null.
 pub(crate) use jobguard_core::sql::{HELD, STATE, WAITING};
 
-/// Statements that bring a jobs table from an earlier schema to this one, run by every
-/// migration after the table's own statements (each does nothing the second time): jobs
-/// leased under the earlier schema, stored as `running`, are held jobs in this one, and the
-/// index of `running` leases is gone.
-pub(crate) fn job_upgrades(table: &TableName) -> Vec<String> {
-    vec![
-        format!(
-            "update {} set state = 'available' where state = 'running'",
-            table.quoted()
-        ),
-        format!("drop index if exists {}", table.derived_qualified("leases")),
-    ]
-}
-
-/// The columns of the unique-job policies, added to a jobs table made before them: `add` is
-/// the dialect's `add column` (PostgreSQL's with `if not exists`; SQLite has none, and its
-/// migration skips a column already there). After the table, before [`job_indexes`].
-pub(crate) fn unique_columns(table: &TableName, add: &str) -> Vec<String> {
-    let t = table.quoted();
-    vec![
-        // The finished states in which the job keeps its key (`jobguard_core::sql::KEEP_*`
-        // bits); 0, the default, for live states only.
-        format!("alter table {t} {add} unique_states integer not null default 0"),
-        // How many times an enqueue replaced the job's payload and run time while it waited.
-        format!("alter table {t} {add} replaced integer not null default 0"),
-    ]
-}
-
 /// Whether a job other than `j` (the alias of the outer statement's row, on the jobs table
 /// `t`, quoted) holds `j`'s key in a way that would refuse `j` coming back to life: a live job,
 /// or, when `j` has a unique policy, a finished job its own policy keeps the key for. The
@@ -88,70 +60,6 @@ pub(crate) fn other_holder(t: &str) -> String {
         jobguard_core::sql::LIVE_STATES,
         jobguard_core::sql::keeps_key_finished("l.")
     )
-}
-
-/// The indexes of a jobs table, the same statements on both backends (their SQL is common to
-/// PostgreSQL and SQLite), created after the table itself and its [`unique_columns`].
-pub(crate) fn job_indexes(table: &TableName) -> Vec<String> {
-    let t = table.quoted();
-    let live = jobguard_core::sql::LIVE_STATES;
-    vec![
-        // One live job per key: a producer that enqueues the same work twice gets the job
-        // that is already waiting or running, enforced by the index, not a check-then-insert.
-        format!(
-            "create unique index if not exists {} on {t} (job_key) where {live}",
-            table.derived("live_key")
-        ),
-        // One job per key among the jobs enqueued with a unique policy that keeps the key past
-        // the live states, in the states their own `unique_states` names: a repeated enqueue of
-        // a key whose job completed (or died) under such a policy inserts nothing. Jobs without
-        // one are not in it, and cost nothing more to insert.
-        format!(
-            "create unique index if not exists {} on {t} (job_key) where {}",
-            table.derived("kept_key"),
-            jobguard_core::sql::keeps_key()
-        ),
-        format!(
-            "create index if not exists {} on {t} (queue, run_at, id) where state = 'available'",
-            table.derived("fetch")
-        ),
-        // Pruning finished jobs takes the oldest of one state in batches, and counts stop after
-        // a bounded number of them: both walk this index, never the whole table. Not partial:
-        // the prune names its state as a parameter, which a partial index's predicate cannot
-        // match in a generic plan (and SQLite matches only a predicate the query repeats).
-        format!(
-            "create index if not exists {} on {t} (state, finished_at)",
-            table.derived("finished")
-        ),
-        // Replay finds a key's newest dead job, and the dead jobs of a kind, without a scan per
-        // dead row.
-        format!(
-            "create index if not exists {} on {t} (job_key, id) where state = 'dead'",
-            table.derived("dead_key")
-        ),
-        format!(
-            "create index if not exists {} on {t} (kind, id) where state = 'dead'",
-            table.derived("dead_kind")
-        ),
-        // The console lists jobs newest first, by state, kind, queue or key, a page at a time:
-        // each filter walks its own index backwards from where the last page ended.
-        format!(
-            "create index if not exists {} on {t} (state, id)",
-            table.derived("state_id")
-        ),
-        format!(
-            "create index if not exists {} on {t} (kind, id)",
-            table.derived("kind_id")
-        ),
-        format!(
-            "create index if not exists {} on {t} (queue, id)",
-            table.derived("queue_id")
-        ),
-        format!(
-            "create index if not exists {} on {t} (job_key, id)",
-            table.derived("key_id")
-        ),
-    ]
 }
 
 /// A job to enqueue: a kind, a key, a JSON payload and where and when to run it.

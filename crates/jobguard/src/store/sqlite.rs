@@ -69,7 +69,8 @@ impl Store for Sqlite {
                 // SQLite has no `add column if not exists`: a column added by an earlier
                 // migration fails this statement alone, and the transaction goes on.
                 Err(error)
-                    if statement.starts_with("alter table") && is_duplicate_column(&error) => {}
+                    if jobguard_core::sql::queue_schema::is_optional_on_sqlite(statement)
+                        && is_duplicate_column(&error) => {}
                 done => {
                     done?;
                 }

@@ -1,10 +1,71 @@
-//! The job queue's enqueue statements for PostgreSQL: the Rust `Queue::enqueue_tx` and the
-//! Python package's `jobguard.enqueue` run this same text, so a job enqueued from either is
+//! The job queue's tables and enqueue statements for PostgreSQL: the Rust `Queue` (its
+//! `migrate` and `enqueue_tx`) and the Python package (`App.migrate`, `jobguard.enqueue`) run
+//! this same text, so a table either creates is the other's, and a job enqueued from either is
 //! deduplicated by the same live key.
 
-use crate::sql::LIVE_STATES;
+use crate::sql::queue_schema::{job_indexes, job_upgrades, unique_columns};
+use crate::sql::{LIVE_STATES, paused_queues};
 pub use crate::sql::live_job;
 use crate::table::TableName;
+
+/// The queue's tables and indexes on `table`, in the order a migration runs them (each is
+/// `create ... if not exists`, `add column if not exists` or an upgrade that does nothing the
+/// second time): the schema, the jobs table, its storage settings, the unique-policy columns,
+/// the indexes, the upgrades from earlier schemas, and the table of paused queues. Run in one
+/// transaction under the migration lock, the table's comment then set to their
+/// [`schema_marker`](crate::sql::schema_marker).
+pub fn create(table: &TableName) -> Vec<String> {
+    let t = table.quoted();
+    let mut create = Vec::new();
+    if let Some(schema) = table.schema() {
+        create.push(format!("create schema if not exists \"{schema}\""));
+    }
+    create.push(format!(
+        "create table if not exists {t} (
+                id           bigserial primary key,
+                kind         text not null,
+                job_key      text not null,
+                queue        text not null,
+                payload      jsonb not null,
+                state        text not null
+                             check (state in ('available', 'running', 'completed', 'dead')),
+                attempt      integer not null default 0,
+                lease_token  bigint not null default 0,
+                max_attempts integer not null check (max_attempts > 0),
+                run_at       timestamptz not null default now(),
+                leased_until timestamptz,
+                last_error   text,
+                created_at   timestamptz not null default now(),
+                finished_at  timestamptz
+            ) with (fillfactor = 70)"
+    ));
+    // Room on each page for a job's next row version, so that taking and extending its lease
+    // (which change no indexed column) are heap-only updates; for a table made before, the
+    // pages written from now on.
+    //
+    // A queue's table turns over all day: every job is inserted, updated a few times and
+    // deleted when pruned. Autovacuum's defaults wait for a fifth of the table to be dead rows;
+    // at a few thousand jobs a second that is hundreds of thousands of dead rows between runs,
+    // which every fetch walks past. A vacuum once one row in a hundred is dead (and at least a
+    // thousand) keeps the table near its live size.
+    create.push(format!(
+        "alter table {t} set (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01,
+                             autovacuum_vacuum_threshold = 1000)"
+    ));
+    create.extend(unique_columns(table, "add column if not exists"));
+    create.extend(job_indexes(table));
+    create.extend(job_upgrades(table));
+    // Queues an operator paused: the fetch takes nothing from them.
+    create.push(format!(
+        "create table if not exists {} (
+                name       text primary key,
+                paused     boolean not null default false,
+                changed_at timestamptz not null default now()
+            )",
+        paused_queues(table)
+    ));
+    create
+}
 
 /// The channel on which enqueues wake idle workers (`select pg_notify($1, $2)`, the queue's
 /// name as the payload).

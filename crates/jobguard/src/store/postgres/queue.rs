@@ -10,7 +10,6 @@ use sqlx::postgres::Postgres;
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
     HELD_COUNT_SPAN, Holder, HolderColumns, InsertedJob, NewJob, QueueSql, QueueStore, STATE,
-    job_indexes, job_upgrades, queue_states, unique_columns,
 };
 use crate::table::TableName;
 use crate::time::duration_micros;
@@ -39,59 +38,12 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
     let live = jobguard_core::sql::LIVE_STATES;
     let micros = "* interval '1 microsecond'";
-    let mut create = Vec::new();
-    if let Some(schema) = table.schema() {
-        create.push(format!("create schema if not exists \"{schema}\""));
-    }
-    create.push(format!(
-        "create table if not exists {t} (
-                id           bigserial primary key,
-                kind         text not null,
-                job_key      text not null,
-                queue        text not null,
-                payload      jsonb not null,
-                state        text not null
-                             check (state in ('available', 'running', 'completed', 'dead')),
-                attempt      integer not null default 0,
-                lease_token  bigint not null default 0,
-                max_attempts integer not null check (max_attempts > 0),
-                run_at       timestamptz not null default now(),
-                leased_until timestamptz,
-                last_error   text,
-                created_at   timestamptz not null default now(),
-                finished_at  timestamptz
-            ) with (fillfactor = 70)"
-    ));
-    // Room on each page for a job's next row version, so that taking and extending its lease
-    // (which change no indexed column) are heap-only updates; for a table made before, the
-    // pages written from now on.
-    //
-    // A queue's table turns over all day: every job is inserted, updated a few times and
-    // deleted when pruned. Autovacuum's defaults wait for a fifth of the table to be dead rows;
-    // at a few thousand jobs a second that is hundreds of thousands of dead rows between runs,
-    // which every fetch walks past. A vacuum once one row in a hundred is dead (and at least a
-    // thousand) keeps the table near its live size.
-    create.push(format!(
-        "alter table {t} set (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01,
-                             autovacuum_vacuum_threshold = 1000)"
-    ));
-    create.extend(unique_columns(table, "add column if not exists"));
-    create.extend(job_indexes(table));
-    create.extend(job_upgrades(table));
-    // Queues an operator paused: the fetch below takes nothing from them.
-    create.push(format!(
-        "create table if not exists {} (
-                name       text primary key,
-                paused     boolean not null default false,
-                changed_at timestamptz not null default now()
-            )",
-        queue_states(table)
-    ));
     QueueSql::new(
         table,
         &DIALECT,
         DialectStatements {
-            create,
+            // The tables' statements are the core's, which the Python package migrates with too.
+            create: core::create(table),
             // The single enqueue is shared with the Python package: one text for both.
             enqueue: core::enqueue(table),
             enqueue_unique: core::enqueue_unique(table),

@@ -14,7 +14,6 @@ use sqlx::sqlite::Sqlite;
 use crate::store::queue::sql::{DialectStatements, QueueDialect};
 use crate::store::queue::{
     HELD, Holder, HolderColumns, InsertedJob, Lease, NewJob, QueueSql, QueueStore, STATE,
-    job_indexes, job_upgrades, queue_states, unique_columns,
 };
 use crate::table::TableName;
 use crate::time::duration_micros;
@@ -36,42 +35,12 @@ pub(super) const DIALECT: QueueDialect = QueueDialect {
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
     let live = jobguard_core::sql::LIVE_STATES;
-    let mut create = vec![format!(
-        "create table if not exists {t} (
-                id           integer primary key autoincrement,
-                kind         text not null,
-                job_key      text not null,
-                queue        text not null,
-                payload      text not null,
-                state        text not null
-                             check (state in ('available', 'running', 'completed', 'dead')),
-                attempt      integer not null default 0,
-                lease_token  bigint not null default 0,
-                max_attempts integer not null check (max_attempts > 0),
-                run_at       integer not null,
-                leased_until integer,
-                last_error   text,
-                created_at   integer not null,
-                finished_at  integer
-            )"
-    )];
-    create.extend(unique_columns(table, "add column"));
-    create.extend(job_indexes(table));
-    create.extend(job_upgrades(table));
-    // Queues an operator paused: the fetch below takes nothing from them.
-    create.push(format!(
-        "create table if not exists {} (
-                name       text primary key,
-                paused     integer not null default 0,
-                changed_at integer not null
-            )",
-        queue_states(table)
-    ));
     QueueSql::new(
         table,
         &DIALECT,
         DialectStatements {
-            create,
+            // The tables' statements are the core's, which the Python package migrates with too.
+            create: core::create(table),
             // The single enqueue is shared with the Python package: one text for both.
             enqueue: core::enqueue(table),
             enqueue_unique: core::enqueue_unique(table),
