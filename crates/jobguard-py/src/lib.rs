@@ -311,7 +311,10 @@ fn queue_migration<'py>(
         "postgres" => {
             let create = sql::postgres::queue::create(&name);
             let marker = sql::schema_marker(&create);
-            out.set_item("mark_migrated", sql::postgres::mark_migrated(&name, &marker))?;
+            out.set_item(
+                "mark_migrated",
+                sql::postgres::mark_migrated(&name, &marker),
+            )?;
             out.set_item("marker", marker)?;
             out.set_item("create", create)?;
             out.set_item("migrated", sql::postgres::MIGRATED)?;

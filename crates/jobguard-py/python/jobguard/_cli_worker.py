@@ -32,6 +32,8 @@ def add_parser(commands: Any) -> None:
     worker.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds")
     worker.add_argument("--until-idle", action="store_true",
                         help="stop once no job of the app's kinds is due and none runs")
+    worker.add_argument("--migrate", action="store_true",
+                        help="create the queue's and the guard's tables first (app.migrate())")
 
 
 def load_app(spec: str) -> App:
@@ -63,11 +65,17 @@ def run(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     logging.basicConfig(level=os.environ.get("JOBGUARD_LOG", "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stats = asyncio.run(app.run_worker(
-        queue=args.queue, concurrency=args.concurrency, lease=args.lease,
-        poll_interval=args.poll_interval, shutdown_timeout=args.shutdown_timeout,
-        until_idle=args.until_idle,
-    ))
+
+    async def main() -> Any:
+        if args.migrate:
+            await app.migrate()
+        return await app.run_worker(
+            queue=args.queue, concurrency=args.concurrency, lease=args.lease,
+            poll_interval=args.poll_interval, shutdown_timeout=args.shutdown_timeout,
+            until_idle=args.until_idle,
+        )
+
+    stats = asyncio.run(main())
     print(f"{stats.applied} applied, {stats.duplicates} duplicates, {stats.failed} failed, "
           f"{stats.dead} dead, {stats.fenced} fenced, {stats.released} given back",
           file=sys.stderr)

@@ -311,6 +311,7 @@ class _Lane:
 
     def __init__(self) -> None:
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.stopped = False
         self.thread = threading.Thread(target=self._serve, name="jobguard-lane", daemon=True)
         self.thread.start()
 
@@ -321,19 +322,25 @@ class _Lane:
                 return
             future, loop, fn, args, kwargs = item
             try:
-                result = fn(*args, **kwargs)
-            except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
-                loop.call_soon_threadsafe(_settle, future, None, error)
-            else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                result, error = fn(*args, **kwargs), None
+            except BaseException as raised:  # noqa: BLE001 - handed to the awaiting task
+                result, error = None, raised
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:  # the loop closed while a body outlived the worker
+                pass
 
     async def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        if self.stopped:
+            # A session whose body outlived the worker's shutdown: nothing more runs on it.
+            raise RuntimeError("the worker stopped while this job's body still ran")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._calls.put((future, loop, fn, args, kwargs))
         return await future
 
     def stop(self) -> None:
+        self.stopped = True
         self._calls.put(None)
 
 

@@ -3,7 +3,7 @@ that appends to a ledger, a slow one, and one that always fails; ``async def`` b
 async drivers, plain ``def`` ones (run on threads) on the sync drivers.
 
 ``JOBGUARD_TEST_DRIVER`` picks the driver (one of ``DRIVERS``), ``DATABASE_URL`` the database (a
-PostgreSQL URL, or a SQLite file's path for ``sqlite3``); ``JOBGUARD_TEST_SLOW`` is how long the
+PostgreSQL URL, or a SQLite file's path for ``sqlite3`` and ``sqlalchemy_sqlite``); ``JOBGUARD_TEST_SLOW`` is how long the
 slow job sleeps, ``JOBGUARD_TEST_CREDIT_PAUSE`` how long a credit waits after its insert
 (seconds)."""
 
@@ -19,9 +19,9 @@ import jobguard
 from jobguard._drivers import convert
 
 ASYNC_DRIVERS = ["asyncpg", "psycopg_async", "sqlalchemy_async"]
-SYNC_DRIVERS = ["psycopg", "sqlalchemy", "sqlite3"]
+SYNC_DRIVERS = ["psycopg", "sqlalchemy", "sqlite3", "sqlalchemy_sqlite"]
 DRIVERS = ASYNC_DRIVERS + SYNC_DRIVERS
-SQLITE_DRIVERS = ["sqlite3"]
+SQLITE_DRIVERS = ["sqlite3", "sqlalchemy_sqlite"]
 
 LEDGER = """create table if not exists worker_ledger (
     id bigserial primary key, job_key text not null, amount bigint not null,
@@ -67,6 +67,10 @@ def pool_factory(driver: str, url: str, size: int = 8) -> Any:
         return lambda: create_async_engine(_sa_url(url, "asyncpg"), pool_size=size)
     if driver == "sqlite3":
         return lambda: sqlite_connect(url)
+    if driver == "sqlalchemy_sqlite":
+        import sqlalchemy
+
+        return lambda: sqlalchemy.create_engine(f"sqlite:///{url}", connect_args={"timeout": 30})
     raise ValueError(f"unknown driver {driver}")
 
 

@@ -112,3 +112,22 @@ def test_migrate_sync_refuses_an_async_app_and_a_running_loop(pg_url):
                                                                    "postgresql+asyncpg://")))
     with pytest.raises(jobguard.UnsupportedConnection, match="await app.migrate"):
         async_app.migrate_sync()
+
+
+def test_the_worker_command_migrates_a_fresh_database_with_migrate(driver, fresh):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, DATABASE_URL=fresh, JOBGUARD_TEST_DRIVER=driver)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                      env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "jobguard", "worker", "ledger_app:app", "--until-idle"]
+    without = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert without.returncode == 2 and "app.migrate" in without.stderr
+    done = subprocess.run([*command, "--migrate"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert rows(fresh, "select count(*) from jobguard_jobs") == [(0,)]
+    assert rows(fresh, "select count(*) from processed_jobs") == [(0,)]

@@ -1,5 +1,5 @@
-"""The Python worker on each driver (asyncpg, psycopg async and sync, SQLAlchemy async and sync,
-sqlite3): a job applied once, a duplicate not calling its body, an exception retried then
+"""The Python worker on each driver (asyncpg, psycopg async and sync, SQLAlchemy async and sync
+on PostgreSQL, sqlite3 and SQLAlchemy on SQLite): a job applied once, a duplicate not calling its body, an exception retried then
 dead-lettered under the Rust policy, a lease taken over fenced off at commit, an enqueue rolled
 back leaving nothing, bad input dead-lettered without blocking the queue, and a body of the
 other kind than the driver refused at definition."""
@@ -61,6 +61,15 @@ async def producer(driver: str, url: str) -> AsyncIterator[Any]:
         import sqlalchemy
 
         engine = sqlalchemy.create_engine(_sa_url(url, "psycopg"))
+        try:
+            with engine.begin() as conn:
+                yield conn
+        finally:
+            engine.dispose()
+    elif driver == "sqlalchemy_sqlite":
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(f"sqlite:///{url}", connect_args={"timeout": 30})
         try:
             with engine.begin() as conn:
                 yield conn
@@ -242,6 +251,10 @@ async def test_a_body_of_the_other_kind_than_the_driver_is_refused_at_definition
         db = await asyncpg.create_pool(queue_url, min_size=1, max_size=1)
     elif driver == "sqlite3":
         db = None  # a factory: known when the worker starts (the test below)
+    elif driver == "sqlalchemy_sqlite":
+        import sqlalchemy
+
+        db = sqlalchemy.create_engine(f"sqlite:///{queue_url}")
     else:
         db = _pool(driver, queue_url)
     if db is not None:

@@ -3,9 +3,9 @@
 //! this same text, so a table either creates is the other's, and a job enqueued from either is
 //! deduplicated by the same live key.
 
+pub use crate::sql::live_job;
 use crate::sql::queue_schema::{job_indexes, job_upgrades, unique_columns};
 use crate::sql::{LIVE_STATES, paused_queues};
-pub use crate::sql::live_job;
 use crate::table::TableName;
 
 /// The queue's tables and indexes on `table`, in the order a migration runs them (each is

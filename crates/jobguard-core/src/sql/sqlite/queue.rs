@@ -2,10 +2,10 @@
 //! and `enqueue_tx`) and the Python package (`App.migrate`, `jobguard.enqueue`) run this same
 //! text. Times are integer microseconds since the Unix epoch by the database clock.
 
+pub use crate::sql::live_job;
 use crate::sql::queue_schema::{job_indexes, job_upgrades, unique_columns};
 use crate::sql::sqlite::NOW_MICROS as NOW;
 use crate::sql::{LIVE_STATES, paused_queues};
-pub use crate::sql::live_job;
 use crate::table::TableName;
 
 /// The queue's tables and indexes on `table`, in the order a migration runs them, in one
