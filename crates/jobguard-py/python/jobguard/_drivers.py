@@ -15,7 +15,9 @@ from typing import Any, Sequence
 
 from .errors import ConnectionClosed, InSavepoint, NotInTransaction, UnsupportedConnection
 
-_PLACEHOLDER = re.compile(r"\$(\d+)")
+# A placeholder, or a string literal or comment to leave alone: the core's statements name
+# their parameters in comments too (`-- ... ($2, ...)`), which a positional style must not count.
+_PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\$(\d+)")
 
 
 def convert(sql: str, params: Sequence[Any], style: str) -> tuple[str, Any]:
@@ -25,6 +27,8 @@ def convert(sql: str, params: Sequence[Any], style: str) -> tuple[str, Any]:
     order: list[int] = []
 
     def sub(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return match.group(0)
         n = int(match.group(1))
         order.append(n)
         if style == "pyformat":

@@ -90,10 +90,10 @@ async def insert(conn: Any, sql: str, *params: Any) -> None:
     """An insert on an async driver's connection."""
     style, via_sqlalchemy = _style(conn)
     text, args = convert(sql, params, style)
-    if style == "numeric_dollar":
-        await conn.execute(text, *args)
-    elif via_sqlalchemy:
+    if via_sqlalchemy:
         await conn.exec_driver_sql(text, args)
+    elif style == "numeric_dollar":
+        await conn.execute(text, *args)
     else:
         await conn.execute(text, args)
 
