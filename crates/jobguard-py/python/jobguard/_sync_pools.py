@@ -373,7 +373,8 @@ class _ThreadedSession(Session):
         except BaseException as error:
             try:
                 # Queued on the lane behind the body, should the body still run.
-                await self.lane.run(self.sync.rollback, error)
+                if not self.lane.stopped:
+                    await self.lane.run(self.sync.rollback, error)
             finally:
                 self.in_transaction = False
             raise
@@ -427,8 +428,9 @@ class ThreadedDatabase(Database):
             yield session
         except BaseException as error:
             self._sessions.discard(session)
-            await lane.run(connection.__exit__, type(error), error, error.__traceback__)
-            self._idle.append(lane)
+            if not lane.stopped:  # else a body outlived the worker: nothing more runs there
+                await lane.run(connection.__exit__, type(error), error, error.__traceback__)
+                self._idle.append(lane)
             raise
         finally:
             self._sessions.discard(session)

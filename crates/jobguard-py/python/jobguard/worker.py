@@ -162,9 +162,9 @@ class Worker:
             await self._drain(running)
             for task in keepers:
                 task.cancel()
-            for task in keepers:
-                with contextlib.suppress(BaseException):
-                    await task
+            # A keeper's statement on a sync driver may wait on its thread for a lock a sync
+            # body that outlived the shutdown holds (SQLite's write lock): not waited for.
+            await asyncio.wait(keepers, timeout=None if db.is_async else 1.0)
             if unlisten is not None:
                 with contextlib.suppress(Exception):
                     await unlisten()

@@ -27,16 +27,20 @@ def start(env: dict[str, str], *args: str) -> subprocess.Popen:
 
 
 def enqueue_slow(url: str, driver: str, orders: list[str]) -> None:
+    def enqueue_all(conn: Any) -> None:
+        for order in orders:
+            jobguard.enqueue_sync(conn, "slow", {"order": order}, key=jobguard.key("slow", order))
+
     if is_postgres(url):
         import psycopg
 
-        conn = psycopg.connect(url)
-    else:
-        conn = sqlite_connect(url)
-        conn.execute("begin immediate")
+        with psycopg.connect(url) as conn, conn.transaction():
+            enqueue_all(conn)
+        return
+    conn = sqlite_connect(url)
     try:
-        for order in orders:
-            jobguard.enqueue_sync(conn, "slow", {"order": order}, key=jobguard.key("slow", order))
+        conn.execute("begin immediate")
+        enqueue_all(conn)
         conn.commit()
     finally:
         conn.close()
