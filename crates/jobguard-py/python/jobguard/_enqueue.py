@@ -8,8 +8,9 @@ another kind or payload under the key is :class:`KeyReused`. The payload rules (
 ``MAX_PAYLOAD_BYTES`` of JSON, no NUL character) are the core's too, checked before anything is
 written: a payload that breaks them is :class:`PayloadError`.
 
-The queue's tables are created by the Rust side (any ``jobguard worker`` or ``Queue`` migrates
-them on start); enqueueing before they exist is :class:`NotMigrated`.
+The queue's tables are created by ``App.migrate`` (the Rust queue's statements, from the core) or
+by the Rust side (any ``jobguard worker`` or ``Queue`` migrates them on start); enqueueing before
+they exist is :class:`NotMigrated`.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ class _Job:
         if is_not_migrated(error):
             raise NotMigrated(
                 f"the queue table `{table}` does not exist or was made by an older jobguard; "
-                "nothing was enqueued: the Rust side creates the queue's tables, so start a "
-                "`jobguard worker` (or migrate a Rust `Queue`) on this database once first"
+                "nothing was enqueued: run `await app.migrate()` of a jobguard.App (sync code: "
+                "`app.migrate_sync()`) or a `jobguard worker` on this database once first"
             ) from error
 
     def lost(self) -> Exception:
