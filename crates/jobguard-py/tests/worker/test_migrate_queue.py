@@ -114,6 +114,8 @@ def test_migrate_sync_refuses_an_async_app_and_a_running_loop(pg_url):
         async_app.migrate_sync()
 
 
+# The command's own path; the drivers' migrations are the tests above.
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg", "sqlite3"])
 def test_the_worker_command_migrates_a_fresh_database_with_migrate(driver, fresh):
     import os
     import subprocess
