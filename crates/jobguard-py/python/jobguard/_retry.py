@@ -7,7 +7,8 @@ limit, a guard table not migrated yet) is run again, after a bounded exponential
 it commits or has been retried ``max_retries`` times; then it is reported (logged at error with
 its key, and counted as ``jobguard_job_retries_total{outcome="exhausted"}``) and left to the
 framework's own failure handling. The framework integrations (``jobguard.celery``,
-``jobguard.arq``, ``jobguard.taskiq``) share this module; each decides how a job is run again.
+``jobguard.arq``, ``jobguard.taskiq``, ``jobguard.dramatiq``, ``jobguard.rq``) share this
+module; each decides how a job is run again.
 """
 
 from __future__ import annotations
