@@ -64,13 +64,14 @@ import threading
 from typing import Any, Callable
 
 import dramatiq
-from dramatiq.middleware import Middleware, Retries
+from dramatiq.middleware import Middleware, MiddlewareError, Retries
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
+from .errors import Error
 
-__all__ = ["Guard"]
+__all__ = ["Guard", "GuardOptionsError"]
 
 log = logging.getLogger("jobguard.dramatiq")
 
@@ -89,9 +90,16 @@ _DEFAULTS: dict[str, Any] = {
 _WRAPPED = "__jobguard_dramatiq__"
 
 
+class GuardOptionsError(Error, MiddlewareError, ValueError):
+    """An actor's guard options, or its broker, cannot guard it: raised when the actor is
+    declared (a ``MiddlewareError``, which Dramatiq lets through), before any message is sent."""
+
+
 class Guard(Middleware):
     """Runs every actor declared with ``guard_key=`` and ``guard_db=`` once per key; see the
-    module. Add it to the broker before the actors are declared."""
+    module. Add it to the broker before the actors are declared: an actor declared with
+    ``guard_key=`` but no ``guard_db=`` (or the reverse), or on a broker without the ``Retries``
+    middleware, raises :class:`GuardOptionsError`."""
 
     def __init__(self) -> None:
         # The message each worker thread is processing, for the retry decision.
@@ -101,18 +109,25 @@ class Guard(Middleware):
     def actor_options(self) -> set[str]:
         return set(_DEFAULTS)
 
+    def before_declare_actor(self, broker: Any, actor: Any) -> None:
+        self._declare(broker, actor)
+
     def after_declare_actor(self, broker: Any, actor: Any) -> None:
+        # The actors declared before the middleware was added.
+        self._declare(broker, actor)
+
+    def _declare(self, broker: Any, actor: Any) -> None:
         options = actor.options
         if options.get("guard_key") is None and options.get("guard_db") is None:
             return
         if options.get("guard_key") is None or options.get("guard_db") is None:
-            raise ValueError(
+            raise GuardOptionsError(
                 f"actor {actor.actor_name}: a guarded actor needs guard_key= and guard_db=, e.g. "
                 "@dramatiq.actor(guard_key=lambda order: jobguard.key('credit', order), "
                 "guard_db=engine)"
             )
         if not any(isinstance(m, Retries) for m in broker.middleware):
-            raise ValueError(
+            raise GuardOptionsError(
                 f"actor {actor.actor_name}: the broker has no Retries middleware, so a delivery "
                 "whose transaction rolled back would be acked and its job lost; keep Dramatiq's "
                 "default middleware (or add dramatiq.middleware.Retries())"
