@@ -69,6 +69,7 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
+from ._outcome import Duplicate
 from .errors import Error
 
 __all__ = ["Guard", "GuardOptionsError"]
@@ -145,7 +146,7 @@ class Guard(Middleware):
     ) -> None:
         self._current.message = None
 
-    after_skip_message = after_process_message  # type: ignore[assignment]
+    after_skip_message = after_process_message
 
     def _wrap(self, broker: Any, actor: Any) -> Callable[..., Any]:
         fn = actor.fn
@@ -170,7 +171,7 @@ class Guard(Middleware):
                     raise
                 self._again(broker, actor, message, policy, key, args, kwargs, reason, exc)
                 raise
-            if isinstance(outcome, _guarded.Duplicate):
+            if isinstance(outcome, Duplicate):
                 log.info(
                     "actor %s: duplicate delivery, first applied at %s",
                     actor.actor_name, outcome.first_applied_at,
@@ -185,7 +186,7 @@ class Guard(Middleware):
 
     def _again(
         self, broker: Any, actor: Any, message: Any, policy: _retry.RetryPolicy, key: Any,
-        args: tuple, kwargs: dict, reason: str, exc: BaseException,
+        args: tuple[Any, ...], kwargs: dict[str, Any], reason: str, exc: BaseException,
     ) -> None:
         """Raises ``dramatiq.Retry`` with the guard's delay when Dramatiq's Retries middleware
         will run the message again; reports the job when it will not (then returns, and the

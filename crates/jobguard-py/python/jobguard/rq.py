@@ -74,6 +74,7 @@ from rq.timeouts import JobTimeoutException
 
 from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
+from ._outcome import Duplicate
 
 __all__ = ["GuardedWorker", "guarded"]
 
@@ -134,7 +135,7 @@ def guarded(
                     raise
                 _report(job, spec.key, args, kwargs, reason)
                 raise
-            if isinstance(outcome, _guarded.Duplicate):
+            if isinstance(outcome, Duplicate):
                 log.info(
                     "rq job %s: duplicate delivery, first applied at %s",
                     None if job is None else job.id, outcome.first_applied_at,
@@ -159,7 +160,8 @@ class GuardedWorker(Worker):
         return super().work(*args, **kwargs)
 
     def handle_work_horse_killed(self, job: Any, retpid: Any, ret_val: Any, rusage: Any) -> None:
-        super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+        base = super().handle_work_horse_killed
+        base(job, retpid, ret_val, rusage)  # type: ignore[no-untyped-call]
         spec = _spec_of(job)
         if spec is None:
             return
@@ -206,7 +208,9 @@ def _reason(exc: BaseException) -> str | None:
     return _retry.transient_reason(exc)
 
 
-def _report(job: Any, key: Any, args: tuple, kwargs: dict, reason: str) -> None:
+def _report(
+    job: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any], reason: str
+) -> None:
     """Logs and counts what RQ's failure handling does next with ``job``: a retry while it has
     retries left, else the end of its retries."""
     left = job.retries_left or 0
