@@ -32,6 +32,8 @@ What RQ does to a job, and what the guard needs of it:
   heartbeat has expired (``job_monitoring_interval`` + 60 s), or fails it (``AbandonedJobError``)
   without ``Retry``.
 - A retry with an interval is scheduled: it runs only on a worker started with the scheduler.
+  A worker killed with its scheduler holds the scheduler lock until it expires (61 s); the
+  other workers try to take it every 2 minutes.
 
 So the guard gives each job the retries a job that did not commit needs, whoever enqueued it:
 when a job without ``retry=`` starts, the wrapper sets its ``retries_left`` to ``max_retries``

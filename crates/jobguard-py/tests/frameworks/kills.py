@@ -80,7 +80,8 @@ def arm(flags: Path, stage: str, key: str) -> None:
 def die_here(stage: str, key: str, *, group: bool = False, parent: bool = False) -> None:
     """Kills this worker with SIGKILL when ``stage`` is armed for ``key`` (once); with
     ``group``, its whole process group (a Celery master and its pool); with ``parent``, its
-    parent process first (an RQ worker, whose work horse has a process group of its own)."""
+    parent's process group first (an RQ worker and its scheduler, whose work horse has a
+    process group of its own)."""
     flags = Path(os.environ["JOBGUARD_TEST_FLAGS"])
     try:
         (flags / f"{stage}.{key}").unlink()
@@ -90,7 +91,7 @@ def die_here(stage: str, key: str, *, group: bool = False, parent: bool = False)
     sys.stdout.flush()
     sys.stderr.flush()
     if parent:
-        os.kill(os.getppid(), signal.SIGKILL)
+        os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)
     if group:
         os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

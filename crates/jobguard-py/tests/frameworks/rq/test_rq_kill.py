@@ -4,8 +4,9 @@ A work horse killed mid-job (its worker alive) is failed by the worker from the 
 it read before the horse started: ``GuardedWorker`` reads back the retries the guard gave the
 job, and RQ retries it. A worker killed with its horse leaves the job in the
 ``StartedJobRegistry``; a worker's maintenance retries it once its heartbeat has expired
-(``job_monitoring_interval`` + 60 s): the test runs that cleanup with a cutoff past the
-expiry instead of waiting a minute. Without the guard (jobs enqueued with ``Retry``, as RQ
+(``job_monitoring_interval`` + 60 s), and the retry runs once the dead worker's scheduler lock
+has expired (61 s): the test runs that cleanup with a cutoff past the expiry, and removes the
+lock, instead of waiting a minute. Without the guard (jobs enqueued with ``Retry``, as RQ
 needs for any of this) the key killed after its commit is applied twice; without the retries
 the guard sets, a killed job goes to the ``FailedJobRegistry`` and its key is lost.
 
@@ -85,6 +86,7 @@ def test_killed_work_horses_apply_each_key_once(pg_url, tmp_path):
 def test_a_job_abandoned_with_its_killed_worker_is_run_again(pg_url, tmp_path):
     from redis import Redis
     from rq import Queue
+    from rq.scheduler import RQScheduler
 
     keys = [jobguard.key("credit", order) for order in KEYS]
     with documented.redis_database() as broker:
@@ -101,8 +103,11 @@ def test_a_job_abandoned_with_its_killed_worker_is_run_again(pg_url, tmp_path):
                 assert time.monotonic() < deadline, f"not finished\n{workers.log_tail()}"
                 proc = workers.procs[0]
                 if proc is None or proc.poll() == -9:
-                    # What a worker's maintenance does once the dead worker's heartbeat expired.
+                    # What a minute brings: a worker's maintenance fails or retries the dead
+                    # worker's job once its heartbeat expired, and the dead scheduler's lock
+                    # expires, so the new worker's scheduler runs the scheduled retries.
                     registry.cleanup(timestamp=time.time() + 3600)
+                    redis.delete(RQScheduler.get_locking_key("default"))
                     workers.start()
                 elif proc.poll() is not None:
                     raise AssertionError(f"a worker exited with {proc.poll()}")
