@@ -318,6 +318,9 @@ def driver_for(conn: Any) -> Driver:
 
 
 def _driver_for(conn: Any) -> Driver:
+    if isinstance(conn, Driver):
+        # A driver an integration made for a connection it owns (jobguard.django's).
+        return conn
     module = _module(conn)
     if module == "asyncpg":
         import asyncpg
