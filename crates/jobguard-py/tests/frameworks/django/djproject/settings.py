@@ -20,6 +20,7 @@ _TMP = tempfile.gettempdir()
 SECRET_KEY = "jobguard-django-tests"
 DEBUG = False
 USE_TZ = True
+TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["testserver", "localhost"]
 ROOT_URLCONF = "djproject.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

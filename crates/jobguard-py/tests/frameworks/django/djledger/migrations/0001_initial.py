@@ -9,7 +9,12 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="Ledger",
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
                 ("job_key", models.TextField()),
                 ("pid", models.IntegerField()),
             ],
@@ -18,7 +23,12 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="Delivery",
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
                 ("job_key", models.TextField()),
                 ("outcome", models.TextField()),
                 ("pid", models.IntegerField()),
