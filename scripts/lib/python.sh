@@ -64,7 +64,7 @@ py_pytest() {
 
 # The frameworks whose kill tests run in a virtualenv of their own (their pins conflict: arq
 # needs redis-py < 6, kombu's Redis transport >= 6.1), from tests/frameworks/NAME.
-PY_FRAMEWORKS=(celery arq taskiq)
+PY_FRAMEWORKS=(celery arq taskiq django)
 
 python_tests() {
     local crate="$ROOT/crates/jobguard-py" venv target wheel_dir wheel rc=0 name started

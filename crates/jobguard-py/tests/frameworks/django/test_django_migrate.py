@@ -6,40 +6,13 @@ migrations."""
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
-import subprocess
-import sys
-from pathlib import Path
 from typing import Iterator
 
 import psycopg
 
 import jobguard
-
-HERE = Path(__file__).parent
-
-
-def manage(*args: str, database_url: str, sqlite_path: str) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "djproject.settings",
-        "JOBGUARD_DJANGO_DATABASE_URL": database_url,
-        "JOBGUARD_DJANGO_SQLITE": sqlite_path,
-        "PYTHONPATH": os.pathsep.join(
-            p for p in [str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH")] if p
-        ),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "django", *args], env=env, capture_output=True, text=True,
-        timeout=120, stdin=subprocess.DEVNULL,
-    )
-
-
-def migrate(database: str, pg_url: str, sqlite_path: str) -> str:
-    out = manage("migrate", "--database", database, database_url=pg_url, sqlite_path=sqlite_path)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
+from djcommand import manage, migrate
 
 
 @contextlib.contextmanager
