@@ -1,5 +1,7 @@
 """The kill tests' guarded task, as ``frameworks/celery/celery_app.py``'s but on Django:
-``credit`` writes a ledger row with the ORM, in the atomic block ``DjangoTask`` opened.
+``credit`` writes a ledger row with the ORM, in the atomic block ``DjangoTask`` opened, with
+a soft time limit of 2 s and a hard one of 4 s, and retries a transient failure after 0.2 s,
+0.4 s, ... (at most 1 s).
 ``JOBGUARD_TEST_UNGUARDED=1`` defines it without the guard (the check that the test can
 fail)."""
 
@@ -22,6 +24,8 @@ GROUP = os.environ.get("JOBGUARD_TEST_KILL_GROUP") == "1"
 
 def effect(key: str) -> None:
     Ledger.objects.create(job_key=key, pid=os.getpid())
+    # The retry tests' points, on Django's psycopg connection, in the task's transaction.
+    kills.misbehave(connection.connection, key)
     with connection.cursor() as cursor:
         kills.record(cursor, key, "applied")
     kills.die_here("before-commit", key, group=GROUP)
@@ -47,7 +51,7 @@ class NaiveTask(Task):
 
 if kills.unguarded():
 
-    @shared_task(name="credit", base=NaiveTask)
+    @shared_task(name="credit", base=NaiveTask, soft_time_limit=2, time_limit=4)
     def credit(order: str) -> None:
         with transaction.atomic():
             effect(jobguard.key("credit", order))
@@ -58,6 +62,8 @@ else:
         name="credit",
         base=CreditTask,
         guard_key=lambda order: jobguard.key("credit", order),
+        soft_time_limit=2,
+        time_limit=4,
         guard_retry_backoff=0.2,
         guard_retry_backoff_max=1.0,
     )
