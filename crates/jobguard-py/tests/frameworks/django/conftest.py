@@ -3,16 +3,18 @@ run's own and a SQLite file, both migrated by pytest-django before the first tes
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import uuid
 
 # Before pytest-django reads the settings, which take these from the environment.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "djproject.settings")
 os.environ["JOBGUARD_DJANGO_TEST_DB"] = "jgdj_" + uuid.uuid4().hex[:12]
-os.environ["JOBGUARD_DJANGO_SQLITE_TEST"] = os.path.join(
-    tempfile.mkdtemp(prefix="jobguard-django-"), "test.db"
-)
+_SQLITE_DIR = tempfile.mkdtemp(prefix="jobguard-django-")
+atexit.register(shutil.rmtree, _SQLITE_DIR, ignore_errors=True)
+os.environ["JOBGUARD_DJANGO_SQLITE_TEST"] = os.path.join(_SQLITE_DIR, "test.db")
 
 import django  # noqa: E402
 
