@@ -24,6 +24,7 @@ test is a savepoint, and the guard works the same.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -31,6 +32,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from .._guard import DEFAULT_TABLE, Guard, guard_sync
 from .._guarded import guarded as _guarded
 from .._outcome import Applied, Duplicate
+from ..errors import UnsupportedConnection
 from ._driver import Database, DjangoDriver
 
 __all__ = ["guard", "guarded"]
@@ -59,6 +61,12 @@ def guarded(
     connection as its database."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Applied | Duplicate]:
+        if inspect.iscoroutinefunction(fn):
+            raise UnsupportedConnection(
+                f"{fn.__qualname__} is async: Django's atomic blocks are synchronous; guard a "
+                "plain def (from async code, call it through asgiref's sync_to_async)"
+            )
+
         @functools.wraps(fn)
         def without_conn(_conn: Any, *args: Any, **kwargs: Any) -> Any:
             return fn(*args, **kwargs)  # the ORM runs on Django's connection: no conn to pass

@@ -90,6 +90,14 @@ def test_guarded_calls_the_body_once_and_returns_the_stored_result(using):
     assert effects(using, jobguard.key("credit", order)) == 1
 
 
+def test_guarded_refuses_an_async_function():
+    async def credit(order: str) -> None:
+        pass
+
+    with pytest.raises(jobguard.UnsupportedConnection, match="sync_to_async"):
+        jobguard.django.guarded(key=lambda order: jobguard.key("credit", order))(credit)
+
+
 @BOTH
 def test_a_rolled_back_atomic_block_leaves_no_guard_row_and_the_retry_applies(using):
     key = new_key()
