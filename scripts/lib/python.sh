@@ -116,15 +116,18 @@ python_tests() {
 }
 
 # py_build_dist VENV OUT [wheel|sdist|all]: the Python package's release artifacts, built with
-# VENV's maturin into OUT: one abi3 wheel (CPython 3.10+, tagged manylinux for the oldest glibc
-# its symbols need) and, for `sdist` or `all`, the source distribution.
+# VENV's maturin into OUT: one abi3 wheel (CPython 3.10+ on x86_64 Linux, manylinux2014: linked
+# by zig against glibc 2.17, so it installs on any distribution of the last ten years) and, for
+# `sdist` or `all`, the source distribution (which builds with a Rust toolchain).
 py_build_dist() {
     local venv=$1 out=$2 what=${3:-all} crate="$ROOT/crates/jobguard-py"
     local target=${CARGO_TARGET_DIR:-$ROOT/target}
     if [[ $what != sdist ]]; then
-        log "building the Python package's wheel"
-        CARGO_TARGET_DIR=$target "$venv/bin/maturin" build --release --quiet \
-            --manifest-path "$crate/Cargo.toml" -o "$out" </dev/null >&2 || return 1
+        log "building the Python package's wheel (manylinux2014, linked by zig)"
+        # maturin finds zig as `python -m ziglang` with the first python on PATH: the venv's.
+        PATH="$venv/bin:$PATH" CARGO_TARGET_DIR=$target "$venv/bin/maturin" build --release \
+            --quiet --zig --compatibility manylinux2014 --manifest-path "$crate/Cargo.toml" \
+            -o "$out" </dev/null >&2 || return 1
     fi
     if [[ $what != wheel ]]; then
         log "building the Python package's sdist"
