@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from django.db import connections, transaction
 
-from .._drivers import Driver, convert
+from .._drivers import Row, SyncDriver, convert
 from ..errors import ConnectionClosed, NotInTransaction, UnsupportedConnection
 
 _DIALECTS = {"postgresql": "postgres", "sqlite": "sqlite"}
@@ -30,10 +30,9 @@ def dialect_of(connection: Any) -> str:
         ) from None
 
 
-class DjangoDriver(Driver):
+class DjangoDriver(SyncDriver):
     """One Django database alias's connection, in the calling thread."""
 
-    is_async = False
     # Django loads jsonb as text (its JSONField decodes it) and SQLite keeps JSON as text.
     decodes_json = False
 
@@ -58,7 +57,7 @@ class DjangoDriver(Driver):
         # A nested atomic block is a savepoint: the guard row is the savepoint's, released
         # into the outer transaction or rolled back with it (docs/python.md, Django).
 
-    def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
+    def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, "format")
         with self.conn.cursor() as cursor:
             cursor.execute(text, args if params else None)

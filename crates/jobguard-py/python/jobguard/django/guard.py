@@ -52,7 +52,7 @@ def guarded(
     key: str | Callable[..., str],
     payload: Any | Callable[..., Any] = None,
     using: str = DEFAULT_DB_ALIAS,
-) -> Callable[[Callable[..., Any]], Callable[..., Applied | Duplicate]]:
+) -> Callable[[Callable[..., Any]], Callable[..., Applied[Any] | Duplicate]]:
     """Runs the decorated function at most once per key, in ``transaction.atomic(using=using)``
     with its guard row (a savepoint when an atomic block is already open): it returns
     :class:`jobguard.Applied` with the function's value (stored as the key's result when not
@@ -60,7 +60,7 @@ def guarded(
     values or functions of the call's arguments; :func:`jobguard.guarded` with Django's
     connection as its database."""
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Applied | Duplicate]:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Applied[Any] | Duplicate]:
         if inspect.iscoroutinefunction(fn):
             raise UnsupportedConnection(
                 f"{fn.__qualname__} is async: Django's atomic blocks are synchronous; guard a "

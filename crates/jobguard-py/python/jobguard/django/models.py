@@ -48,4 +48,4 @@ class GuardRow(models.Model):
         default_permissions = ("view",)
 
     def __str__(self) -> str:
-        return self.job_key
+        return str(self.job_key)

@@ -9,6 +9,8 @@ Unapplying leaves the table: its rows record which jobs took effect, and droppin
 let every redelivery apply again.
 """
 
+from typing import Any
+
 from django.db import migrations, models
 
 import jobguard
@@ -16,13 +18,13 @@ import jobguard.django.models
 from jobguard.django._driver import DjangoDriver
 
 
-def create_guard_table(apps, schema_editor):
+def create_guard_table(apps: Any, schema_editor: Any) -> None:
     jobguard.migrate_sync(DjangoDriver(schema_editor.connection))
 
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies = []
+    dependencies: list[tuple[str, str]] = []
 
     operations = [
         migrations.RunPython(create_guard_table, migrations.RunPython.noop, elidable=False),
