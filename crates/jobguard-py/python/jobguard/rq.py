@@ -159,11 +159,11 @@ class GuardedWorker(Worker):
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         kwargs["with_scheduler"] = True
-        return super().work(*args, **kwargs)
+        return bool(super().work(*args, **kwargs))
 
     def handle_work_horse_killed(self, job: Any, retpid: Any, ret_val: Any, rusage: Any) -> None:
-        base = super().handle_work_horse_killed
-        base(job, retpid, ret_val, rusage)  # type: ignore[no-untyped-call]
+        base: Any = super().handle_work_horse_killed  # untyped in RQ
+        base(job, retpid, ret_val, rusage)
         spec = _spec_of(job)
         if spec is None:
             return
