@@ -392,15 +392,19 @@ def _driver_for(conn: Any) -> Driver:
         from sqlalchemy.engine import Connection
         from sqlalchemy.orm import Session
 
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-
         if isinstance(conn, Connection):
             return SqlalchemyDriver(conn)
-        if isinstance(conn, AsyncConnection):
-            return AsyncSqlalchemyDriver(conn)
         if isinstance(conn, Session):
             return SqlalchemyDriver(conn.connection())
-        if isinstance(conn, AsyncSession):
+        # SQLAlchemy's asyncio module needs greenlet, which SQLAlchemy 2.1 no longer installs:
+        # without it, nothing here is an async SQLAlchemy object (a sync Engine, for one).
+        try:
+            from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+        except ImportError:
+            AsyncConnection = AsyncSession = None  # type: ignore[assignment,misc]
+        if AsyncConnection is not None and isinstance(conn, AsyncConnection):
+            return AsyncSqlalchemyDriver(conn)
+        if AsyncSession is not None and isinstance(conn, AsyncSession):
             raise UnsupportedConnection(
                 "pass `await session.connection()` for an AsyncSession: its connection is "
                 "opened by an await"
