@@ -64,7 +64,7 @@ py_pytest() {
 
 # The frameworks whose kill tests run in a virtualenv of their own (their pins conflict: arq
 # needs redis-py < 6, kombu's Redis transport >= 6.1), from tests/frameworks/NAME.
-PY_FRAMEWORKS=(celery arq taskiq)
+PY_FRAMEWORKS=(celery arq taskiq django dramatiq rq)
 
 python_tests() {
     local crate="$ROOT/crates/jobguard-py" venv target wheel_dir wheel rc=0 name started
@@ -80,18 +80,22 @@ python_tests() {
         return 1
     }
     target=${CARGO_TARGET_DIR:-$ROOT/target}
-    log "building the Python package's wheel"
-    # One abi3 wheel, installed into every virtualenv. Its Rust build shares cargo's target
-    # dir, so a rebuild is incremental.
+    # One abi3 wheel, the one scripts/wheel builds for a release, installed into every
+    # virtualenv. Its Rust build shares cargo's target dir, so a rebuild is incremental.
     wheel_dir=$(mktemp -d)
-    CARGO_TARGET_DIR=$target "$venv/bin/maturin" build --release --quiet \
-        --manifest-path "$crate/Cargo.toml" -o "$wheel_dir" </dev/null >&2 || return 1
+    py_build_dist "$venv" "$wheel_dir" wheel || return 1
     wheel=$(ls "$wheel_dir"/jobguard-*.whl)
-    py_install_wheel "$venv" "$wheel" || return 1
     export JOBGUARD_CLI=${JOBGUARD_CLI:-$target/debug/jobguard}
     if [[ ! -x "$JOBGUARD_CLI" ]]; then
         cargo build -p jobguard-cli >&2 || return 1
     fi
+    # From here on nothing can compile Rust: the wheel is installed and tested as a user
+    # without a toolchain installs it.
+    local saved_path=$PATH
+    PATH=$(py_path_without_rust) || return 1
+    export PATH
+    py_fresh_install "$wheel" || rc=1
+    py_install_wheel "$venv" "$wheel" || { PATH=$saved_path; return 1; }
     (cd "$crate/tests" && py_pytest "$venv" . --ignore=frameworks) || rc=1
     for name in "${PY_FRAMEWORKS[@]}"; do
         started=$SECONDS
@@ -106,7 +110,73 @@ python_tests() {
         log "$name: $((SECONDS - started))s"
     done
     rm -rf "$wheel_dir"
+    PATH=$saved_path
+    export PATH
     return "$rc"
+}
+
+# py_build_dist VENV OUT [wheel|sdist|all]: the Python package's release artifacts, built with
+# VENV's maturin into OUT: one abi3 wheel (CPython 3.10+ on x86_64 Linux, manylinux2014: linked
+# by zig against glibc 2.17, so it installs on any distribution of the last ten years) and, for
+# `sdist` or `all`, the source distribution (which builds with a Rust toolchain).
+py_build_dist() {
+    local venv=$1 out=$2 what=${3:-all} crate="$ROOT/crates/jobguard-py"
+    local target=${CARGO_TARGET_DIR:-$ROOT/target}
+    if [[ $what != sdist ]]; then
+        log "building the Python package's wheel (manylinux2014, linked by zig)"
+        # maturin finds zig as `python -m ziglang` with the first python on PATH: the venv's.
+        PATH="$venv/bin:$PATH" CARGO_TARGET_DIR=$target "$venv/bin/maturin" build --release \
+            --quiet --zig --compatibility manylinux2014 --manifest-path "$crate/Cargo.toml" \
+            -o "$out" </dev/null >&2 || return 1
+    fi
+    if [[ $what != wheel ]]; then
+        log "building the Python package's sdist"
+        "$venv/bin/maturin" sdist --manifest-path "$crate/Cargo.toml" -o "$out" \
+            </dev/null >&2 || return 1
+    fi
+}
+
+# PATH without the directories holding cargo, rustc or rustup: what a Python user without a
+# Rust toolchain has.
+py_path_without_rust() {
+    local dir kept=() IFS=:
+    for dir in $PATH; do
+        [[ -z $dir || -x $dir/cargo || -x $dir/rustc || -x $dir/rustup ]] && continue
+        kept+=("$dir")
+    done
+    local joined="${kept[*]}"
+    if PATH=$joined command -v cargo >/dev/null 2>&1 || PATH=$joined command -v rustc >/dev/null 2>&1; then
+        warn "cargo or rustc is still on PATH after removing it"
+        return 1
+    fi
+    printf '%s\n' "$joined"
+}
+
+# The wheel installed into a new, empty virtualenv (no cargo or rustc on PATH, no index: the
+# package needs no dependency) and the guide's experiment run from it on SQLite. Logs the
+# wheel's size and the install's time.
+py_fresh_install() {
+    local wheel=$1 python dir started size
+    python=$(py_find_python) || return 1
+    dir=$(mktemp -d)
+    "$python" -m venv "$dir/venv" >&2 || { rm -rf "$dir"; return 1; }
+    started=$EPOCHREALTIME
+    if ! "$dir/venv/bin/pip" install --quiet --disable-pip-version-check --no-index "$wheel" \
+        </dev/null >&2; then
+        warn "the wheel did not install into a fresh virtualenv without a Rust toolchain"
+        rm -rf "$dir"
+        return 1
+    fi
+    size=$(du -k "$wheel" | cut -f1)
+    log "$(basename "$wheel"): ${size} KiB, installed in $(awk -v a="$started" \
+        -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s into a fresh virtualenv without cargo"
+    if ! (cd "$dir" && "$dir/venv/bin/python" -m jobguard demo \
+        --database-url "sqlite:$dir/demo.db" </dev/null >&2); then
+        warn "python -m jobguard demo failed from the fresh install"
+        rm -rf "$dir"
+        return 1
+    fi
+    rm -rf "$dir"
 }
 
 py_install_wheel() {

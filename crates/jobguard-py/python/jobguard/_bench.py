@@ -79,7 +79,7 @@ def _variants(pool: Any) -> dict[str, Any]:
 async def run(
     url: str, jobs: int = 10_000, deliveries: int = 3, concurrency: int = 20, rounds: int = 2,
     chunk: int = 500,
-) -> dict:
+) -> dict[str, Any]:
     import asyncpg
 
     credits = [credit_for_order(n) for n in range(jobs)]
@@ -91,7 +91,7 @@ async def run(
         warm = credits[: min(jobs, 200)]
         for deliver in variants.values():
             await deliver_all(warm, deliveries, concurrency, deliver)
-        totals = {name: {"deliveries": 0, "seconds": 0.0, "applied": 0, "duplicates": 0,
+        totals: dict[str, dict[str, Any]] = {name: {"deliveries": 0, "seconds": 0.0, "applied": 0, "duplicates": 0,
                          "failed": 0, "rounds": []} for name in variants}
         names = list(variants)
         for _ in range(rounds):
@@ -130,7 +130,7 @@ async def run(
     }
 
 
-def render(report: dict) -> str:
+def render(report: dict[str, Any]) -> str:
     h, j = report["hand_written"], report["jobguard"]
     return "\n".join([
         f"{report['jobs']} jobs x {report['deliveries']} deliveries over {report['concurrency']} "

@@ -297,7 +297,7 @@ def database_for(url: str, concurrency: int) -> Postgres | Sqlite:
     raise DemoError(f"--database-url {url!r}: give postgres://user@host/db or sqlite:path.db")
 
 
-async def run(url: str, jobs: int = 100, deliveries: int = 3, concurrency: int = 20) -> dict:
+async def run(url: str, jobs: int = 100, deliveries: int = 3, concurrency: int = 20) -> dict[str, Any]:
     """The experiment; returns the report ``jobguard demo --json`` prints."""
     credits = [credit_for_order(n) for n in range(jobs)]
     expected = sum(c.amount for c in credits)
@@ -322,7 +322,7 @@ async def run(url: str, jobs: int = 100, deliveries: int = 3, concurrency: int =
     }
 
 
-def render(report: dict) -> str:
+def render(report: dict[str, Any]) -> str:
     n, g = report["naive"], report["guarded"]
     lines = [
         f"{report['jobs']} credit jobs, each delivered {report['deliveries']} times at once over "

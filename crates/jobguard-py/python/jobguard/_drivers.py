@@ -13,6 +13,8 @@ import re
 import sqlite3
 from typing import Any, Sequence
 
+Row = tuple[Any, ...]
+
 from .errors import ConnectionClosed, InSavepoint, NotInTransaction, UnsupportedConnection
 
 # A placeholder, or a string literal or comment to leave alone: the core's statements name
@@ -88,8 +90,42 @@ class Driver:
         return text
 
 
-class AsyncpgDriver(Driver):
-    dialect, is_async, name = "postgres", True, "asyncpg"
+class SyncDriver(Driver):
+    """A driver whose statements run as plain calls."""
+
+    is_async = False
+
+    def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
+        raise NotImplementedError
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        raise NotImplementedError
+
+    def transaction(self) -> Any:
+        raise NotImplementedError
+
+
+class AsyncDriver(Driver):
+    """A driver whose statements are awaited."""
+
+    is_async = True
+
+    async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
+        raise NotImplementedError
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        raise NotImplementedError
+
+    def transaction(self) -> Any:
+        raise NotImplementedError
+
+
+def _row(row: Any) -> Row | None:
+    return None if row is None else tuple(row)
+
+
+class AsyncpgDriver(AsyncDriver):
+    dialect, name = "postgres", "asyncpg"
 
     def __init__(self, conn: Any) -> None:
         # A pool's proxy forwards every call through a wrapper: talk to its connection.
@@ -105,8 +141,8 @@ class AsyncpgDriver(Driver):
         # which it does not track: a block entered while this one is open is refused by the
         # guard entering through `jobguard.guarded`, and documented for direct use.
 
-    async def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
-        return await self.conn.fetchrow(sql, *params)
+    async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
+        return _row(await self.conn.fetchrow(sql, *params))
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         await self.conn.execute(sql, *params)
@@ -132,16 +168,16 @@ def _psycopg_check(conn: Any) -> None:
         raise InSavepoint(_NESTED)
 
 
-class PsycopgDriver(Driver):
-    dialect, is_async, name = "postgres", False, "psycopg"
+class PsycopgDriver(SyncDriver):
+    dialect, name = "postgres", "psycopg"
     decodes_json = True
 
     def check(self) -> None:
         _psycopg_check(self.conn)
 
-    def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
+    def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, "pyformat")
-        return self.conn.execute(text, args if params else None).fetchone()
+        return _row(self.conn.execute(text, args if params else None).fetchone())
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, "pyformat")
@@ -151,21 +187,28 @@ class PsycopgDriver(Driver):
         return self.conn.transaction()
 
 
-class AsyncPsycopgDriver(PsycopgDriver):
-    is_async, name = True, "psycopg (async)"
+class AsyncPsycopgDriver(AsyncDriver):
+    dialect, name = "postgres", "psycopg (async)"
+    decodes_json = True
 
-    async def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
+    def check(self) -> None:
+        _psycopg_check(self.conn)
+
+    async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, "pyformat")
         cursor = await self.conn.execute(text, args if params else None)
-        return await cursor.fetchone()
+        return _row(await cursor.fetchone())
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, "pyformat")
         await self.conn.execute(text, args if params else None)
 
+    def transaction(self) -> Any:
+        return self.conn.transaction()
 
-class Sqlite3Driver(Driver):
-    dialect, is_async, name = "sqlite", False, "sqlite3"
+
+class Sqlite3Driver(SyncDriver):
+    dialect, name = "sqlite", "sqlite3"
 
     def check(self) -> None:
         try:
@@ -175,9 +218,9 @@ class Sqlite3Driver(Driver):
         if not in_transaction:
             raise NotInTransaction(_OUTSIDE.format(how='conn.execute("begin immediate")'))
 
-    def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
+    def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, "qmark")
-        return self.conn.execute(text, args).fetchone()
+        return _row(self.conn.execute(text, args).fetchone())
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, "qmark")
@@ -197,8 +240,8 @@ class Sqlite3Driver(Driver):
         self.conn.commit()
 
 
-class AiosqliteDriver(Sqlite3Driver):
-    is_async, name = True, "aiosqlite"
+class AiosqliteDriver(AsyncDriver):
+    dialect, name = "sqlite", "aiosqlite"
 
     def check(self) -> None:
         if not getattr(self.conn, "_running", True) or self.conn._connection is None:
@@ -206,10 +249,10 @@ class AiosqliteDriver(Sqlite3Driver):
         if not self.conn.in_transaction:
             raise NotInTransaction(_OUTSIDE.format(how='await conn.execute("begin immediate")'))
 
-    async def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
+    async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, "qmark")
         cursor = await self.conn.execute(text, args)
-        return await cursor.fetchone()
+        return _row(await cursor.fetchone())
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, "qmark")
@@ -249,54 +292,63 @@ def _sqlalchemy_check(conn: Any, closed: bool) -> None:
         raise InSavepoint(_NESTED)
 
 
-class SqlalchemyDriver(Driver):
-    is_async, name = False, "SQLAlchemy"
+def _sqlalchemy_setup(driver: Driver, conn: Any) -> str:
+    """Sets the dialect and JSON decoding of a SQLAlchemy driver; returns its paramstyle."""
+    driver.dialect = _sqlalchemy_dialect(conn)
+    # psycopg and SQLAlchemy's asyncpg adapter decode json columns; sqlite3 does not.
+    driver.decodes_json = driver.dialect == "postgres" and conn.dialect.driver != "pg8000"
+    return str(conn.dialect.paramstyle)
+
+
+def _sqlalchemy_transaction(conn: Any) -> Any:
+    if conn.in_transaction():
+        return contextlib.nullcontext()
+    return conn.begin()
+
+
+class SqlalchemyDriver(SyncDriver):
+    name = "SQLAlchemy"
 
     def __init__(self, conn: Any) -> None:
         super().__init__(conn)
-        self.dialect = _sqlalchemy_dialect(conn)
-        self.style = conn.dialect.paramstyle
-        # psycopg and SQLAlchemy's asyncpg adapter decode json columns; sqlite3 does not.
-        self.decodes_json = self.dialect == "postgres" and conn.dialect.driver != "pg8000"
+        self.style = _sqlalchemy_setup(self, conn)
 
     def check(self) -> None:
         _sqlalchemy_check(self.conn, self.conn.closed)
 
-    def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
+    def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, self.style)
-        row = self.conn.exec_driver_sql(text, args).fetchone()
-        return tuple(row) if row is not None else None
+        return _row(self.conn.exec_driver_sql(text, args).fetchone())
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, self.style)
         self.conn.exec_driver_sql(text, args)
 
     def transaction(self) -> Any:
-        if self.conn.in_transaction():
-            return contextlib.nullcontext()
-        return self.conn.begin()
+        return _sqlalchemy_transaction(self.conn)
 
 
-class AsyncSqlalchemyDriver(SqlalchemyDriver):
-    is_async, name = True, "SQLAlchemy (async)"
+class AsyncSqlalchemyDriver(AsyncDriver):
+    name = "SQLAlchemy (async)"
+
+    def __init__(self, conn: Any) -> None:
+        super().__init__(conn)
+        self.style = _sqlalchemy_setup(self, conn)
 
     def check(self) -> None:
         _sqlalchemy_check(self.conn, self.conn.closed)
 
-    async def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
+    async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, self.style)
         result = await self.conn.exec_driver_sql(text, args)
-        row = result.fetchone()
-        return tuple(row) if row is not None else None
+        return _row(result.fetchone())
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, self.style)
         await self.conn.exec_driver_sql(text, args)
 
     def transaction(self) -> Any:
-        if self.conn.in_transaction():
-            return contextlib.nullcontext()
-        return self.conn.begin()
+        return _sqlalchemy_transaction(self.conn)
 
 
 def _module(obj: Any) -> str:
@@ -322,6 +374,9 @@ def driver_for(conn: Any) -> Driver:
 
 
 def _driver_for(conn: Any) -> Driver:
+    if isinstance(conn, Driver):
+        # A driver an integration made for a connection it owns (jobguard.django's).
+        return conn
     module = _module(conn)
     if module == "asyncpg":
         import asyncpg
@@ -341,17 +396,19 @@ def _driver_for(conn: Any) -> Driver:
         from sqlalchemy.engine import Connection
         from sqlalchemy.orm import Session
 
-        try:
-            from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-        except ImportError:  # pragma: no cover - without greenlet
-            AsyncConnection = AsyncSession = ()  # type: ignore[assignment,misc]
         if isinstance(conn, Connection):
             return SqlalchemyDriver(conn)
-        if AsyncConnection and isinstance(conn, AsyncConnection):
-            return AsyncSqlalchemyDriver(conn)
         if isinstance(conn, Session):
             return SqlalchemyDriver(conn.connection())
-        if AsyncSession and isinstance(conn, AsyncSession):
+        # SQLAlchemy's asyncio module needs greenlet, which SQLAlchemy 2.1 no longer installs:
+        # without it, nothing here is an async SQLAlchemy object (a sync Engine, for one).
+        try:
+            from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+        except ImportError:
+            AsyncConnection = AsyncSession = None  # type: ignore[assignment,misc]
+        if AsyncConnection is not None and isinstance(conn, AsyncConnection):
+            return AsyncSqlalchemyDriver(conn)
+        if AsyncSession is not None and isinstance(conn, AsyncSession):
             raise UnsupportedConnection(
                 "pass `await session.connection()` for an AsyncSession: its connection is "
                 "opened by an await"

@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from . import _keys
-from ._drivers import driver_for
+from ._drivers import AsyncDriver, Row, SyncDriver, driver_for
 from ._migrate import DEFAULT_TABLE, is_not_migrated, migrate, migrate_sync, not_migrated
 from ._outcome import Duplicate
 from .errors import GuardVanished, HeldNotRead, KeyReused, NotApplied, UnsupportedConnection
@@ -106,19 +106,20 @@ class Guard:
         delivery applies the key. Reads the guard row once, in this transaction (a new
         statement, so it sees a row committed while the claim waited). On an async connection
         it is a coroutine: ``await g.held()``."""
-        if self._driver.is_async:
-            return self._held_async()
+        d = self._driver
+        if isinstance(d, AsyncDriver):
+            return self._held_async(d)
         if self.applied:
             return None
-        if self._held is None:
-            self._read(self._driver.fetchone(self._sql["record"], [self.key]))
+        if self._held is None and isinstance(d, SyncDriver):
+            self._read(d.fetchone(self._sql["record"], [self.key]))
         return self._held
 
-    async def _held_async(self) -> Duplicate | None:
+    async def _held_async(self, d: AsyncDriver) -> Duplicate | None:
         if self.applied:
             return None
         if self._held is None:
-            self._read(await self._driver.fetchone(self._sql["record"], [self.key]))
+            self._read(await d.fetchone(self._sql["record"], [self.key]))
         return self._held
 
     def _held_now(self) -> Duplicate | None:
@@ -129,7 +130,8 @@ class Guard:
                 f"`{self.key}` is a duplicate whose first delivery is read on demand: "
                 "`await g.held()` for its first_applied_at and result"
             )
-        return self.held()
+        held: Duplicate | None = self.held()
+        return held
 
     def set_result(self, result: Any) -> None:
         """Stores ``result`` (JSON) in the guard row when the block ends without an error, so
@@ -145,7 +147,7 @@ class Guard:
         sql = self._sql["claim_bare" if self._fingerprint is None else "claim"]
         return sql, [self.key, self.kind, self._fingerprint, _tokens.next()]
 
-    def _claimed(self, row: tuple | None) -> bool:
+    def _claimed(self, row: Row | None) -> bool:
         """Settles the claim's row; false when a record must still be read (SQLite, with a
         payload)."""
         if self._fingerprint is None or self._driver.dialect != "postgres":
@@ -159,7 +161,7 @@ class Guard:
             self._read(tuple(row[1:]))
         return True
 
-    def _read(self, row: tuple | None) -> None:
+    def _read(self, row: Row | None) -> None:
         """Takes the holding row (applied at in microseconds, fingerprint, result, token) and
         refuses a key first applied with another payload."""
         if row is None:
@@ -195,7 +197,7 @@ class Guard:
     # Sync
     def __enter__(self) -> "Guard":
         d = self._driver
-        if d.is_async:
+        if not isinstance(d, SyncDriver):
             raise UnsupportedConnection(
                 f"{d.name} is asynchronous: use `async with jobguard.guard(...)`"
             )
@@ -210,15 +212,14 @@ class Guard:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self._finish(exc_type is not None):
-            self._driver.execute(
-                self._sql["store_result"], [self.key, self._driver.encode_json(self._encoded)]
-            )
+        d = self._driver
+        if self._finish(exc_type is not None) and isinstance(d, SyncDriver):
+            d.execute(self._sql["store_result"], [self.key, d.encode_json(self._encoded)])
 
     # Async
     async def __aenter__(self) -> "Guard":
         d = self._driver
-        if not d.is_async:
+        if not isinstance(d, AsyncDriver):
             raise UnsupportedConnection(
                 f"{d.name} is synchronous: use `with jobguard.guard_sync(...)`"
             )
@@ -233,10 +234,9 @@ class Guard:
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self._finish(exc_type is not None):
-            await self._driver.execute(
-                self._sql["store_result"], [self.key, self._driver.encode_json(self._encoded)]
-            )
+        d = self._driver
+        if self._finish(exc_type is not None) and isinstance(d, AsyncDriver):
+            await d.execute(self._sql["store_result"], [self.key, d.encode_json(self._encoded)])
 
 
 def guard(

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from ._guard import DEFAULT_TABLE, guard, guard_sync
 from ._outcome import Applied, Duplicate
 from .errors import UnsupportedConnection
 
-def _resolve(spec: Any, args: tuple, kwargs: dict) -> Any:
+def _resolve(spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return spec(*args, **kwargs) if callable(spec) else spec
 
 
@@ -103,40 +103,40 @@ def guarded(
             runner = _Async(db)
 
             @functools.wraps(fn)
-            async def run_async(*args: Any, **kwargs: Any) -> Applied | Duplicate:
+            async def run_async(*args: Any, **kwargs: Any) -> Applied[Any] | Duplicate:
                 job_key = _resolve(key, args, kwargs)
                 body_payload = _resolve(payload, args, kwargs)
 
-                async def body(conn: Any) -> Applied | Duplicate:
+                async def body(conn: Any) -> Applied[Any] | Duplicate:
                     async with guard(conn, job_key, body_payload, table=table) as g:
                         if g.duplicate:
-                            return await g.held()
+                            return cast(Duplicate, await g.held())
                         value = await fn(conn, *args, **kwargs)
                         if value is not None:
                             g.set_result(value)
                         return Applied(value)
 
-                return await runner.run(body)
+                return cast(Applied[Any] | Duplicate, await runner.run(body))
 
             return run_async
 
         sync_runner = _Sync(db)
 
         @functools.wraps(fn)
-        def run_sync(*args: Any, **kwargs: Any) -> Applied | Duplicate:
+        def run_sync(*args: Any, **kwargs: Any) -> Applied[Any] | Duplicate:
             job_key = _resolve(key, args, kwargs)
             body_payload = _resolve(payload, args, kwargs)
 
-            def body(conn: Any) -> Applied | Duplicate:
+            def body(conn: Any) -> Applied[Any] | Duplicate:
                 with guard_sync(conn, job_key, body_payload, table=table) as g:
                     if g.duplicate:
-                        return g.held()
+                        return cast(Duplicate, g.held())
                     value = fn(conn, *args, **kwargs)
                     if value is not None:
                         g.set_result(value)
                     return Applied(value)
 
-            return sync_runner.run(body)
+            return cast(Applied[Any] | Duplicate, sync_runner.run(body))
 
         return run_sync
 

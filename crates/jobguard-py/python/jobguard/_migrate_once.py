@@ -1,6 +1,7 @@
 """The guard table migrated once per process and database, before a framework's first job.
 
-The job-system wrappers (``jobguard.celery``, ``jobguard.arq``, ``jobguard.taskiq``) call
+The job-system wrappers (``jobguard.celery``, ``jobguard.arq``, ``jobguard.taskiq``,
+``jobguard.dramatiq``, ``jobguard.rq``) call
 :func:`migrate_once` / :func:`migrate_once_sync` with their ``db=`` before each guarded run. The
 first call in a process runs :func:`jobguard.migrate` on that object (on PostgreSQL one read of
 the schema marker once the table is there); later calls return at once. So a worker started on

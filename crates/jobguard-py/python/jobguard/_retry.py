@@ -7,7 +7,8 @@ limit, a guard table not migrated yet) is run again, after a bounded exponential
 it commits or has been retried ``max_retries`` times; then it is reported (logged at error with
 its key, and counted as ``jobguard_job_retries_total{outcome="exhausted"}``) and left to the
 framework's own failure handling. The framework integrations (``jobguard.celery``,
-``jobguard.arq``, ``jobguard.taskiq``) share this module; each decides how a job is run again.
+``jobguard.arq``, ``jobguard.taskiq``, ``jobguard.dramatiq``, ``jobguard.rq``) share this
+module; each decides how a job is run again.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def transient_reason(exc: BaseException) -> str | None:
     ``__cause__`` and ``__context__`` are looked at: a driver's error is often wrapped
     (SQLAlchemy's ``DBAPIError``) or followed by one from the rollback on a dead connection."""
     seen: set[int] = set()
-    todo = [exc]
+    todo: list[BaseException | None] = [exc]
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen or len(seen) > 16:
@@ -111,7 +112,7 @@ class RetryPolicy:
     def delay(self, retries: int) -> float:
         """The wait before the retry that follows ``retries`` earlier ones."""
         full = min(self.backoff * 2 ** min(retries, 32), self.backoff_max)
-        return full / 2 + random.uniform(0, full / 2)
+        return float(full / 2 + random.uniform(0, full / 2))
 
 
 def retrying(
@@ -148,9 +149,10 @@ def _kind(key: str | None) -> str:
         return "unknown"
 
 
-def resolve_key(spec: Any, args: tuple, kwargs: dict) -> str | None:
+def resolve_key(spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     """The job key for a report; ``None`` when it cannot be computed."""
     try:
-        return spec(*args, **kwargs) if callable(spec) else spec
+        key = spec(*args, **kwargs) if callable(spec) else spec
+        return key if isinstance(key, str) else None
     except Exception:  # noqa: BLE001 - the report must not replace the job's own error
         return None

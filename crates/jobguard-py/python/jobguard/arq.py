@@ -59,6 +59,7 @@ from arq.worker import Retry
 
 from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
+from ._outcome import Duplicate
 
 __all__ = ["guarded"]
 
@@ -111,7 +112,7 @@ def guarded(
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
-        async def job(ctx: dict, *args: Any, **kwargs: Any) -> Any:
+        async def job(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
             target = db(ctx) if callable(db) else db
 
             async def body(conn: Any, *a: Any, **k: Any) -> Any:
@@ -147,7 +148,7 @@ def guarded(
                 delay = policy.delay(retries)
                 _retry.retrying(log, "arq", job_name, job_key, retries, delay, reason)
                 raise Retry(defer=delay) from exc
-            if isinstance(outcome, _guarded.Duplicate):
+            if isinstance(outcome, Duplicate):
                 log.info(
                     "arq job %s (try %s): duplicate delivery, first applied at %s",
                     ctx.get("job_id"), ctx.get("job_try"), outcome.first_applied_at,

@@ -69,6 +69,7 @@ from celery.worker.request import Request
 
 from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
+from ._outcome import Duplicate
 from .errors import NotMigrated
 
 __all__ = ["GuardedRequest", "GuardedTask", "migrate_guarded_tasks"]
@@ -78,7 +79,7 @@ log = logging.getLogger("jobguard.celery")
 
 def _reason(exc: BaseException) -> str | None:
     """Why a delivery's transaction may commit when run again, or ``None``."""
-    seen = exc
+    seen: BaseException | None = exc
     for _ in range(16):
         if seen is None:
             break
@@ -95,7 +96,9 @@ class GuardedRequest(Request):
 
     _jobguard_retried = False
 
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False):
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
@@ -201,7 +204,7 @@ class GuardedTask(Task):
             if ending is exc:
                 raise
             raise ending from exc
-        if isinstance(outcome, _guarded.Duplicate):
+        if isinstance(outcome, Duplicate):
             self.on_duplicate(outcome, args, kwargs)
             return outcome.result
         return outcome.value
@@ -227,7 +230,10 @@ class GuardedTask(Task):
         delay = policy.delay(retries)
         _retry.retrying(log, "celery", job, key, retries, delay, reason)
         try:
-            return self.retry(exc=exc, countdown=delay, max_retries=policy.max_retries, throw=False)
+            retry: BaseException = self.retry(
+                exc=exc, countdown=delay, max_retries=policy.max_retries, throw=False
+            )
+            return retry
         except Exception as error:  # noqa: BLE001 - Celery's Reject when the retry was not sent
             log.error("%s: the retry of job key %s could not be sent: %r", job, key, error)
             return error
@@ -241,7 +247,9 @@ class GuardedTask(Task):
     def _run_in_transaction(self, conn: Any, *args: Any, **kwargs: Any) -> Any:
         return self.run(conn, *args, **kwargs)
 
-    def on_duplicate(self, duplicate: _guarded.Duplicate, args: tuple, kwargs: dict) -> None:
+    def on_duplicate(
+        self, duplicate: Duplicate, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         """Called when a delivery finds its key applied; logs it. Override to do more
         (``jobguard_outcomes_total{outcome="duplicate"}`` is already counted)."""
         request_id = getattr(self.request, "id", None)
@@ -260,7 +268,9 @@ def migrate_guarded_tasks(app: Any = None) -> None:
     error when the worker starts rather than at its first task. A failure is logged, not
     raised: the tasks migrate again before their first call, and are retried meanwhile."""
     if app is None:
-        from celery import current_app as app
+        from celery import current_app
+
+        app = current_app
     seen: set[tuple[int, str]] = set()
     for task in list(app.tasks.values()):
         if not isinstance(task, GuardedTask) or not task.guard_migrate:

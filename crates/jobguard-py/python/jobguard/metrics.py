@@ -10,14 +10,17 @@ on any)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 OUTCOMES_TOTAL = "jobguard_outcomes_total"
 
+_prometheus: Any
 try:
     import prometheus_client as _prometheus
 except ImportError:  # pragma: no cover - exercised without the package
     _prometheus = None
 
-_outcomes = None
+_outcomes: Any = None
 if _prometheus is not None:
     try:
         _outcomes = _prometheus.Counter(
@@ -28,7 +31,7 @@ if _prometheus is not None:
     except ValueError:  # already registered (module reloaded)
         _outcomes = _prometheus.REGISTRY._names_to_collectors.get(OUTCOMES_TOTAL)
 
-_retries = None
+_retries: Any = None
 if _prometheus is not None:
     try:
         _retries = _prometheus.Counter(
@@ -42,7 +45,7 @@ if _prometheus is not None:
 
 # The labelled children, looked up once per (kind, outcome): `labels()` takes a lock and
 # builds a tuple on every call, a cost on the guard's path.
-_children: dict[tuple[str, str], object] = {}
+_children: dict[tuple[str, str], Any] = {}
 
 
 def record_outcome(kind: str, outcome: str) -> None:

@@ -68,6 +68,7 @@ from taskiq.labels import prepare_label
 
 from . import _guarded, _migrate_once, _retry
 from ._guard import DEFAULT_TABLE
+from ._outcome import Duplicate
 
 __all__ = ["GuardMetrics", "guarded"]
 
@@ -154,7 +155,7 @@ def guarded(
             holder = _outcome.get(None)
             if holder is not None:
                 holder.append(outcome)
-            if isinstance(outcome, _guarded.Duplicate):
+            if isinstance(outcome, Duplicate):
                 if on_duplicate is not None:
                     out = on_duplicate(outcome, *args, **kwargs)
                     if inspect.isawaitable(out):
@@ -189,7 +190,7 @@ def _budget(timeout: float | None, context: Context | None) -> float | None:
 
 
 async def _send_again(
-    context: Context, policy: _retry.RetryPolicy, key: Any, args: tuple, kwargs: dict,
+    context: Context, policy: _retry.RetryPolicy, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     reason: str, left: float | None,
 ) -> bool:
     """Sends the delivery's message again after the backoff; false when the retries are

@@ -77,9 +77,11 @@ def arm(flags: Path, stage: str, key: str) -> None:
     (flags / f"{stage}.{key}").touch()
 
 
-def die_here(stage: str, key: str, *, group: bool = False) -> None:
+def die_here(stage: str, key: str, *, group: bool = False, parent: bool = False) -> None:
     """Kills this worker with SIGKILL when ``stage`` is armed for ``key`` (once); with
-    ``group``, its whole process group (a Celery master and its pool)."""
+    ``group``, its whole process group (a Celery master and its pool); with ``parent``, its
+    parent's process group first (an RQ worker and its scheduler, whose work horse has a
+    process group of its own)."""
     flags = Path(os.environ["JOBGUARD_TEST_FLAGS"])
     try:
         (flags / f"{stage}.{key}").unlink()
@@ -88,6 +90,8 @@ def die_here(stage: str, key: str, *, group: bool = False) -> None:
     (flags / f"killed.{stage}.{key}").write_text(str(os.getpid()))
     sys.stdout.flush()
     sys.stderr.flush()
+    if parent:
+        os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)
     if group:
         os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -216,6 +220,16 @@ def check_each_applied_once(url: str, flags: Path, keys: list[str], workers: "Wo
     assert fired(flags) == armed, f"armed points that did not fire: {fired(flags)}"
     counts = effects(url)
     assert counts == {k: 1 for k in keys}, f"effects per key: {counts}\n{workers.log_tail()}"
+
+
+def check_retries_logged(workers: "Workers", at_least: int) -> None:
+    """The wrapper logged at least ``at_least`` runs of a job again (``_retry.retrying``'s line,
+    one per retry, each counted in ``jobguard_job_retries_total``)."""
+    logged = sum(
+        p.read_text(errors="replace").count("did not commit (")
+        for p in workers.logs.glob("worker-*.log")
+    )
+    assert logged >= at_least, f"{logged} retries logged\n{workers.log_tail()}"
 
 
 class Workers:

@@ -1,0 +1,2 @@
+"""The tests' own app: a ledger the guarded effects write, the deliveries they record, and the
+guarded Celery task."""
