@@ -8,18 +8,19 @@ import contextlib
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from ._drivers import _sqlalchemy_dialect, convert
-from ._session import Database, Session, _sqlite_in_transaction
+from ._session import Database, Row, Session, _sqlite_in_transaction
 
 
 class _AsyncpgSession(Session):
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
-        return list(await self.conn.fetch(sql, *params))
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        rows: list[Row] = list(await self.conn.fetch(sql, *params))
+        return rows
 
     async def execute(self, sql: str, params: Sequence[Any]) -> int:
-        status = await self.conn.execute(sql, *params)
+        status: str = await self.conn.execute(sql, *params)
         return int(status.rsplit(" ", 1)[-1]) if status and status[-1].isdigit() else 0
 
     def transaction(self) -> Any:
@@ -75,22 +76,25 @@ class _PsycopgSession(Session):
         text, args = convert(sql, params, "pyformat")
         return await self.conn.execute(text, args if params else None)
 
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
         if self._in_transaction():
-            return await (await self._run(sql, params)).fetchall()
+            rows: list[Row] = await (await self._run(sql, params)).fetchall()
+            return rows
         async with self.conn.transaction():
-            return await (await self._run(sql, params)).fetchall()
+            rows = await (await self._run(sql, params)).fetchall()
+            return rows
 
     async def execute(self, sql: str, params: Sequence[Any]) -> int:
         if self._in_transaction():
-            return (await self._run(sql, params)).rowcount
+            return int((await self._run(sql, params)).rowcount)
         async with self.conn.transaction():
-            return (await self._run(sql, params)).rowcount
+            return int((await self._run(sql, params)).rowcount)
 
     def _in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
-        return self.conn.autocommit or self.conn.info.transaction_status != TransactionStatus.IDLE
+        return bool(self.conn.autocommit
+                    or self.conn.info.transaction_status != TransactionStatus.IDLE)
 
     def transaction(self) -> Any:
         return self.conn.transaction()
@@ -152,13 +156,13 @@ class _SqlalchemyAsyncSession(Session):
         text, args = convert(sql, params, self.style)
         return await self.conn.exec_driver_sql(text, args)
 
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
         async with self._unit():
             return [tuple(row) for row in (await self._run(sql, params)).fetchall()]
 
     async def execute(self, sql: str, params: Sequence[Any]) -> int:
         async with self._unit():
-            return (await self._run(sql, params)).rowcount
+            return int((await self._run(sql, params)).rowcount)
 
     @contextlib.asynccontextmanager
     async def _unit(self) -> AsyncIterator[None]:

@@ -65,7 +65,7 @@ class _Job:
         self.sql = _keys.queue_sql(d.dialect, table, schema)
         self.params = [kind, key, queue, self.text, max_attempts, int(delay * 1_000_000)]
 
-    def held(self, d: Driver, row: tuple) -> Enqueued:
+    def held(self, d: Driver, row: tuple[Any, ...]) -> Enqueued:
         job_id, kind, payload = row
         if kind != self.kind or d.decode_json(payload) != self.value:
             raise KeyReused(
@@ -103,7 +103,7 @@ async def enqueue(
     ``MAX_PAYLOAD_BYTES`` of JSON or with a NUL character raises :class:`PayloadError`, and
     nothing is written.
     """
-    d = driver_for(conn)
+    d: Any = driver_for(conn)
     if not d.is_async:
         raise UnsupportedConnection(f"{d.name} is synchronous: use jobguard.enqueue_sync")
     d.check()
@@ -130,7 +130,7 @@ def enqueue_sync(
     table: str = DEFAULT_QUEUE_TABLE, schema: str | None = None,
 ) -> Enqueued:
     """:func:`enqueue` on a psycopg, SQLAlchemy or sqlite3 connection."""
-    d = driver_for(conn)
+    d: Any = driver_for(conn)
     if d.is_async:
         raise UnsupportedConnection(f"{d.name} is asynchronous: use `await jobguard.enqueue`")
     d.check()

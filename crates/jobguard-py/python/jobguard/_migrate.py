@@ -10,7 +10,7 @@ wrappers take as ``db=``, so a worker's start hook can pass the same object::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from . import _keys
 from ._drivers import Driver, driver_for
@@ -53,7 +53,7 @@ def not_migrated(table: str, schema: str | None, error: BaseException) -> NotMig
     )
 
 
-def _migration(d: Driver, table: str, schema: str | None):
+def _migration(d: Driver, table: str, schema: str | None) -> Iterator[tuple[str, list[Any], bool]]:
     """The migration's statements in the Rust library's order. A step marked as a check reads
     the table's marker: when it is this schema's, the rest is skipped (a `create index if not
     exists` would still wait for every transaction writing the table)."""
@@ -90,7 +90,7 @@ async def migrate(db: Any, *, table: str = DEFAULT_TABLE, schema: str | None = N
     transaction, as a savepoint where the driver nests, else in its own) or what the async
     wrappers take as ``db=`` (an asyncpg pool, a SQLAlchemy ``AsyncEngine``, a psycopg
     ``AsyncConnectionPool``): a connection is taken for one transaction."""
-    d = _connection(db)
+    d: Any = _connection(db)
     if d is None:
         from ._guarded import _Async
 
@@ -117,7 +117,7 @@ def migrate_sync(db: Any, *, table: str = DEFAULT_TABLE, schema: str | None = No
     ``Session``) or sqlite3 connection, or what the sync wrappers and Celery's ``guard_db=``
     take (a SQLAlchemy ``Engine``, a psycopg ``ConnectionPool``, a function returning a new
     psycopg or sqlite3 connection)."""
-    d = _connection(db)
+    d: Any = _connection(db)
     if d is None:
         from ._guarded import _Sync
 

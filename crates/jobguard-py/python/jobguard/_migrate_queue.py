@@ -33,7 +33,7 @@ def queue_migration(dialect: str, table: str, schema: str | None = None) -> dict
         raise InvalidName(str(error)) from None
 
 
-def _steps(d: Driver, table: str, schema: str | None) -> Iterator[tuple[str, list, str]]:
+def _steps(d: Driver, table: str, schema: str | None) -> Iterator[tuple[str, list[Any], str]]:
     """``(statement, params, how)``: ``check`` reads the table's marker (the rest is skipped
     when it is this schema's), ``optional`` may fail with `duplicate column name` (SQLite has
     no ``add column if not exists``), ``run`` runs."""
@@ -59,7 +59,7 @@ def _duplicate_column(error: BaseException) -> bool:
 async def migrate_queue(conn: Any, *, table: str, schema: str | None = None) -> None:
     """Creates the queue's tables on an async connection, in its open transaction or one of
     its own."""
-    d = driver_for(conn)
+    d: Any = driver_for(conn)
     if not d.is_async:
         raise UnsupportedConnection(f"{d.name} is synchronous: use migrate_queue_sync")
     steps = list(_steps(d, table, schema))
@@ -79,7 +79,7 @@ async def migrate_queue(conn: Any, *, table: str, schema: str | None = None) -> 
 
 def migrate_queue_sync(conn: Any, *, table: str, schema: str | None = None) -> None:
     """:func:`migrate_queue` on a sync connection."""
-    d = driver_for(conn)
+    d: Any = driver_for(conn)
     if d.is_async:
         raise UnsupportedConnection(f"{d.name} is asynchronous: use migrate_queue")
     steps = list(_steps(d, table, schema))

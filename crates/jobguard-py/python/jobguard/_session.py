@@ -11,6 +11,9 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from .errors import UnsupportedConnection
 
+#: A row as the worker reads it.
+Row = tuple[Any, ...]
+
 
 class Session:
     """One connection taken from the pool: ``conn`` is the driver's own object, which a job's
@@ -18,7 +21,7 @@ class Session:
 
     conn: Any
 
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
         raise NotImplementedError
 
     async def execute(self, sql: str, params: Sequence[Any]) -> int:
@@ -30,7 +33,7 @@ class Session:
         ends, rolled back when it raises."""
         raise NotImplementedError
 
-    async def fetchone(self, sql: str, params: Sequence[Any]) -> tuple | None:
+    async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         rows = await self.fetch(sql, params)
         return rows[0] if rows else None
 

@@ -27,7 +27,7 @@ import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
 from ._drivers import _sqlalchemy_dialect, convert
-from ._session import Database, Session, _sqlite_in_transaction
+from ._session import Database, Row, Session, _sqlite_in_transaction
 
 log = logging.getLogger("jobguard.worker")
 
@@ -39,7 +39,7 @@ class SyncSession:
     #: The PostgreSQL backend's process id, to end its transaction at shutdown.
     backend_pid: int | None = None
 
-    def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+    def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
         raise NotImplementedError
 
     def execute(self, sql: str, params: Sequence[Any]) -> int:
@@ -73,13 +73,14 @@ class _PsycopgSession(SyncSession):
         with self.conn.transaction():
             yield
 
-    def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+    def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
         with self._unit():
-            return self._run(sql, params).fetchall()
+            rows: list[Row] = self._run(sql, params).fetchall()
+            return rows
 
     def execute(self, sql: str, params: Sequence[Any]) -> int:
         with self._unit():
-            return self._run(sql, params).rowcount
+            return int(self._run(sql, params).rowcount)
 
     def begin(self) -> None:
         self._tx = self.conn.transaction()
@@ -124,13 +125,13 @@ class _SqlalchemySession(SyncSession):
             raise
         self.commit()
 
-    def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+    def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
         with self._unit():
             return [tuple(row) for row in self._run(sql, params).fetchall()]
 
     def execute(self, sql: str, params: Sequence[Any]) -> int:
         with self._unit():
-            return self._run(sql, params).rowcount
+            return int(self._run(sql, params).rowcount)
 
     def begin(self) -> None:
         self._tx = self.conn.begin()
@@ -167,15 +168,15 @@ class _Sqlite3Session(SyncSession):
             raise
         self.commit()
 
-    def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+    def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
         text, args = convert(sql, params, "qmark")
         with self._unit():
-            return self.conn.execute(text, args).fetchall()
+            return [tuple(row) for row in self.conn.execute(text, args).fetchall()]
 
     def execute(self, sql: str, params: Sequence[Any]) -> int:
         text, args = convert(sql, params, "qmark")
         with self._unit():
-            return self.conn.execute(text, args).rowcount
+            return int(self.conn.execute(text, args).rowcount)
 
     def begin(self) -> None:
         # The write lock from the start: SQLite's single writer queues the others behind it
@@ -344,7 +345,7 @@ class _Lane:
         self._calls.put(None)
 
 
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.done():  # its task was cancelled: the call ran all the same
         return
     if error is not None:
@@ -358,11 +359,12 @@ class _ThreadedSession(Session):
         self.lane, self.sync, self.conn = lane, sync, sync.conn
         self.in_transaction = False
 
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
-        return await self.lane.run(self.sync.fetch, sql, params)
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        rows: list[Row] = await self.lane.run(self.sync.fetch, sql, params)
+        return rows
 
     async def execute(self, sql: str, params: Sequence[Any]) -> int:
-        return await self.lane.run(self.sync.execute, sql, params)
+        return int(await self.lane.run(self.sync.execute, sql, params))
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:

@@ -75,7 +75,7 @@ class Job:
             )
         return key
 
-    def _args(self, kwargs: dict[str, Any], delay: float, run_at: _dt.datetime | None) -> dict:
+    def _args(self, kwargs: dict[str, Any], delay: float, run_at: _dt.datetime | None) -> dict[str, Any]:
         self.spec.signature.bind(None, **kwargs)  # a payload that cannot bind is refused here
         if run_at is not None:
             if run_at.tzinfo is None:

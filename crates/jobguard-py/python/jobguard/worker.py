@@ -37,6 +37,7 @@ from ._enqueue import DEFAULT_QUEUE
 from ._guard import _tokens
 from ._migrate import is_not_migrated
 from ._pools import Database, open_database
+from ._session import Row
 from ._queue_sql import worker_sql
 from ._retry import transient_reason
 from .errors import GuardVanished, KeyReused, NotMigrated
@@ -155,7 +156,7 @@ class Worker:
         # worker started after a crash (or with `until_idle`) runs them at once.
         await self._rescue()
         keepers = [loop.create_task(self._heartbeats()), loop.create_task(self._rescues())]
-        running: set[asyncio.Task] = set()
+        running: set[asyncio.Task[Any]] = set()
         try:
             await self._fetch_loop(running)
         finally:
@@ -175,7 +176,7 @@ class Worker:
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
         if not self.handle_signals:
             return []
-        installed = []
+        installed: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, self.stop)
@@ -188,7 +189,7 @@ class Worker:
         if queue == self.queue:
             self._wake.set()
 
-    async def _fetch_loop(self, running: set[asyncio.Task]) -> None:
+    async def _fetch_loop(self, running: set[asyncio.Task[Any]]) -> None:
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             free = self.concurrency - len(running)
@@ -215,7 +216,7 @@ class Worker:
                 return
             await self._wait(running, self.poll_interval)
 
-    async def _wait(self, running: set[asyncio.Task], timeout: float | None) -> None:
+    async def _wait(self, running: set[asyncio.Task[Any]], timeout: float | None) -> None:
         """Until a notification, a job ending, a stop, or ``timeout``."""
         waiters = [asyncio.ensure_future(self._wake.wait())]
         waiters += list(running)
@@ -334,7 +335,7 @@ class Worker:
                 await s.call(spec.fn, **job.payload)
             return "applied"
 
-    async def _complete_and_claim(self, s: Any, job: LeasedJob, fingerprint: bytes) -> tuple:
+    async def _complete_and_claim(self, s: Any, job: LeasedJob, fingerprint: bytes) -> Row:
         """Completes the job under its lease and claims its key, in the open transaction: the
         claim's row (claimed, then the holding row's applied at and fingerprint). Raises
         :class:`_Fenced` when the lease no longer holds, having claimed nothing."""
@@ -345,7 +346,8 @@ class Worker:
             ])
             if row is None:
                 raise _Fenced()
-            return row
+            claimed: Row = row
+            return claimed
         # SQLite, under the write lock `begin immediate` took: complete, then claim, as the
         # Rust worker does.
         if not await s.execute(self._sql["complete"], [job.id, job.token]):
@@ -447,7 +449,7 @@ class Worker:
         if rescued:
             log.info("gave back %d jobs whose lease expired", rescued)
 
-    async def _drain(self, running: set[asyncio.Task]) -> None:
+    async def _drain(self, running: set[asyncio.Task[Any]]) -> None:
         """Lets running jobs finish within the shutdown timeout; cancels the rest, whose
         transactions roll back, and gives their leases back."""
         if not running:
