@@ -76,9 +76,12 @@ def test_rust_and_python_workers_killed_at_random_each_apply_their_kinds_once(
 
     # The CLI lists the Python jobs as it lists its own: the same fields, the same states.
     rust, python = listed(cli, queue_url, "credit"), listed(cli, queue_url, "deposit")
-    assert rust["counts"] == python["counts"]
-    assert len(python["jobs"]) == JOBS
-    assert {job["state"] for job in python["jobs"]} == {"completed"}
+    assert python["counts"] == {"available": 0, "running": 0, "completed": 2 * JOBS, "dead": 0}
+    assert len(python["jobs"]) == len(rust["jobs"]) == JOBS
+    for jobs in (rust["jobs"], python["jobs"]):
+        assert {job["state"] for job in jobs} == {"completed"}
+        assert {(job["queue"], job["unique_states"]) for job in jobs} == {
+            ("default", "available,running")}
     assert [sorted(job) for job in python["jobs"]] == [sorted(job) for job in rust["jobs"]]
     shown = json.loads(cli("key", jobguard.key("deposit", "k-0"), "--json",
                            url=queue_url).stdout)
