@@ -12,10 +12,12 @@ import subprocess
 from typing import Any
 
 import psycopg
+import pytest
 
 import jobguard
 from chaos import Fleet, Start, python_worker, seed, wait_until_settled
 from conftest import rows
+from ledger_app import DRIVERS
 from test_cross_language import CLI
 
 JOBS = 150  # of each kind
@@ -49,14 +51,17 @@ def listed(cli: Any, url: str, kind: str) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
+# One run covers both drivers: each Python worker has its own.
+@pytest.mark.parametrize("driver", ["asyncpg"])
 def test_rust_and_python_workers_killed_at_random_each_apply_their_kinds_once(
         worker_env, queue_url, cli):
     run_seed = seed()
     rng = random.Random(run_seed)
     enqueue(queue_url)
-    env = dict(worker_env, JOBGUARD_TEST_CREDIT_PAUSE="0.02")
-    starts = [rust_worker(queue_url), rust_worker(queue_url),
-              python_worker(env, "fleet_app:app"), python_worker(env, "fleet_app:app")]
+    envs = [dict(worker_env, JOBGUARD_TEST_CREDIT_PAUSE="0.02", JOBGUARD_TEST_DRIVER=driver)
+            for driver in DRIVERS]
+    starts = [rust_worker(queue_url), rust_worker(queue_url)]
+    starts += [python_worker(env, "fleet_app:app") for env in envs]
     with Fleet(starts) as fleet:
         fleet.chaos(rng, CHAOS_SECONDS)
         wait_until_settled(queue_url)
