@@ -91,3 +91,20 @@ def test_rust_and_python_workers_killed_at_random_each_apply_their_kinds_once(
     shown = json.loads(cli("key", jobguard.key("deposit", "k-0"), "--json",
                            url=queue_url).stdout)
     assert shown["guard"]["kind"] == "deposit", shown
+
+
+def test_jobguard_worker_leaves_python_kinds_waiting_unless_told_to_dead_letter_them(
+        queue_url, cli):
+    with psycopg.connect(queue_url) as conn, conn.transaction():
+        jobguard.enqueue_sync(conn, "deposit", {"order": "k-1", "amount": 1},
+                              key=jobguard.key("deposit", "k-1"))
+    started = cli("worker", "--until-idle", url=queue_url)
+    assert "other kinds left waiting" in started.stderr, started.stderr
+    waiting = "select state, attempt from jobguard_jobs where kind = 'deposit'"
+    assert rows(queue_url, waiting) == [("available", 0)]
+
+    cli("worker", "--until-idle", "--dead-letter-unknown-kinds", url=queue_url)
+    [(state, error)] = rows(queue_url,
+                            "select state, last_error from jobguard_jobs where kind = 'deposit'")
+    assert state == "dead"
+    assert "unknown job kind `deposit`" in error, error
