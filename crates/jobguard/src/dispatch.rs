@@ -59,6 +59,11 @@ impl<R: ?Sized> Registry<R> {
         self.decoders.insert(kind.to_owned(), Arc::new(decode));
     }
 
+    /// The registered kinds, in no order.
+    pub(crate) fn kinds(&self) -> Vec<String> {
+        self.decoders.keys().cloned().collect()
+    }
+
     /// Whether a handler for `kind` is registered.
     pub(crate) fn contains(&self, kind: &str) -> bool {
         self.decoders.contains_key(kind)

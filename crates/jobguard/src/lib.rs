@@ -156,4 +156,4 @@ pub use sqlite::SqliteGuard;
 pub use store::{Backend, GuardRecord};
 pub use table::TableName;
 pub use unique::{OnConflict, UniqueOpts, UniqueStates};
-pub use worker::{Worker, WorkerConfig, WorkerStats};
+pub use worker::{UnknownKinds, Worker, WorkerConfig, WorkerStats};

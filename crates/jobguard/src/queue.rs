@@ -147,40 +147,33 @@ impl<DB: Backend> Queue<DB> {
     /// Takes up to `limit` available jobs of `queue`, oldest run time first, each under a lease
     /// of `lease` by the database clock.
     pub async fn fetch(&self, queue: &str, limit: u32, lease: Duration) -> Result<Vec<LeasedJob>> {
-        self.fetch_after(queue, limit, lease, None).await
-    }
-
-    /// [`fetch`](Self::fetch), of the jobs past `after` in the queue's order when given.
-    pub(crate) async fn fetch_after(
-        &self,
-        queue: &str,
-        limit: u32,
-        lease: Duration,
-        after: Option<Place>,
-    ) -> Result<Vec<LeasedJob>> {
-        let _writer = self.inner.writer.acquire().await;
-        let mut conn = self.inner.pool.acquire().await?;
-        self.fetch_on(&mut conn, queue, limit, lease, after).await
-    }
-
-    /// [`fetch`](Self::fetch) on a connection the caller keeps: a worker's loop fetches on one
-    /// connection of its own, so that its fetches neither wait for the pool nor pay its ping.
-    /// Takes no writer's turn: on a single-writer backend the caller takes it first, before
-    /// its connection (the worker keeps no connection there).
-    pub(crate) async fn fetch_on(
-        &self,
-        conn: &mut DB::Connection,
-        queue: &str,
-        limit: u32,
-        lease: Duration,
-        after: Option<Place>,
-    ) -> Result<Vec<LeasedJob>> {
         let fetch = Fetch {
             queue,
             limit,
             lease,
-            after,
+            after: None,
+            kinds: None,
         };
+        self.fetch_with(fetch).await
+    }
+
+    /// [`fetch`](Self::fetch) as `fetch` says: past a place in the queue's order, of some
+    /// kinds only.
+    pub(crate) async fn fetch_with(&self, fetch: Fetch<'_>) -> Result<Vec<LeasedJob>> {
+        let _writer = self.inner.writer.acquire().await;
+        let mut conn = self.inner.pool.acquire().await?;
+        self.fetch_on(&mut conn, fetch).await
+    }
+
+    /// [`fetch_with`](Self::fetch_with) on a connection the caller keeps: a worker's loop
+    /// fetches on one connection of its own, so that its fetches neither wait for the pool nor
+    /// pay its ping. Takes no writer's turn: on a single-writer backend the caller takes it
+    /// first, before its connection (the worker keeps no connection there).
+    pub(crate) async fn fetch_on(
+        &self,
+        conn: &mut DB::Connection,
+        fetch: Fetch<'_>,
+    ) -> Result<Vec<LeasedJob>> {
         let mut jobs = DB::fetch(conn, &self.inner.sql, fetch).await?;
         jobs.sort_by_key(|job| job.lease.job_id);
         Ok(jobs)

@@ -73,6 +73,7 @@ mod batch_limit;
 mod cursor;
 mod fetch;
 mod group;
+mod kinds;
 mod leases;
 mod periodic;
 mod run_batch;
@@ -99,6 +100,7 @@ use crate::retention::{PruneConfig, Retention, RetentionConfig};
 use crate::retry::RetryPolicy;
 use crate::store::{Backend, WorkerSql};
 
+pub use self::kinds::UnknownKinds;
 pub use self::shutdown::shutdown_signal;
 pub use crate::job::Job;
 
@@ -145,8 +147,13 @@ pub struct WorkerConfig {
     /// on PostgreSQL and none on SQLite, where jobs take the one write lock in
     /// turn anyway; `Some(0)` fetches only for free slots.
     pub prefetch: Option<usize>,
-    /// Return as soon as the queue is empty and no job is running (for tests and benchmarks).
+    /// Return as soon as the queue has no job of a kind the worker fetches and no job is
+    /// running (for tests and benchmarks).
     pub stop_when_idle: bool,
+    /// Jobs of kinds with no handler registered: left waiting for a worker that runs them
+    /// (the default, [`UnknownKinds::Leave`]: the worker fetches only its own kinds), or
+    /// fetched and dead-lettered.
+    pub unknown_kinds: UnknownKinds,
     /// The guard table.
     pub guard: GuardConfig,
     /// How long guard rows are kept, checked when the worker starts against the longest time a
@@ -169,6 +176,7 @@ impl Default for WorkerConfig {
             batch_linger: Duration::from_millis(2),
             prefetch: None,
             stop_when_idle: false,
+            unknown_kinds: UnknownKinds::Leave,
             guard: GuardConfig::default(),
             retention: RetentionConfig::default(),
             prune: PruneConfig::default(),
@@ -185,7 +193,8 @@ pub struct WorkerStats {
     pub duplicates: u64,
     /// Attempts that failed and were scheduled to run again.
     pub failed: u64,
-    /// Jobs dead-lettered: out of attempts, a fatal error, an unknown kind or a bad payload.
+    /// Jobs dead-lettered: out of attempts, a fatal error, a bad payload, or a kind with no
+    /// handler (with [`UnknownKinds::DeadLetter`]).
     pub dead: u64,
     /// Attempts whose lease had been taken over: rolled back, the new holder runs the job.
     pub fenced: u64,
@@ -245,6 +254,8 @@ pub struct Worker<DB: Backend> {
     handlers: Registry<dyn Runnable<DB>>,
     /// The registered kinds whose [`Job::BATCH`] is true.
     batched: HashSet<String>,
+    /// The kinds the fetches take (`None`: every kind), set when the worker starts to run.
+    fetched_kinds: Option<Vec<String>>,
     /// The claim that completes the job, built once.
     sql: WorkerSql,
     /// Jobs per batch now: the configured size, lowered while batches contend.
@@ -276,6 +287,7 @@ impl<DB: Backend> Worker<DB> {
             sql,
             handlers: Registry::default(),
             batched: HashSet::new(),
+            fetched_kinds: None,
             batch_limit: batch_limit::BatchLimit::new(config.batch_size),
             leases: leases::Leases::default(),
             config,

@@ -12,7 +12,7 @@ use jobguard::outbox::{RelayConfig, RelayReport, WebhookSink};
 use jobguard::retention::{PruneConfig, PruneSchedule, format_duration};
 use jobguard::steps::StepConfig;
 use jobguard::worker::shutdown_signal;
-use jobguard::{Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats};
+use jobguard::{Queue, RetryPolicy, UnknownKinds, Worker, WorkerConfig, WorkerStats};
 use serde::Serialize;
 use sqlx::Pool;
 
@@ -60,9 +60,15 @@ pub struct WorkerArgs {
     /// back to the queue.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     shutdown_timeout: Duration,
-    /// Stop as soon as no job is available to run now and none is running.
+    /// Stop as soon as no job of the built-in kinds is available to run now and none is
+    /// running.
     #[arg(long)]
     until_idle: bool,
+    /// Also fetch jobs of kinds other than the built-in ones, and dead-letter them ("unknown
+    /// job kind"). Without it they stay waiting for a worker that runs their kind (a Python
+    /// worker, another service) on the same queue.
+    #[arg(long)]
+    dead_letter_unknown_kinds: bool,
     /// Also deliver the outbox's messages to this webhook (URL/TOPIC), in this process, as
     /// `jobguard relay` does; with --until-idle, what is due is delivered before stopping.
     #[arg(long, value_name = "URL")]
@@ -179,6 +185,11 @@ async fn run<DB: ExampleDb>(
         retry: retry_policy(args.backoff),
         shutdown_timeout: args.shutdown_timeout,
         stop_when_idle: args.until_idle,
+        unknown_kinds: if args.dead_letter_unknown_kinds {
+            UnknownKinds::DeadLetter
+        } else {
+            UnknownKinds::Leave
+        },
         retention: retention_config(args.keep, &args.windows, &args.jobs, args.override_horizon),
         prune: PruneConfig {
             schedule: args.prune_schedule.0.clone(),
@@ -245,11 +256,17 @@ async fn run<DB: ExampleDb>(
             }
         );
         eprintln!(
-            "jobguard worker: queue `{}` on {database} ({}), {} jobs at once, kinds {}{}; {}",
+            "jobguard worker: queue `{}` on {database} ({}), {} jobs at once, kinds {} (other \
+             kinds {}){}; {}",
             args.queue,
             DB::BACKEND,
             args.concurrency,
             builtin_jobs::KINDS.join(", "),
+            if args.dead_letter_unknown_kinds {
+                "dead-lettered"
+            } else {
+                "left waiting"
+            },
             match &args.relay_webhook_url {
                 Some(url) => format!(", outbox relayed to {url}"),
                 None => String::new(),

@@ -481,6 +481,11 @@ pub struct QueueSql {
     /// [`fetch`](Self::fetch) of the jobs after run time `$4` (microseconds) and id `$5` in
     /// that order.
     pub(crate) fetch_after: Arc<str>,
+    /// [`fetch`](Self::fetch) of the jobs of the kinds in `$4` only: a `text[]` on PostgreSQL,
+    /// a JSON array on SQLite (each backend's `kinds_param`).
+    pub(crate) fetch_kinds: Arc<str>,
+    /// [`fetch_kinds`](Self::fetch_kinds) of the jobs after run time `$5` and id `$6`.
+    pub(crate) fetch_kinds_after: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) retry: Arc<str>,
     pub(crate) dead: Arc<str>,
@@ -652,13 +657,15 @@ pub trait QueueStore: GuardStore {
 }
 
 /// What [`QueueStore::fetch`] takes: up to `limit` jobs of `queue`, each leased for `lease`;
-/// with `after`, only jobs past that place in the queue's order.
+/// with `after`, only jobs past that place in the queue's order; with `kinds`, only jobs of
+/// those kinds.
 #[derive(Clone, Copy, Debug)]
 pub struct Fetch<'a> {
     pub(crate) queue: &'a str,
     pub(crate) limit: u32,
     pub(crate) lease: Duration,
     pub(crate) after: Option<Place>,
+    pub(crate) kinds: Option<&'a [String]>,
 }
 
 /// A job found holding its key: live (available or running), or finished in a state its

@@ -20,7 +20,7 @@ use super::group::Ready;
 use super::{Counters, Worker, WorkerStats};
 use crate::dispatch::log_join;
 use crate::error::Result;
-use crate::queue::{LeasedJob, Place};
+use crate::queue::{Fetch, LeasedJob, Place};
 use crate::retention::{PruneReport, Pruner, Retention};
 use crate::steps::Steps;
 use crate::store::{Backend, Wakeup};
@@ -39,6 +39,7 @@ impl<DB: Backend> Worker<DB> {
         let retention = self.retention()?;
         let scheduler = self.scheduler()?;
         self.config.concurrency = self.servable_concurrency();
+        self.fetched_kinds = self.kinds_to_fetch();
         let worker = Arc::new(self);
         let counters = Arc::new(Counters::default());
         let (stop_pruning, pruning) = worker.prune_on_schedule(retention, &counters);
@@ -327,31 +328,32 @@ impl<DB: Backend> Worker<DB> {
         Ok(jobs)
     }
 
-    /// Up to `limit` jobs past `after` (from the head without), on the loop's own connection
-    /// `conn` where the backend allows (taken from the pool when there is none yet, and dropped
-    /// after an error), so that a fetch waits neither for the pool nor for its ping.
+    /// Up to `limit` jobs of the kinds the worker fetches, past `after` (from the head
+    /// without), on the loop's own connection `conn` where the backend allows (taken from the
+    /// pool when there is none yet, and dropped after an error), so that a fetch waits neither
+    /// for the pool nor for its ping.
     async fn fetch_on(
         &self,
         conn: &mut Option<PoolConnection<DB>>,
         limit: usize,
         after: Option<Place>,
     ) -> Result<Vec<LeasedJob>> {
-        let (queue, lease) = (&self.config.queue, self.config.lease);
+        let fetch = Fetch {
+            queue: &self.config.queue,
+            limit: limit as u32,
+            lease: self.config.lease,
+            after,
+            kinds: self.fetched_kinds.as_deref(),
+        };
         if DB::SINGLE_WRITER {
             // Its writers take their turn before a connection: none is kept.
-            return self
-                .queue
-                .fetch_after(queue, limit as u32, lease, after)
-                .await;
+            return self.queue.fetch_with(fetch).await;
         }
         let mut kept = match conn.take() {
             Some(kept) => kept,
             None => self.queue.pool().acquire().await?,
         };
-        let jobs = self
-            .queue
-            .fetch_on(&mut kept, queue, limit as u32, lease, after)
-            .await?;
+        let jobs = self.queue.fetch_on(&mut kept, fetch).await?;
         *conn = Some(kept);
         Ok(jobs)
     }

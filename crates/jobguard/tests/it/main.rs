@@ -39,5 +39,6 @@ mod queue;
 mod retention;
 mod upgrade;
 mod worker;
+mod worker_kinds;
 mod worker_mixes;
 mod worker_panics;

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use jobguard::queue::NewJob;
-use jobguard::{Job, JobError, JobKey, KeyError, Queue, RetryPolicy, Worker, WorkerConfig};
+use jobguard::{
+    Job, JobError, JobKey, KeyError, Queue, RetryPolicy, UnknownKinds, Worker, WorkerConfig,
+};
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -180,6 +182,8 @@ async fn run_mix<DB: TestDb>(test: &str, mix: Mix) {
             base: Duration::ZERO,
             ..Default::default()
         },
+        // Unknown kinds are fetched and dead-lettered among the others.
+        unknown_kinds: UnknownKinds::DeadLetter,
         ..draining()
     };
     let worker = Worker::with_config(queue.clone(), config)

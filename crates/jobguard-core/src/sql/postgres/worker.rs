@@ -16,6 +16,9 @@ pub enum Scope {
     /// Only the kinds named in `$4` (a `text[]`): a worker running some kinds beside workers
     /// running others leaves their jobs waiting, to be fetched by them.
     Kinds,
+    /// Only the kinds named in `$4`, past run time `$5` and id `$6`: [`Kinds`](Self::Kinds)
+    /// where the worker's previous fetch ended, as [`After`](Self::After).
+    KindsAfter,
 }
 
 /// Fetches up to `$2` waiting jobs of queue `$1` in run-time order, each leased for `$3`
@@ -41,6 +44,10 @@ pub fn fetch(table: &TableName, scope: Scope) -> String {
             "and (run_at, id) > ('epoch'::timestamptz + $4 * interval '1 microsecond', $5)"
         }
         Scope::Kinds => "and kind = any($4::text[])",
+        Scope::KindsAfter => {
+            "and kind = any($4::text[])
+                   and (run_at, id) > ('epoch'::timestamptz + $5 * interval '1 microsecond', $6)"
+        }
     };
     format!(
         "with picked as (

@@ -12,7 +12,8 @@ pub use crate::sql::postgres::worker::Scope;
 /// Fetches up to `$2` waiting jobs of queue `$1` in run-time order, each leased for `$3`
 /// microseconds under a new fencing token (see PostgreSQL's
 /// [`fetch`](crate::sql::postgres::worker::fetch)); [`Scope::After`] takes `$4` and `$5` as
-/// there, [`Scope::Kinds`] takes `$4` as a JSON array of kinds. One statement, atomic on its
+/// there, [`Scope::Kinds`] takes `$4` as a JSON array of kinds, and [`Scope::KindsAfter`] both,
+/// the kinds first. One statement, atomic on its
 /// own: SQLite's one writer at a time makes two workers take different jobs.
 pub fn fetch(table: &TableName, scope: Scope) -> String {
     let t = table.quoted();
@@ -21,6 +22,9 @@ pub fn fetch(table: &TableName, scope: Scope) -> String {
         Scope::Queue => "",
         Scope::After => "and (run_at, id) > ($4, $5)",
         Scope::Kinds => "and kind in (select value from json_each($4))",
+        Scope::KindsAfter => {
+            "and kind in (select value from json_each($4)) and (run_at, id) > ($5, $6)"
+        }
     };
     format!(
         "update {t}

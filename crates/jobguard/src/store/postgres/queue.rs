@@ -85,6 +85,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
                      where h.leased_until is not null))"
             ),
             fetch_after: worker::fetch(table, Scope::After),
+            fetch_kinds: worker::fetch(table, Scope::Kinds),
+            fetch_kinds_after: worker::fetch(table, Scope::KindsAfter),
             // Rows a transaction of the worker's own holds (a job whose claim locked it) are
             // skipped rather than waited for: one such job must not stall the heartbeats of all the
             // others. They count as held, as does every lease still running under its token in the
@@ -120,6 +122,11 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             notify: Some(core::NOTIFY),
         },
     )
+}
+
+/// The kinds a fetch takes, as its `$4` binds them: a `text[]`.
+fn kinds_param(kinds: &[String]) -> &[String] {
+    kinds
 }
 
 impl QueueStore for Postgres {

@@ -37,6 +37,8 @@ pub(crate) struct DialectStatements {
     pub holders: String,
     pub fetch: String,
     pub fetch_after: String,
+    pub fetch_kinds: String,
+    pub fetch_kinds_after: String,
     pub held: String,
     pub heartbeat_many: String,
     pub rescue: String,
@@ -116,6 +118,8 @@ impl QueueSql {
             .into(),
             fetch: own.fetch.into(),
             fetch_after: own.fetch_after.into(),
+            fetch_kinds: own.fetch_kinds.into(),
+            fetch_kinds_after: own.fetch_kinds_after.into(),
             // Every statement that ends or extends a lease names the attempt that holds it, so a
             // worker whose lease expired and was taken over changes nothing. The core's text,
             // which the Python worker runs too.

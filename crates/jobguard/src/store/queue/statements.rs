@@ -4,7 +4,8 @@
 
 /// The [`QueueStore`](super::QueueStore) methods whose binding and decoding are the same on
 /// every backend, with [`QueueStore::queue_sql`](super::QueueStore::queue_sql) from a module
-/// named `queue` in scope (its `queue_sql(table)`). Expanded inside each `impl QueueStore`,
+/// named `queue` in scope (its `queue_sql(table)`), and the backend's `kinds_param(kinds)`, the
+/// kinds a fetch takes as its statement's `$4` binds them. Expanded inside each `impl QueueStore`,
 /// where the backend's `Row` and `Connection` types are concrete.
 macro_rules! queue_statements {
     () => {
@@ -85,11 +86,20 @@ macro_rules! queue_statements {
             fetch: $crate::store::queue::Fetch<'_>,
         ) -> sqlx::Result<Vec<$crate::store::queue::LeasedJob>> {
             use sqlx::Row as _;
-            let statement = if fetch.after.is_some() { &sql.fetch_after } else { &sql.fetch };
+            let statement = match (fetch.kinds, fetch.after) {
+                (None, None) => &sql.fetch,
+                (None, Some(_)) => &sql.fetch_after,
+                (Some(_), None) => &sql.fetch_kinds,
+                (Some(_), Some(_)) => &sql.fetch_kinds_after,
+            };
             let query = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
                 .bind(fetch.queue)
                 .bind(i64::from(fetch.limit))
                 .bind($crate::time::duration_micros(fetch.lease));
+            let query = match fetch.kinds {
+                Some(kinds) => query.bind(kinds_param(kinds)),
+                None => query,
+            };
             let query = match fetch.after {
                 Some(place) => query.bind(place.run_at_us).bind(place.id),
                 None => query,

@@ -70,6 +70,8 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             ),
             fetch: worker::fetch(table, Scope::Queue),
             fetch_after: worker::fetch(table, Scope::After),
+            fetch_kinds: worker::fetch(table, Scope::Kinds),
+            fetch_kinds_after: worker::fetch(table, Scope::KindsAfter),
             // The `(state, id)` index hands out the oldest jobs stored `available` first, where
             // the held ones are.
             held: "leased_until is not null".into(),
@@ -101,6 +103,11 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             notify: None,
         },
     )
+}
+
+/// The kinds a fetch takes, as its `$4` binds them: a JSON array, read with `json_each`.
+fn kinds_param(kinds: &[String]) -> String {
+    serde_json::to_string(kinds).expect("strings serialize")
 }
 
 impl QueueStore for Sqlite {

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use jobguard::queue::{JobState, NewJob, Replay};
-use jobguard::{Job, JobError, JobKey, KeyError, Outcome, Queue, Worker, WorkerConfig};
+use jobguard::{
+    Job, JobError, JobKey, KeyError, Outcome, Queue, UnknownKinds, Worker, WorkerConfig,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
