@@ -92,7 +92,7 @@ def test_migrate_after_jobguard_migrate_made_the_table(pg_url, tmp_path):
     with psycopg.connect(pg_url) as conn:
         jobguard.migrate_sync(conn)
     # The Rust queue's tables first: `jobguard enqueue` migrates them.
-    cli("enqueue", "noop", "--payload", "{}", "--key", "noop:first", "--database-url", pg_url)
+    cli("enqueue", "noop", "--payload", "{\"id\": \"first\"}", "--database-url", pg_url)
     out = migrate("default", pg_url, str(tmp_path / "x.db"))
     assert "Applying jobguard.0002_queue_tables... OK" in out
     with psycopg.connect(pg_url) as conn:
@@ -100,7 +100,7 @@ def test_migrate_after_jobguard_migrate_made_the_table(pg_url, tmp_path):
             "select count(*) from pg_indexes where tablename = 'jobguard_jobs'"
         ).fetchall()
     # And the Rust queue after Django: it finds them migrated, and rebuilds nothing.
-    cli("enqueue", "noop", "--payload", "{}", "--key", "noop:second", "--database-url", pg_url)
+    cli("enqueue", "noop", "--payload", "{\"id\": \"second\"}", "--database-url", pg_url)
     with psycopg.connect(pg_url) as conn:
         assert conn.execute(
             "select count(*) from pg_indexes where tablename = 'jobguard_jobs'"
