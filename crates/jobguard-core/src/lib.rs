@@ -9,6 +9,8 @@
 //! - [`periodic`]: the key of a periodic job's firing and which missed firings a scheduler
 //!   enqueues;
 //! - [`retention`]: the horizon a guard retention must cover;
+//! - [`unique`]: unique-job policies: the states that keep a key, the period in a key, what a
+//!   repeated enqueue does;
 //! - [`table`]: validated, quoted table names;
 //! - [`sql`]: the guard's statements and DDL per dialect, the very text the Rust guard runs;
 //! - [`url`]: database and broker URLs with their secrets hidden, as messages show them.
@@ -41,4 +43,5 @@ pub mod periodic;
 pub mod retention;
 pub mod sql;
 pub mod table;
+pub mod unique;
 pub mod url;
