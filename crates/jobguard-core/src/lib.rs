@@ -2,6 +2,8 @@
 //! language's binding must compute exactly as the Rust library does.
 //!
 //! - [`key`]: [`JobKey`](key::JobKey), the encoded business key of a job, and its rules;
+//! - [`cron`]: cron expressions in a named time zone (croner on chrono-tz), the firings of a
+//!   schedule;
 //! - [`fingerprint`]: the canonical-JSON hash of a payload that tells a redelivery from a
 //!   reused key;
 //! - [`api_key`]: idempotency keys for external APIs, derived from a job key and a step;
@@ -34,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod api_key;
+pub mod cron;
 pub mod date;
 pub mod duration;
 pub mod fingerprint;

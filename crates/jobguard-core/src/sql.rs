@@ -7,6 +7,7 @@ use crate::table::TableName;
 
 pub mod lease;
 pub mod postgres;
+pub mod schedules;
 pub mod sqlite;
 
 /// The table of the queues an operator paused, beside the jobs table `table`: a fetch takes

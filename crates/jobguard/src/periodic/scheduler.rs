@@ -10,7 +10,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::Periodic;
-use super::cron::{ZonedCron, parse_zone};
+use jobguard_core::cron::{ZonedCron, parse_zone};
 use crate::error::{Error, Result};
 use crate::queue::{NewJob, Queue};
 use crate::store::schedules::{ScheduleRow, ScheduleSql};

@@ -10,7 +10,7 @@ impl ScheduleStore for Sqlite {
         let table = schedules_table(jobs)?;
         Ok(ScheduleSql::new(
             &table,
-            vec![create_table(&table.quoted())],
+            vec![create_table(&table)],
         ))
     }
 
