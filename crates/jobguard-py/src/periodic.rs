@@ -5,7 +5,6 @@
 use jobguard_core::cron::{ZonedCron, parse_zone};
 use jobguard_core::periodic::{self, Missed};
 use jobguard_core::sql::schedules;
-use jobguard_core::unique::UniqueStates;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -69,11 +68,11 @@ fn plan(due: Vec<i64>, now: i64, grace: i64, missed: &str) -> PyResult<(Vec<i64>
     Ok((plan.enqueue, plan.missed))
 }
 
-/// The `unique_states` of every firing's job: its key stays taken while it waits, runs, and
-/// after it completed or died, until retention prunes it.
+/// The unique states of every firing's job, as a list of states: its key stays taken while it
+/// waits, runs, and after it completed or died, until retention prunes it.
 #[pyfunction]
-fn firing_unique_states() -> i32 {
-    UniqueStates::LIVE.with_completed().with_dead().mask()
+fn firing_unique_states() -> String {
+    periodic::firing_states().to_string()
 }
 
 /// The schedules table's statements for `dialect`, beside the jobs table `jobs` (in `schema`

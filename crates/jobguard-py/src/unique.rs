@@ -3,7 +3,9 @@
 
 use jobguard_core::key::JobKey;
 use jobguard_core::sql;
-use jobguard_core::unique::{Conflict, OnConflict, UniqueOpts, UniqueStates, period_start};
+use jobguard_core::unique::{
+    Conflict, OnConflict, UniqueOpts, UniqueStates, period_error, period_start,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -17,7 +19,7 @@ use crate::{table_name, value_error};
 #[pyo3(signature = (states, period, on_conflict))]
 fn unique_policy(
     states: Option<&str>,
-    period: Option<u64>,
+    period: Option<f64>,
     on_conflict: &str,
 ) -> PyResult<(i32, String, String)> {
     let states = match states {
@@ -25,7 +27,10 @@ fn unique_policy(
         None => UniqueStates::LIVE,
     };
     if let Some(seconds) = period {
-        UniqueOpts::new().period_secs(seconds).map_err(value_error)?;
+        // Whole seconds, as the Rust queue's `Duration` period must be.
+        if seconds.fract() != 0.0 || !(1.0..=u64::MAX as f64).contains(&seconds) {
+            return Err(value_error(period_error(format!("{seconds}s"))));
+        }
     }
     let action = on_conflict.parse::<OnConflict>().map_err(value_error)?;
     Ok((states.mask(), states.to_string(), action.as_str().to_owned()))

@@ -36,6 +36,7 @@ from . import _keys
 from ._enqueue import DEFAULT_QUEUE
 from ._guard import _tokens
 from ._migrate import is_not_migrated
+from ._periodic import Scheduler, check_schedules
 from ._pools import Database, open_database
 from ._queue_sql import worker_sql
 from ._retry import transient_reason
@@ -133,6 +134,7 @@ class Worker:
         try:
             for job in self.app.jobs.values():
                 self.app.check_driver(job.spec.kind, job.spec.is_async, db.is_async)
+            check_schedules(self.app.schedules, self.app.jobs)
             self._sql = worker_sql(
                 db.dialect, self.app.table, self.app.guard_table, self.app.schema,
                 self.app.guard_schema,
@@ -152,6 +154,10 @@ class Worker:
                 log.warning("cannot listen for new jobs (%s); polling every %ss",
                             error, self.poll_interval)
         keepers = [loop.create_task(self._heartbeats()), loop.create_task(self._rescues())]
+        if self.app.schedules:
+            scheduler = Scheduler(self.app.schedules, db.dialect, table=self.app.table,
+                                  schema=self.app.schema)
+            keepers.append(loop.create_task(scheduler.run(db.session, self._stopping)))
         running: set[asyncio.Task] = set()
         try:
             await self._fetch_loop(running)

@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::queue::{NewJob, Queue};
 use crate::store::schedules::{ScheduleRow, ScheduleSql};
 use crate::store::{Backend, is_missing_table};
-use crate::unique::{UniqueOpts, UniqueStates};
-use jobguard_core::periodic::{firing_key, plan};
+use crate::unique::UniqueOpts;
+use jobguard_core::periodic::{firing_key, firing_states, plan};
 
 /// The longest the timer sleeps between two looks at the clock: a clock set forward is
 /// noticed within it.
@@ -107,7 +107,7 @@ fn seconds(time: SystemTime) -> i64 {
 /// The policy of every firing's job: its key stays taken while it waits, runs, and after it
 /// completed or died, until retention prunes it.
 fn firing_policy() -> UniqueOpts {
-    UniqueOpts::new().states(UniqueStates::LIVE.with_completed().with_dead())
+    UniqueOpts::new().states(firing_states())
 }
 
 impl<DB: Backend> Scheduler<DB> {
