@@ -31,6 +31,8 @@ pub struct QueueBench {
     /// Jobs per second offered in one pickup run; by default runs at [`PICKUP_LOADS`] of the
     /// per-job credit rate.
     pub rate: Option<f64>,
+    /// Periodic schedules firing every second on the worker of every run.
+    pub periodic: u32,
 }
 
 /// The pickup runs' offered loads, as fractions of the per-job credit rate measured in the
@@ -61,6 +63,8 @@ pub struct QueueBenchReport {
     pub concurrency: u32,
     /// Jobs per transaction in the batched runs.
     pub batch_size: usize,
+    /// Periodic schedules firing every second on the worker of every run (`--periodic`).
+    pub periodic: u32,
     pub noop_jobs_per_s: f64,
     /// The median of the rounds' per-job credit drains.
     pub credit_jobs_per_s: f64,
@@ -135,10 +139,12 @@ where
     let per_job = WorkerShape {
         concurrency,
         batch_size: 1,
+        periodic: bench.periodic,
     };
     let batched = WorkerShape {
         concurrency,
         batch_size: bench.batch_size,
+        periodic: bench.periodic,
     };
     let batching = bench.batch_size > 1;
 
@@ -220,6 +226,7 @@ where
         jobs,
         concurrency,
         batch_size: bench.batch_size,
+        periodic: bench.periodic,
         noop_jobs_per_s: noop.jobs_per_s,
         credit_jobs_per_s: credit.jobs_per_s,
         batched_noop_jobs_per_s: batched_noop.map(|d| d.jobs_per_s),
@@ -311,6 +318,12 @@ pub fn render(report: &QueueBenchReport) -> String {
         report.noop_jobs_per_s,
         report.credit_jobs_per_s,
     );
+    if report.periodic > 0 {
+        out += &format!(
+            "periodic        {:>10} schedules firing every second on the worker\n",
+            report.periodic
+        );
+    }
     if let (Some(noop), Some(credit)) = (
         report.batched_noop_jobs_per_s,
         report.batched_credit_jobs_per_s,

@@ -53,6 +53,8 @@ class Periodic:
     seconds first) in the IANA time zone ``zone``, on ``queue``. ``missed`` says what to do with
     the firings that came due while no scheduler ran: ``skip``, ``latest`` (one catch-up) or
     ``all`` / ``all:N`` (each, up to N). A firing reached within ``grace`` seconds is on time.
+    ``firing_field`` names a payload field set to each firing's time
+    (``2026-12-06T03:00:00Z``), for a job that needs to know which firing it runs for.
 
     Checked when made, by the core: an invalid cron expression, an unknown zone, a bad name or
     policy, a payload that is not JSON or breaks the queue's payload rules is
@@ -67,6 +69,7 @@ class Periodic:
     missed: str = "skip"
     grace: float = DEFAULT_GRACE
     max_attempts: int = 10
+    firing_field: str | None = None
 
     def __post_init__(self) -> None:
         name = self.name
@@ -104,6 +107,12 @@ class Periodic:
             raise refuse(f"grace must be >= 0 seconds, not {self.grace!r}")
         object.__setattr__(self, "missed", missed)
         object.__setattr__(self, "_cron", cron)
+
+    def payload_at(self, at: int) -> dict[str, Any]:
+        """The payload of the firing at ``at``: with ``firing_field`` set to its time."""
+        if self.firing_field is None:
+            return self.payload
+        return {**self.payload, self.firing_field: _native.format_firing(at)}
 
     def next_after(self, seconds: float) -> int | None:
         """The first firing strictly after ``seconds`` since the epoch."""
@@ -235,7 +244,7 @@ class Scheduler:
         key = _native.firing_key(schedule.name, at)
         async with open_session() as s:
             d = driver_for(s.conn)
-            job = _Job(d, schedule.kind, schedule.payload, key, schedule.queue,
+            job = _Job(d, schedule.kind, schedule.payload_at(at), key, schedule.queue,
                        schedule.max_attempts, 0.0, self.table, self.schema)
             try:
                 async with s.transaction():
@@ -300,7 +309,7 @@ def check_schedules(schedules: Sequence[Periodic], jobs: dict[str, Any]) -> None
             raise InvalidSchedule(schedule.name, f"no job of kind `{schedule.kind}` is defined "
                                   f"on this app (defined: {defined}); define it with @app.job")
         try:
-            job.spec.signature.bind(None, **schedule.payload)
+            job.spec.signature.bind(None, **schedule.payload_at(0))
         except TypeError as error:
             raise InvalidSchedule(schedule.name, f"the payload does not bind to "
                                   f"`{schedule.kind}`'s parameters: {error}") from None

@@ -203,14 +203,15 @@ class App:
     def periodic(
         self, cron: str, *, name: str, zone: str = "UTC", missed: str = "skip",
         payload: dict[str, Any] | None = None, queue: str | None = None, kind: str | None = None,
-        grace: float | None = None,
+        grace: float | None = None, firing_field: str | None = None,
     ) -> Callable[[Job], Job]:
         """Enqueues the job at every firing of ``cron`` (``"0 3 * * *"``; six fields with
         seconds first), exactly once per firing however many workers (Python or Rust) run the
         schedule ``name``: put it above ``@app.job``. The worker runs it (see
         :mod:`jobguard._periodic`); ``payload`` is the job's keyword arguments, ``zone`` an IANA
         time zone, ``missed`` what to do with firings missed while no worker ran (``skip``,
-        ``latest``, ``all``, ``all:N``), ``queue`` the job's queue (the job's own by default).
+        ``latest``, ``all``, ``all:N``), ``queue`` the job's queue (the job's own by default),
+        ``firing_field`` a payload field set to each firing's time.
 
         Called with ``kind=`` instead of as a decorator, it schedules a job kind defined
         elsewhere on this app. Bad input is :class:`InvalidSchedule` naming the schedule: here
@@ -220,7 +221,7 @@ class App:
             periodic = Periodic(
                 name, cron, kind, dict(payload or {}), zone=zone, queue=queue or job_queue,
                 missed=missed, grace=DEFAULT_GRACE if grace is None else grace,
-                max_attempts=max_attempts,
+                max_attempts=max_attempts, firing_field=firing_field,
             )
             if any(s.name == name for s in self.schedules):
                 raise InvalidSchedule(name, "two schedules have this name; give each its own")
@@ -234,12 +235,13 @@ class App:
             if not isinstance(job, Job):
                 raise InvalidSchedule(name, "@app.periodic schedules a job: put it above "
                                       "@app.job(...)")
+            periodic = schedule(job.spec.kind, job.spec.queue, job.spec.max_attempts)
             try:
-                job.spec.signature.bind(None, **(payload or {}))
+                job.spec.signature.bind(None, **periodic.payload_at(0))
             except TypeError as error:
+                self.schedules.remove(periodic)
                 raise InvalidSchedule(name, f"the payload does not bind to `{job.spec.kind}`'s "
                                       f"parameters: {error}") from None
-            schedule(job.spec.kind, job.spec.queue, job.spec.max_attempts)
             return job
 
         return define
