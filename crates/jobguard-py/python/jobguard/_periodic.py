@@ -42,6 +42,9 @@ _MAX_SLEEP = 60.0
 _RETRY_AFTER = 1.0
 _NEVER = -(2**63)
 
+#: How every firing's key begins: ``periodic:<schedule>:<time>``.
+FIRING_KEY_PREFIX = _native.parse_key(_native.firing_key("x", 0))[0] + ":"
+
 #: What a firing's job keeps its key through: the core's firing policy.
 FIRING_POLICY = Unique(states=_native.firing_unique_states())
 

@@ -36,7 +36,7 @@ from . import _keys
 from ._enqueue import DEFAULT_QUEUE
 from ._guard import _tokens
 from ._migrate import is_not_migrated
-from ._periodic import Scheduler, check_schedules
+from ._periodic import FIRING_KEY_PREFIX, Scheduler, check_schedules
 from ._pools import Database, open_database
 from ._queue_sql import worker_sql
 from ._retry import transient_reason
@@ -304,7 +304,8 @@ class Worker:
             defined.spec.signature.bind(None, **job.payload)
         except TypeError as error:
             raise TypeError(f"its payload does not bind to `{job.kind}`'s parameters: {error}") from None
-        if defined.spec.key is not None:
+        # A periodic firing's key names the schedule and the firing, not the payload.
+        if defined.spec.key is not None and not job.key.startswith(FIRING_KEY_PREFIX):
             try:
                 computed = defined.spec.key(**job.payload)
             except Exception as error:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -62,7 +63,7 @@ def test_three_schedulers_killed_at_random_apply_every_firing_once(worker_env, q
     assert len(jobs) == len(keys) and {state for _, state in jobs} == {"completed"}, context
     applied = dict(rows(queue_url, "select at, count(*) from periodic_ledger group by at"))
     assert applied == {format_firing(at): 1 for at in window}, context
-    [(claimed,)] = rows(queue_url, "select count(*) from processed_jobs where kind = 'periodic'")
+    [(claimed,)] = rows(queue_url, "select count(*) from processed_jobs where kind = 'tick'")
     assert claimed == len(window), context
     assert kills + stops > 5, context
 
@@ -73,20 +74,30 @@ def test_a_python_and_a_rust_scheduler_on_one_schedule_enqueue_each_firing_once(
     schedule.write_text(
         '[[schedule]]\nname = "mixed"\ncron = "* * * * * *"\nkind = "noop"\n'
         'payload = { id = "x" }\nfiring_field = "id"\nmissed = "all"\n')
-    rust = subprocess.Popen(
-        [CLI, "worker", "--schedule", str(schedule), "--database-url", queue_url],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    python = start_worker(worker_env, "periodic_app:mixed")
-    try:
-        time.sleep(8)
-        assert rust.poll() is None and python.poll() is None
-    finally:
-        stop_all([rust, python])
+    # Each logs the firings it enqueued itself: together, every firing once.
+    rust_log, python_log = tmp_path / "rust.log", tmp_path / "python.log"
+    with open(rust_log, "w") as rust_err, open(python_log, "w") as python_err:
+        rust = subprocess.Popen(
+            [CLI, "worker", "--schedule", str(schedule), "--database-url", queue_url],
+            env=dict(os.environ, JOBGUARD_LOG="jobguard=debug"), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=rust_err)
+        python = subprocess.Popen(
+            [sys.executable, "-m", "jobguard", "worker", "periodic_app:mixed"],
+            env=dict(worker_env, JOBGUARD_LOG="DEBUG"), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=python_err)
+        try:
+            time.sleep(8)
+            assert rust.poll() is None and python.poll() is None
+        finally:
+            stop_all([rust, python])
+    by_rust = re.sub(r"\x1b\[[0-9;]*m", "", rust_log.read_text()).count('outcome="enqueued"')
+    by_python = python_log.read_text().count(" enqueued (job ")
     window = firing_times(queue_url, "mixed")
     assert len(window) >= 5
     jobs = rows(queue_url, "select job_key, payload from jobguard_jobs where kind = 'noop'")
     keys = [key for key, _ in jobs]
     assert sorted(keys) == sorted(firing_key("mixed", at) for at in window)
     assert {payload["id"] for _, payload in jobs} == {format_firing(at) for at in window}
+    assert by_rust + by_python == len(window), (by_rust, by_python, len(window))
     listed = cli("schedules", url=queue_url).stdout
     assert "mixed" in listed, listed

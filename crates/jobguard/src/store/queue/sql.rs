@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use jobguard_core::sql::lease;
-use jobguard_core::sql::{LEGACY_RUNNING, LIVE_STATES, STATE, WAITING, keeps_key_finished};
+use jobguard_core::sql::{LEGACY_RUNNING, STATE};
 
 use super::{HELD_COUNT_SPAN, QueueSql, TERMINAL_COUNT_CAP, other_holder};
 use crate::table::TableName;
@@ -83,7 +83,6 @@ impl QueueSql {
             estimated_total,
         } = dialect;
         let t = table.quoted();
-        let live = LIVE_STATES;
         let clock = lease::Clock {
             now,
             plus_micros: m,
