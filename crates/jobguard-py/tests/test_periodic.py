@@ -29,13 +29,16 @@ def backend(request: Any) -> str:
 
 
 @pytest.fixture
-async def connect(backend: str, request: Any, cli: Any) -> Any:  # noqa: F811
+def url(backend: str, request: Any) -> str:
+    if backend == "postgres":
+        return request.getfixturevalue("pg_url")
+    return "sqlite:" + request.getfixturevalue("sqlite_path")
+
+
+@pytest.fixture
+async def connect(url: str, backend: str, cli: Any) -> Any:  # noqa: F811
     """``await connect()``: one more connection of the backend, on a database whose queue's
     tables the Rust worker made."""
-    if backend == "postgres":
-        url = request.getfixturevalue("pg_url")
-    else:
-        url = "sqlite:" + request.getfixturevalue("sqlite_path")
     cli("worker", "--until-idle", url=url)
     opened: list[Any] = []
 
@@ -133,6 +136,23 @@ async def test_two_schedulers_at_once_enqueue_each_firing_once(connect, backend)
     found = await jobs(conn=one, backend=backend)
     assert found["every-minute-all"] == [at(1), at(2), at(3)]
     assert found["every-minute-skip"] == [at(3)]
+
+
+async def test_a_firing_whose_job_completed_is_not_enqueued_again(connect, backend, url, cli):  # noqa: F811
+    conn = await connect()
+    every_minute = schedules()[0]
+    first = jobguard.Scheduler([every_minute], backend, table="jobguard_jobs")
+    await first.migrate(on_connection(conn))
+    await first.register(on_connection(conn), T0)
+    [fired] = await first.tick(on_connection(conn), T0 + MINUTE + 1)
+    assert fired.outcome == "enqueued"
+    cli("worker", "--until-idle", url=url)  # the Rust worker runs the firing's noop job
+    # A scheduler that planned the same firing before the row moved on (stopped, slow) comes
+    # to it now: the key is kept through completion, so it finds the job, not a free key.
+    late = jobguard.Scheduler([every_minute], backend, table="jobguard_jobs")
+    again = await late._fire(on_connection(conn), every_minute, T0 + MINUTE, T0 + MINUTE + 2)
+    assert (again.outcome, again.job) == ("already_enqueued", fired.job)
+    assert await jobs(conn, backend) == {"every-minute-skip": [at(1)]}
 
 
 def test_firings_around_a_dst_change_are_croners_each_once():
