@@ -459,6 +459,9 @@ mod tests {
         for action in ["return", "reject", "replace", "replace-or-reject"] {
             assert_eq!(action.parse::<OnConflict>().unwrap().as_str(), action);
         }
-        assert_eq!("keep".parse::<OnConflict>().unwrap_err().setting, "on-conflict action");
+        assert_eq!(
+            "keep".parse::<OnConflict>().unwrap_err().setting,
+            "on-conflict action"
+        );
     }
 }

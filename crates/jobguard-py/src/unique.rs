@@ -33,7 +33,11 @@ fn unique_policy(
         }
     }
     let action = on_conflict.parse::<OnConflict>().map_err(value_error)?;
-    Ok((states.mask(), states.to_string(), action.as_str().to_owned()))
+    Ok((
+        states.mask(),
+        states.to_string(),
+        action.as_str().to_owned(),
+    ))
 }
 
 /// The key a job is stored under: `key`, then `queue` when `by_queue`, then the start of the
@@ -106,7 +110,10 @@ fn unique_sql<'py>(
             sql::postgres::queue::enqueue_unique(&name),
             sql::lease::POSTGRES,
         ),
-        _ => (sql::sqlite::queue::enqueue_unique(&name), sql::lease::SQLITE),
+        _ => (
+            sql::sqlite::queue::enqueue_unique(&name),
+            sql::lease::SQLITE,
+        ),
     };
     out.set_item("enqueue_unique", enqueue_unique)?;
     out.set_item("holder", sql::holder(&name))?;

@@ -49,7 +49,13 @@ use crate::key::JobKey;
 pub use jobguard_core::unique::{Conflict, OnConflict, UniqueError, UniqueStates, period_start};
 
 impl From<UniqueError> for Error {
-    fn from(UniqueError { setting, given, reason }: UniqueError) -> Self {
+    fn from(
+        UniqueError {
+            setting,
+            given,
+            reason,
+        }: UniqueError,
+    ) -> Self {
         Error::InvalidUnique {
             setting,
             given,
@@ -126,7 +132,10 @@ impl UniqueOpts {
         queue: &str,
         run_at: SystemTime,
     ) -> Result<JobKey> {
-        let seconds = run_at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        let seconds = run_at
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
         Ok(self.0.stored_key(key, queue, seconds as i64)?)
     }
 
@@ -148,7 +157,9 @@ mod tests {
                 .period(Duration::from_millis(1500))
                 .is_err()
         );
-        let daily = UniqueOpts::new().period(Duration::from_secs(86_400)).unwrap();
+        let daily = UniqueOpts::new()
+            .period(Duration::from_secs(86_400))
+            .unwrap();
         assert_eq!(daily.period_len(), Some(Duration::from_secs(86_400)));
     }
 

@@ -10,12 +10,12 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::Periodic;
-use jobguard_core::cron::{ZonedCron, parse_zone};
 use crate::error::{Error, Result};
 use crate::queue::{NewJob, Queue};
 use crate::store::schedules::{ScheduleRow, ScheduleSql};
 use crate::store::{Backend, is_missing_table};
 use crate::unique::UniqueOpts;
+use jobguard_core::cron::{ZonedCron, parse_zone};
 use jobguard_core::periodic::{firing_key, firing_states, plan};
 
 /// The longest the timer sleeps between two looks at the clock: a clock set forward is
