@@ -2,6 +2,8 @@
 //! language's binding must compute exactly as the Rust library does.
 //!
 //! - [`key`]: [`JobKey`](key::JobKey), the encoded business key of a job, and its rules;
+//! - [`cron`]: cron expressions in a named time zone (croner on chrono-tz), the firings of a
+//!   schedule;
 //! - [`fingerprint`]: the canonical-JSON hash of a payload that tells a redelivery from a
 //!   reused key;
 //! - [`api_key`]: idempotency keys for external APIs, derived from a job key and a step;
@@ -9,6 +11,8 @@
 //! - [`periodic`]: the key of a periodic job's firing and which missed firings a scheduler
 //!   enqueues;
 //! - [`retention`]: the horizon a guard retention must cover;
+//! - [`unique`]: unique-job policies: the states that keep a key, the period in a key, what a
+//!   repeated enqueue does;
 //! - [`table`]: validated, quoted table names;
 //! - [`sql`]: the guard's statements and DDL per dialect, the very text the Rust guard runs;
 //! - [`url`]: database and broker URLs with their secrets hidden, as messages show them.
@@ -32,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod api_key;
+pub mod cron;
 pub mod date;
 pub mod duration;
 pub mod fingerprint;
@@ -41,4 +46,5 @@ pub mod periodic;
 pub mod retention;
 pub mod sql;
 pub mod table;
+pub mod unique;
 pub mod url;

@@ -30,6 +30,7 @@ use std::str::FromStr;
 
 use crate::date::civil_from_days;
 use crate::key::{JobKey, KeyError};
+use crate::unique::UniqueStates;
 
 /// The kind of every firing's key: `periodic:<schedule>:<time>`.
 pub const KEY_KIND: &str = "periodic";
@@ -47,6 +48,13 @@ pub fn firing_key(schedule: &str, at: i64) -> Result<JobKey, KeyError> {
     let mut parts = vec![schedule];
     parts.extend(time.split(':'));
     JobKey::new(KEY_KIND, parts)
+}
+
+/// The states in which a firing's job keeps its key: while it waits, runs, and after it
+/// completed or died, until retention prunes it. So every scheduler enqueues a firing once, and
+/// a restarted one finds the firings it already enqueued taken.
+pub fn firing_states() -> UniqueStates {
+    UniqueStates::LIVE.with_completed().with_dead()
 }
 
 /// A firing's time in UTC as its key and the console show it: `2026-12-06T03:00:00Z`.

@@ -8,6 +8,7 @@ use crate::table::TableName;
 pub mod lease;
 pub mod postgres;
 pub mod queue_schema;
+pub mod schedules;
 pub mod sqlite;
 
 /// The table of the queues an operator paused, beside the jobs table `table`: a fetch takes
@@ -89,6 +90,38 @@ pub fn live_job(table: &TableName) -> String {
     format!(
         "select id, kind, payload from {} where job_key = $1 and {LIVE_STATES}",
         table.quoted()
+    )
+}
+
+/// The job holding the key `$1` after an enqueue found it taken: live, or (when `$2` is not 0)
+/// finished in a state its own policy keeps the key in; a live one first. Id, key, kind,
+/// payload, state (`running` while a worker holds it), live. One text for both dialects, run
+/// by the Rust queue and the Python package alike.
+///
+/// Read after the insert found the key taken: a new statement, so under read committed it
+/// sees the row a concurrent enqueue committed while the insert waited.
+pub fn holder(table: &TableName) -> String {
+    format!(
+        "select id, job_key, kind, payload, {STATE}, {LIVE_STATES} from {t}
+                 where job_key = $1 and ({LIVE_STATES} or ($2 <> 0 and {kept}))
+                 order by {LIVE_STATES} desc, id desc limit 1",
+        t = table.quoted(),
+        kept = keeps_key_finished(""),
+    )
+}
+
+/// Replaces the payload (`$2`) and run time (`$3` microseconds from now) of job `$1` while it
+/// waits; returns its id when it did. Only while the job waits: a worker that fetched it holds
+/// it under a lease, and its attempt runs with the payload it fetched. Neither the lease token
+/// nor the attempt changes, so no worker's fencing depends on a replace.
+pub fn replace(table: &TableName, clock: lease::Clock) -> String {
+    format!(
+        "update {t} set payload = $2, run_at = {now} + $3{m}, replaced = replaced + 1
+                 where id = $1 and {WAITING}
+                 returning id",
+        t = table.quoted(),
+        now = clock.now,
+        m = clock.plus_micros,
     )
 }
 

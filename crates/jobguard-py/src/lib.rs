@@ -8,6 +8,9 @@
 //! Errors come out as `ValueError` with jobguard's message; the Python layer turns them into
 //! its typed errors.
 
+mod periodic;
+mod unique;
+
 use std::time::Duration;
 
 use jobguard_core::api_key::{ApiKey, ApiKeyFormat, KeyAlphabet};
@@ -23,6 +26,21 @@ use pyo3::types::{PyBytes, PyDict};
 
 fn value_error(error: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(error.to_string())
+}
+
+/// The table `table` of `dialect` (`postgres` or `sqlite`), in `schema` on PostgreSQL.
+fn table_name(dialect: &str, table: &str, schema: Option<&str>) -> PyResult<TableName> {
+    let name = TableName::new(table).map_err(value_error)?;
+    match (dialect, schema) {
+        ("postgres", Some(schema)) => name.in_schema(schema).map_err(value_error),
+        ("postgres" | "sqlite", None) => Ok(name),
+        ("sqlite", Some(schema)) => Err(value_error(format!(
+            "SQLite has no schemas: name the table alone, not `{schema}.{table}`"
+        ))),
+        (other, _) => Err(value_error(format!(
+            "unknown dialect {other:?}: use `postgres` or `sqlite`"
+        ))),
+    }
 }
 
 /// The encoded job key of `kind` and `parts`, e.g. `credit:order-8812`.
@@ -425,6 +443,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_retry, m)?)?;
     m.add_function(wrap_pyfunction!(retry_delay, m)?)?;
     m.add_function(wrap_pyfunction!(last_attempt, m)?)?;
+    unique::register(m)?;
+    periodic::register(m)?;
     m.add("MAX_KEY_LEN", MAX_KEY_LEN)?;
     m.add("MAX_KIND_LEN", MAX_KIND_LEN)?;
     m.add("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES)?;

@@ -71,11 +71,7 @@ pub enum Error {
 
     /// An enqueue whose policy rejects conflicts found a job holding its key: nothing was
     /// enqueued.
-    #[error(
-        "job key `{key}` is taken by job {existing_id} ({state}): nothing was enqueued, as the \
-         unique policy rejects a repeated enqueue; look at job {existing_id}, or enqueue with \
-         another on-conflict action"
-    )]
+    #[error("{}", jobguard_core::unique::rejected(.key, *.existing_id, .state))]
     EnqueueRejected {
         /// The key as stored, with any queue and period appended.
         key: String,
@@ -89,12 +85,7 @@ pub enum Error {
     /// ([`OnConflict::ReplaceOrReject`](crate::unique::OnConflict::ReplaceOrReject)) found the
     /// job holding its key no longer waiting: a worker holds it, or it finished. That job keeps
     /// its payload; nothing was enqueued or replaced.
-    #[error(
-        "job key `{key}` is held by job {existing_id}, which no longer waits ({state}): it keeps \
-         its payload, and this payload was neither enqueued nor replaced; enqueue it again once \
-         job {existing_id} has left the key, or with on-conflict replace to accept the payload \
-         kept"
-    )]
+    #[error("{}", jobguard_core::unique::replace_rejected(.key, *.existing_id, .state))]
     ReplaceRejected {
         /// The key as stored, with any queue and period appended.
         key: String,

@@ -53,7 +53,7 @@
 //! decode, by [`Worker::run`](crate::Worker::run) before anything is enqueued. Each with
 //! [`Error::InvalidSchedule`] naming the schedule.
 
-mod cron;
+use jobguard_core::cron;
 mod scheduler;
 
 use std::time::Duration;

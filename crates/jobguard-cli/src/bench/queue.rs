@@ -7,7 +7,7 @@ mod drain;
 mod pgbench;
 mod pickup;
 
-use jobguard::queue::NewJob;
+use jobguard::queue::{JobState, NewJob};
 use serde::Serialize;
 use sqlx::{Executor, Pool};
 
@@ -31,6 +31,8 @@ pub struct QueueBench {
     /// Jobs per second offered in one pickup run; by default runs at [`PICKUP_LOADS`] of the
     /// per-job credit rate.
     pub rate: Option<f64>,
+    /// Periodic schedules firing every second on the worker of every run.
+    pub periodic: u32,
 }
 
 /// The pickup runs' offered loads, as fractions of the per-job credit rate measured in the
@@ -61,6 +63,8 @@ pub struct QueueBenchReport {
     pub concurrency: u32,
     /// Jobs per transaction in the batched runs.
     pub batch_size: usize,
+    /// Periodic schedules firing every second on the worker of every run (`--periodic`).
+    pub periodic: u32,
     pub noop_jobs_per_s: f64,
     /// The median of the rounds' per-job credit drains.
     pub credit_jobs_per_s: f64,
@@ -135,10 +139,12 @@ where
     let per_job = WorkerShape {
         concurrency,
         batch_size: 1,
+        periodic: bench.periodic,
     };
     let batched = WorkerShape {
         concurrency,
         batch_size: bench.batch_size,
+        periodic: bench.periodic,
     };
     let batching = bench.batch_size > 1;
 
@@ -220,6 +226,7 @@ where
         jobs,
         concurrency,
         batch_size: bench.batch_size,
+        periodic: bench.periodic,
         noop_jobs_per_s: noop.jobs_per_s,
         credit_jobs_per_s: credit.jobs_per_s,
         batched_noop_jobs_per_s: batched_noop.map(|d| d.jobs_per_s),
@@ -259,7 +266,7 @@ where
     let (seconds, stats) = drain::<DB>(&queue, shape).await?;
     Ok(Drained {
         jobs_per_s: jobs as f64 / seconds,
-        exactly_once: stats.applied == jobs as u64,
+        exactly_once: stats.applied == jobs as u64 + firings_applied(&queue).await?,
     })
 }
 
@@ -282,8 +289,21 @@ where
     let (rows, _) = DB::read(pool, Ledger::Bench).await?;
     Ok(Drained {
         jobs_per_s: jobs as f64 / seconds,
-        exactly_once: rows == jobs as i64 && stats.applied == jobs as u64,
+        exactly_once: rows == jobs as i64
+            && stats.applied == jobs as u64 + firings_applied(&queue).await?,
     })
+}
+
+/// The jobs of periodic firings (`--periodic`) the worker completed: its applied count
+/// includes them beside the benchmark's own.
+async fn firings_applied<DB: LedgerDb>(queue: &jobguard::Queue<DB>) -> anyhow::Result<u64> {
+    let done = queue
+        .list(Some(JobState::Completed), Some("bench-noop"), u32::MAX)
+        .await?;
+    Ok(done
+        .iter()
+        .filter(|job| job.key.starts_with("periodic:"))
+        .count() as u64)
 }
 
 async fn pickup_latency<DB: LedgerDb>(
@@ -311,6 +331,12 @@ pub fn render(report: &QueueBenchReport) -> String {
         report.noop_jobs_per_s,
         report.credit_jobs_per_s,
     );
+    if report.periodic > 0 {
+        out += &format!(
+            "periodic        {:>10} schedules firing every second on the worker\n",
+            report.periodic
+        );
+    }
     if let (Some(noop), Some(credit)) = (
         report.batched_noop_jobs_per_s,
         report.batched_credit_jobs_per_s,

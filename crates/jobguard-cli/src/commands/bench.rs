@@ -68,6 +68,10 @@ pub struct BenchQueueArgs {
     /// and 90% of the credit jobs' rate one per transaction.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     rate: Option<u32>,
+    /// Periodic schedules, each firing a no-op job every second, run by the worker of every
+    /// run beside its loop: the cost of scheduling, against a run without.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    periodic: u32,
     /// postgres://user@host/db, or sqlite:path.db for an embedded database.
     #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_URL, hide_env_values = true)]
     database_url: String,
@@ -112,6 +116,7 @@ async fn bench_queue(args: BenchQueueArgs) -> anyhow::Result<ExitCode> {
         batch_size: args.batch_size as usize,
         rounds: args.rounds as usize,
         rate: args.rate.map(f64::from),
+        periodic: args.periodic,
     };
     // A connection per job run at once, plus the worker's notifications, its fetches and
     // heartbeats, and the producer of the pickup runs.

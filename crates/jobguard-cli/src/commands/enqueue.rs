@@ -62,7 +62,7 @@ pub struct EnqueueArgs {
 
 fn parse_states(text: &str) -> Result<UniqueStates, String> {
     text.parse()
-        .map_err(|error: jobguard::Error| error.to_string())
+        .map_err(|error: jobguard::unique::UniqueError| error.to_string())
 }
 
 fn parse_period(text: &str) -> Result<Duration, String> {
@@ -75,7 +75,7 @@ fn parse_period(text: &str) -> Result<Duration, String> {
 
 fn parse_on_conflict(text: &str) -> Result<OnConflict, String> {
     text.parse()
-        .map_err(|error: jobguard::Error| error.to_string())
+        .map_err(|error: jobguard::unique::UniqueError| error.to_string())
 }
 
 /// What `jobguard enqueue --json` prints.

@@ -18,6 +18,8 @@ from __future__ import annotations
 from .app import App, Job
 from ._queue_sql import Backoff
 from .worker import Worker, WorkerStats
+from ._unique import Unique
+from ._periodic import Firing, Periodic, Scheduler
 from ._enqueue import DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_sync
 from ._guard import Guard, guard, guard_sync
 from ._migrate import DEFAULT_TABLE, migrate, migrate_sync
@@ -40,6 +42,7 @@ from ._keys import (
 )
 from .errors import (
     ConnectionClosed,
+    EnqueueRejected,
     Error,
     GuardVanished,
     HeldNotRead,
@@ -47,16 +50,27 @@ from .errors import (
     InvalidFormat,
     InvalidKey,
     InvalidName,
+    InvalidSchedule,
+    InvalidUnique,
     KeyReused,
     NotApplied,
     NotInTransaction,
     NotMigrated,
     PayloadError,
+    ReplaceRejected,
     UnsupportedConnection,
 )
 
 __all__ = [
     "App",
+    "Unique",
+    "Periodic",
+    "Firing",
+    "Scheduler",
+    "EnqueueRejected",
+    "ReplaceRejected",
+    "InvalidUnique",
+    "InvalidSchedule",
     "Backoff",
     "Job",
     "Worker",

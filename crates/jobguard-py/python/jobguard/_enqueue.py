@@ -22,6 +22,7 @@ from typing import Any
 from . import _keys
 from ._drivers import Driver, driver_for
 from ._migrate import is_not_migrated
+from ._unique import Unique, resolve, run_async, run_sync, steps
 from .errors import KeyReused, NotMigrated, UnsupportedConnection
 
 DEFAULT_QUEUE = "default"
@@ -34,10 +35,14 @@ _ROUNDS = 3
 
 @dataclasses.dataclass(frozen=True)
 class Enqueued:
-    """The job's id, and whether this call inserted it (false: a live job held the key)."""
+    """The job's id, and whether this call inserted it (false: a job held the key). Under a
+    unique policy, ``replaced`` says the enqueue replaced the payload and run time of the
+    waiting job that held the key, and ``existing_state`` the state of the job that held it."""
 
     id: int
     inserted: bool
+    replaced: bool = False
+    existing_state: str | None = None
 
 
 class _Job:
@@ -92,6 +97,7 @@ async def enqueue(
     conn: Any, kind: str, payload: Any, key: str | None = None, queue: str = DEFAULT_QUEUE, *,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS, delay: float = 0.0,
     table: str = DEFAULT_QUEUE_TABLE, schema: str | None = None,
+    unique: Unique | None = None,
 ) -> Enqueued:
     """Enqueues a job of ``kind`` into jobguard's queue inside the transaction open on
     ``conn`` (asyncpg, psycopg async, SQLAlchemy async, aiosqlite), for Rust workers to run.
@@ -101,13 +107,23 @@ async def enqueue(
     fingerprint); a key an available or running job holds returns that job
     (``inserted=False``). ``delay`` is in seconds, by the database clock. A payload over
     ``MAX_PAYLOAD_BYTES`` of JSON or with a NUL character raises :class:`PayloadError`, and
-    nothing is written.
+    nothing is written. ``unique`` (a :class:`jobguard.Unique`) enqueues under a unique-job
+    policy, as the Rust queue does.
     """
     d: Any = driver_for(conn)
     if not d.is_async:
         raise UnsupportedConnection(f"{d.name} is synchronous: use jobguard.enqueue_sync")
     d.check()
     job = _Job(d, kind, payload, key, queue, max_attempts, delay, table, schema)
+    if unique is not None:
+        resolve(job, unique, delay)
+        try:
+            done = await run_async(d, steps(job, unique, d.dialect, table, schema,
+                                            d.encode_json, d.decode_json))
+        except Exception as error:
+            job.raise_if_not_migrated(error, table)
+            raise
+        return Enqueued(**dataclasses.asdict(done))
     for _ in range(_ROUNDS):
         try:
             row = await d.fetchone(job.sql["enqueue"], job.params)
@@ -128,6 +144,7 @@ def enqueue_sync(
     conn: Any, kind: str, payload: Any, key: str | None = None, queue: str = DEFAULT_QUEUE, *,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS, delay: float = 0.0,
     table: str = DEFAULT_QUEUE_TABLE, schema: str | None = None,
+    unique: Unique | None = None,
 ) -> Enqueued:
     """:func:`enqueue` on a psycopg, SQLAlchemy or sqlite3 connection."""
     d: Any = driver_for(conn)
@@ -135,6 +152,15 @@ def enqueue_sync(
         raise UnsupportedConnection(f"{d.name} is asynchronous: use `await jobguard.enqueue`")
     d.check()
     job = _Job(d, kind, payload, key, queue, max_attempts, delay, table, schema)
+    if unique is not None:
+        resolve(job, unique, delay)
+        try:
+            done = run_sync(d, steps(job, unique, d.dialect, table, schema,
+                                     d.encode_json, d.decode_json))
+        except Exception as error:
+            job.raise_if_not_migrated(error, table)
+            raise
+        return Enqueued(**dataclasses.asdict(done))
     for _ in range(_ROUNDS):
         try:
             row = d.fetchone(job.sql["enqueue"], job.params)

@@ -31,9 +31,11 @@ from typing import Any, Callable
 from . import _keys
 from ._enqueue import DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_sync
 from ._migrate import DEFAULT_TABLE
+from ._periodic import DEFAULT_GRACE, Periodic
 from ._pools import is_async_db
 from ._queue_sql import Backoff
-from .errors import UnsupportedConnection
+from ._unique import Unique
+from .errors import InvalidSchedule, UnsupportedConnection
 
 DEFAULT_MAX_ATTEMPTS = 10
 
@@ -49,6 +51,7 @@ class JobSpec:
     max_attempts: int
     signature: inspect.Signature
     is_async: bool
+    unique: Unique | None = None
 
 
 class Job:
@@ -75,7 +78,10 @@ class Job:
             )
         return key
 
-    def _args(self, kwargs: dict[str, Any], delay: float, run_at: _dt.datetime | None) -> dict[str, Any]:
+    def _args(
+        self, kwargs: dict[str, Any], delay: float, run_at: _dt.datetime | None,
+        unique: Unique | None = None,
+    ) -> dict[str, Any]:
         self.spec.signature.bind(None, **kwargs)  # a payload that cannot bind is refused here
         if run_at is not None:
             if run_at.tzinfo is None:
@@ -85,26 +91,28 @@ class Job:
             kind=self.spec.kind, payload=kwargs, key=self._job_key(kwargs),
             queue=self.spec.queue, max_attempts=self.spec.max_attempts, delay=delay,
             table=self.app.table, schema=self.app.schema,
+            unique=_unique_of(unique if unique is not None else self.spec.unique),
         )
 
     async def enqueue(
         self, conn: Any, /, *, delay: float = 0.0, run_at: _dt.datetime | None = None,
-        **kwargs: Any,
+        unique: Unique | None = None, **kwargs: Any,
     ) -> Enqueued:
         """Enqueues this job with ``kwargs`` as its arguments, inside the transaction open on
         ``conn`` (asyncpg, psycopg async, SQLAlchemy async, aiosqlite): visible to workers when
         it commits, never enqueued when it rolls back. A key a waiting or running job holds
         returns that job (``inserted=False``). ``delay`` (seconds) or ``run_at`` (an aware
-        datetime) schedules it later."""
-        args = self._args(kwargs, delay, run_at)
+        datetime) schedules it later. ``unique`` (a :class:`jobguard.Unique`) overrides the
+        job's unique policy for this call."""
+        args = self._args(kwargs, delay, run_at, unique)
         return await enqueue(conn, args.pop("kind"), args.pop("payload"), **args)
 
     def enqueue_sync(
         self, conn: Any, /, *, delay: float = 0.0, run_at: _dt.datetime | None = None,
-        **kwargs: Any,
+        unique: Unique | None = None, **kwargs: Any,
     ) -> Enqueued:
         """:meth:`enqueue` on a psycopg, SQLAlchemy or sqlite3 connection."""
-        args = self._args(kwargs, delay, run_at)
+        args = self._args(kwargs, delay, run_at, unique)
         return enqueue_sync(conn, args.pop("kind"), args.pop("payload"), **args)
 
     async def enqueue_many(
@@ -145,22 +153,25 @@ class App:
         self.guard_table, self.guard_schema = guard_table, guard_schema
         self.retry = retry or Backoff()
         self.jobs: dict[str, Job] = {}
+        self.schedules: list[Periodic] = []
         # Whether db is a pool of an async driver; None for a factory, known once called.
         self.is_async = is_async_db(db)
 
     def job(
         self, kind: str, *, key: Callable[..., str] | None = None, queue: str = DEFAULT_QUEUE,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS, unique: Unique | None = None,
     ) -> Callable[[Callable[..., Any]], Job]:
         """Defines the job kind ``kind``, run by ``fn(conn, **payload)``.
 
         ``key(**payload)`` names the business operation (``jobguard.key(kind, ...)``); without
         it the key is derived from the kind and the payload's fingerprint. ``max_attempts``
-        bounds its attempts (as does the worker's retry policy, whichever is less)."""
+        bounds its attempts (as does the worker's retry policy, whichever is less). ``unique``
+        (a :class:`jobguard.Unique`) is its unique-job policy, as the Rust queue's."""
         _keys.key(kind, "x")  # a kind follows the key rules
         _keys.key(queue, "x")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+        _unique_of(unique)
 
         def define(fn: Callable[..., Any]) -> Job:
             if kind in self.jobs:
@@ -170,7 +181,8 @@ class App:
             signature = inspect.signature(fn)
             if not signature.parameters:
                 raise TypeError(f"job `{kind}` must take the connection as its first parameter")
-            job = Job(self, JobSpec(kind, fn, key, queue, max_attempts, signature, is_async))
+            job = Job(self, JobSpec(kind, fn, key, queue, max_attempts, signature, is_async,
+                                    unique))
             self.jobs[kind] = job
             return job
 
@@ -231,9 +243,61 @@ class App:
             "app.migrate_sync() was called inside a running event loop: use `await app.migrate()`"
         )
 
+    def periodic(
+        self, cron: str, *, name: str, zone: str = "UTC", missed: str = "skip",
+        payload: dict[str, Any] | None = None, queue: str | None = None, kind: str | None = None,
+        grace: float | None = None, firing_field: str | None = None,
+    ) -> Callable[[Job], Job]:
+        """Enqueues the job at every firing of ``cron`` (``"0 3 * * *"``; six fields with
+        seconds first), exactly once per firing however many workers (Python or Rust) run the
+        schedule ``name``: put it above ``@app.job``. The worker runs it (see
+        :mod:`jobguard._periodic`); ``payload`` is the job's keyword arguments, ``zone`` an IANA
+        time zone, ``missed`` what to do with firings missed while no worker ran (``skip``,
+        ``latest``, ``all``, ``all:N``), ``queue`` the job's queue (the job's own by default),
+        ``firing_field`` a payload field set to each firing's time.
+
+        Called with ``kind=`` instead of as a decorator, it schedules a job kind defined
+        elsewhere on this app. Bad input is :class:`InvalidSchedule` naming the schedule: here
+        for the cron expression, zone, policy and payload rules, when the worker starts for a
+        kind the app does not define."""
+        def schedule(kind: str, job_queue: str, max_attempts: int) -> Periodic:
+            periodic = Periodic(
+                name, cron, kind, dict(payload or {}), zone=zone, queue=queue or job_queue,
+                missed=missed, grace=DEFAULT_GRACE if grace is None else grace,
+                max_attempts=max_attempts, firing_field=firing_field,
+            )
+            if any(s.name == name for s in self.schedules):
+                raise InvalidSchedule(name, "two schedules have this name; give each its own")
+            self.schedules.append(periodic)
+            return periodic
+
+        if kind is not None:
+            schedule(kind, queue or DEFAULT_QUEUE, DEFAULT_MAX_ATTEMPTS)
+
+        def define(job: Job) -> Job:
+            if not isinstance(job, Job):
+                raise InvalidSchedule(name, "@app.periodic schedules a job: put it above "
+                                      "@app.job(...)")
+            periodic = schedule(job.spec.kind, job.spec.queue, job.spec.max_attempts)
+            try:
+                job.spec.signature.bind(None, **periodic.payload_at(0))
+            except TypeError as error:
+                self.schedules.remove(periodic)
+                raise InvalidSchedule(name, f"the payload does not bind to `{job.spec.kind}`'s "
+                                      f"parameters: {error}") from None
+            return job
+
+        return define
+
     async def run_worker(self, **options: Any) -> Any:
         """Runs a worker for this app's kinds until SIGTERM or SIGINT (or ``stop``); see
         :class:`jobguard.worker.Worker` for the options. Returns its stats."""
         from .worker import Worker
 
         return await Worker(self, **options).run()
+
+
+def _unique_of(unique: Any) -> Unique | None:
+    if unique is not None and not isinstance(unique, Unique):
+        raise TypeError(f"unique must be a jobguard.Unique, not {type(unique).__name__}")
+    return unique

@@ -108,3 +108,38 @@ class NotApplied(Error):
             f"job key `{key}` was applied by an earlier delivery: this one is a duplicate and "
             "cannot set the result; read the stored one from `g.result`"
         )
+
+
+class InvalidUnique(Error, ValueError):
+    """A unique-job policy is not valid (an unknown state, a list of states without both live
+    ones, a period that is not whole seconds, an unknown on-conflict action): the Rust core's
+    own check and message. Nothing was written."""
+
+
+class EnqueueRejected(Error):
+    """An enqueue whose unique policy rejects conflicts (``on_conflict="reject"``) found a job
+    holding its key: nothing was enqueued. ``existing_id`` is that job, ``state`` its state."""
+
+    def __init__(self, key: str, existing_id: int, state: str, message: str) -> None:
+        self.key, self.existing_id, self.state = key, existing_id, state
+        super().__init__(message)
+
+
+class ReplaceRejected(Error):
+    """An enqueue under ``on_conflict="replace-or-reject"`` found the job holding its key no
+    longer waiting (a worker holds it, or it finished): it keeps its payload, and nothing was
+    enqueued or replaced."""
+
+    def __init__(self, key: str, existing_id: int, state: str, message: str) -> None:
+        self.key, self.existing_id, self.state = key, existing_id, state
+        super().__init__(message)
+
+
+class InvalidSchedule(Error, ValueError):
+    """A periodic schedule is refused, before anything is enqueued: an invalid cron
+    expression, an unknown time zone, a kind the app does not define, a payload that does not
+    bind to the job's parameters. ``schedule`` names it."""
+
+    def __init__(self, schedule: str, reason: str) -> None:
+        self.schedule, self.reason = schedule, reason
+        super().__init__(f"schedule `{schedule}`: {reason}")

@@ -6,7 +6,10 @@ delivery at work; a spike is mass redelivery, worth a look.
 ``jobguard_job_retries_total{kind, framework, outcome}`` counts the framework integrations'
 runs of a job again after a transient failure (``outcome="retried"``) and the jobs given up
 after the last retry (``outcome="exhausted"``: not applied, logged at error with the key; alert
-on any)."""
+on any).
+
+``jobguard_periodic_firings_total{schedule, outcome}`` counts the Python scheduler's firings, as
+the Rust worker does."""
 
 from __future__ import annotations
 
@@ -56,6 +59,25 @@ def record_outcome(kind: str, outcome: str) -> None:
     if child is None:
         child = _children.setdefault((kind, outcome), _outcomes.labels(kind=kind, outcome=outcome))
     child.inc()
+
+
+_firings = None
+if _prometheus is not None:
+    try:
+        _firings = _prometheus.Counter(
+            "jobguard_periodic_firings",
+            "Periodic firings per schedule: enqueued, already_enqueued or missed",
+            ["schedule", "outcome"],
+        )
+    except ValueError:  # already registered (module reloaded)
+        _firings = _prometheus.REGISTRY._names_to_collectors.get("jobguard_periodic_firings_total")
+
+
+def record_firing(schedule: str, outcome: str) -> None:
+    """Counts one periodic firing of ``schedule``: ``enqueued``, ``already_enqueued`` (another
+    scheduler had) or ``missed``; the Rust worker's ``jobguard_periodic_firings_total``."""
+    if _firings is not None:
+        _firings.labels(schedule=schedule, outcome=outcome).inc()
 
 
 def record_retry(kind: str, framework: str, outcome: str) -> None:

@@ -36,6 +36,7 @@ from . import _keys
 from ._enqueue import DEFAULT_QUEUE
 from ._guard import _tokens
 from ._migrate import is_not_migrated
+from ._periodic import FIRING_KEY_PREFIX, Scheduler, check_schedules
 from ._pools import Database, open_database
 from ._session import Row
 from ._queue_sql import worker_sql
@@ -134,6 +135,7 @@ class Worker:
         try:
             for job in self.app.jobs.values():
                 self.app.check_driver(job.spec.kind, job.spec.is_async, db.is_async)
+            check_schedules(self.app.schedules, self.app.jobs)
             self._sql = worker_sql(
                 db.dialect, self.app.table, self.app.guard_table, self.app.schema,
                 self.app.guard_schema,
@@ -156,6 +158,10 @@ class Worker:
         # worker started after a crash (or with `until_idle`) runs them at once.
         await self._rescue()
         keepers = [loop.create_task(self._heartbeats()), loop.create_task(self._rescues())]
+        if self.app.schedules:
+            scheduler = Scheduler(self.app.schedules, db.dialect, table=self.app.table,
+                                  schema=self.app.schema)
+            keepers.append(loop.create_task(scheduler.run(db.session, self._stopping)))
         running: set[asyncio.Task[Any]] = set()
         try:
             await self._fetch_loop(running)
@@ -302,7 +308,8 @@ class Worker:
             defined.spec.signature.bind(None, **job.payload)
         except TypeError as error:
             raise TypeError(f"its payload does not bind to `{job.kind}`'s parameters: {error}") from None
-        if defined.spec.key is not None:
+        # A periodic firing's key names the schedule and the firing, not the payload.
+        if defined.spec.key is not None and not job.key.startswith(FIRING_KEY_PREFIX):
             try:
                 computed = defined.spec.key(**job.payload)
             except Exception as error:

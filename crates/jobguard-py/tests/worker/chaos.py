@@ -60,22 +60,26 @@ class Fleet:
                 self.stops += 1
 
     def stop(self) -> None:
-        """SIGTERM to every worker (resumed first), SIGKILL to one that does not stop."""
-        for w in self.workers:
-            w.send_signal(signal.SIGCONT)
-            w.terminate()
-        for w in self.workers:
-            try:
-                w.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait()
+        stop_all(self.workers)
 
     def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def stop_all(workers: list[subprocess.Popen]) -> None:
+    """SIGTERM to every worker (resumed first), SIGKILL to one that does not stop in 15 s."""
+    for w in workers:
+        w.send_signal(signal.SIGCONT)
+        w.terminate()
+    for w in workers:
+        try:
+            w.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
 
 
 def wait_until_settled(url: str, seconds: float = 60) -> None:

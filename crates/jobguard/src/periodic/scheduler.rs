@@ -3,20 +3,20 @@
 //! [`Worker`](crate::Worker)'s loop, and does nothing per job.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tokio::sync::watch;
 
 use super::Periodic;
-use super::cron::{ZonedCron, parse_zone};
 use crate::error::{Error, Result};
 use crate::queue::{NewJob, Queue};
 use crate::store::schedules::{ScheduleRow, ScheduleSql};
 use crate::store::{Backend, is_missing_table};
-use crate::unique::{UniqueOpts, UniqueStates};
-use jobguard_core::periodic::{firing_key, plan};
+use crate::unique::UniqueOpts;
+use jobguard_core::cron::{ZonedCron, parse_zone};
+use jobguard_core::periodic::{firing_key, firing_states, plan};
 
 /// The longest the timer sleeps between two looks at the clock: a clock set forward is
 /// noticed within it.
@@ -90,7 +90,7 @@ pub struct ScheduleStatus {
 /// runs one round at a given time, for tests with a clock of their own.
 pub struct Scheduler<DB: Backend> {
     queue: Queue<DB>,
-    sql: ScheduleSql,
+    sql: Arc<ScheduleSql>,
     schedules: Vec<Periodic>,
     /// Per schedule, the latest firing this scheduler has decided (enqueued, found taken or
     /// missed): the next round starts after it.
@@ -107,7 +107,7 @@ fn seconds(time: SystemTime) -> i64 {
 /// The policy of every firing's job: its key stays taken while it waits, runs, and after it
 /// completed or died, until retention prunes it.
 fn firing_policy() -> UniqueOpts {
-    UniqueOpts::new().states(UniqueStates::LIVE.with_completed().with_dead())
+    UniqueOpts::new().states(firing_states())
 }
 
 impl<DB: Backend> Scheduler<DB> {
@@ -126,7 +126,7 @@ impl<DB: Backend> Scheduler<DB> {
         let sql = DB::schedule_sql(&queue.sql().table)?;
         Ok(Scheduler {
             queue,
-            sql,
+            sql: Arc::new(sql),
             schedules,
             decided: Mutex::default(),
         })
@@ -241,59 +241,19 @@ impl<DB: Backend> Scheduler<DB> {
         firing
     }
 
-    /// Enqueues the firing at `at` and records it as the schedule's last, in one transaction.
-    /// The key is the firing's: a scheduler that enqueued it first (committed or not) holds
-    /// it, and this insert waits for that one's commit, then finds its job.
+    /// Enqueues the firing at `at` and records it as the schedule's last, in one transaction,
+    /// on a task of its own: a worker that stops aborts the scheduler's task, and an abort
+    /// inside the transaction could hand its pooled connection back still in it, holding its
+    /// locks for the connection's next user. The firing's task ends with its transaction.
     async fn fire(&self, schedule: &Periodic, at: i64, now: i64) -> Result<Firing> {
-        let key = firing_key(&schedule.name, at)?;
-        let job = NewJob::new(key, &schedule.payload_at(at))?
-            .kind(&schedule.kind)?
-            .queue(&schedule.queue)?
-            .unique(firing_policy());
-        let _turn = self.queue.write_turn().await;
-        let mut conn = self.queue.pool().acquire().await?;
-        let mut tx = DB::begin_on(&mut conn).await?;
-        let enqueued = match self.queue.enqueue_tx(&mut tx, &job).await {
-            Ok(enqueued) => enqueued,
-            // The schedule's payload changed since a scheduler enqueued this firing: it is
-            // taken all the same.
-            Err(Error::KeyReused { key }) => {
-                tracing::warn!(
-                    schedule = schedule.name,
-                    key,
-                    "the firing was enqueued with another payload or kind; leaving it"
-                );
-                let firing = Firing {
-                    schedule: schedule.name.clone(),
-                    at,
-                    outcome: FiringOutcome::AlreadyEnqueued,
-                    job: None,
-                };
-                count(&firing);
-                return Ok(firing);
-            }
-            Err(error) => return Err(error),
-        };
-        DB::record_firing(&mut tx, &self.sql, &schedule.name, at, enqueued.id, now).await?;
-        tx.commit().await?;
-        let firing = Firing {
-            schedule: schedule.name.clone(),
-            at,
-            outcome: match enqueued.inserted {
-                true => FiringOutcome::Enqueued,
-                false => FiringOutcome::AlreadyEnqueued,
-            },
-            job: Some(enqueued.id),
-        };
-        count(&firing);
-        tracing::debug!(
-            schedule = schedule.name,
-            at = jobguard_core::periodic::format_firing(at),
-            outcome = firing.outcome.as_str(),
-            job = enqueued.id,
-            "periodic firing"
-        );
-        Ok(firing)
+        let (queue, sql, schedule) = (self.queue.clone(), Arc::clone(&self.sql), schedule.clone());
+        match tokio::spawn(async move { fire(&queue, &sql, &schedule, at, now).await }).await {
+            Ok(firing) => firing,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(error) => Err(Error::Database(sqlx::Error::Protocol(format!(
+                "the firing's task ended early: {error}"
+            )))),
+        }
     }
 
     /// The next firing of any schedule strictly after `now`.
@@ -388,4 +348,65 @@ impl<DB: Backend> Scheduler<DB> {
 
 fn count(firing: &Firing) {
     crate::metrics::count_periodic_firing(&firing.schedule, firing.outcome.as_str());
+}
+
+/// Enqueues the firing of `schedule` at `at` and records it as the schedule's last, in one
+/// transaction. The key is the firing's: a scheduler that enqueued it first (committed or not)
+/// holds it, and this insert waits for that one's commit, then finds its job.
+async fn fire<DB: Backend>(
+    queue: &Queue<DB>,
+    sql: &ScheduleSql,
+    schedule: &Periodic,
+    at: i64,
+    now: i64,
+) -> Result<Firing> {
+    let key = firing_key(&schedule.name, at)?;
+    let job = NewJob::new(key, &schedule.payload_at(at))?
+        .kind(&schedule.kind)?
+        .queue(&schedule.queue)?
+        .unique(firing_policy());
+    let _turn = queue.write_turn().await;
+    let mut conn = queue.pool().acquire().await?;
+    let mut tx = DB::begin_on(&mut conn).await?;
+    let enqueued = match queue.enqueue_tx(&mut tx, &job).await {
+        Ok(enqueued) => enqueued,
+        // The schedule's payload changed since a scheduler enqueued this firing: it is
+        // taken all the same.
+        Err(Error::KeyReused { key }) => {
+            tracing::warn!(
+                schedule = schedule.name,
+                key,
+                "the firing was enqueued with another payload or kind; leaving it"
+            );
+            let firing = Firing {
+                schedule: schedule.name.clone(),
+                at,
+                outcome: FiringOutcome::AlreadyEnqueued,
+                job: None,
+            };
+            count(&firing);
+            return Ok(firing);
+        }
+        Err(error) => return Err(error),
+    };
+    DB::record_firing(&mut tx, sql, &schedule.name, at, enqueued.id, now).await?;
+    tx.commit().await?;
+    let firing = Firing {
+        schedule: schedule.name.clone(),
+        at,
+        outcome: match enqueued.inserted {
+            true => FiringOutcome::Enqueued,
+            false => FiringOutcome::AlreadyEnqueued,
+        },
+        job: Some(enqueued.id),
+    };
+    count(&firing);
+    tracing::debug!(
+        schedule = schedule.name,
+        at = jobguard_core::periodic::format_firing(at),
+        outcome = firing.outcome.as_str(),
+        job = enqueued.id,
+        "periodic firing"
+    );
+    Ok(firing)
 }

@@ -7,7 +7,7 @@
 //! Python package shares (or, for a job whose unique policy keeps its key past the live states,
 //! the one that stores the policy), [`Queue::enqueue_many_tx`] a batch in one statement. Both
 //! settle a key that a job holds the same way ([`Queue::settle_conflict`], by the job's
-//! [`OnConflict`]) and announce through [`Queue::notify`].
+//! [`OnConflict`](crate::unique::OnConflict)) and announce through [`Queue::notify`].
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -20,7 +20,7 @@ use crate::external::ExternalJob;
 use crate::job::Job;
 use crate::store::Backend;
 use crate::store::queue::Holder;
-use crate::unique::OnConflict;
+use crate::unique::Conflict;
 
 /// How many times an enqueue inserts and reads again: a live job holding a key can finish
 /// between the insert and the read, and then the key is inserted on the next round.
@@ -53,18 +53,14 @@ fn conflicting(job: &NewJob, holders: Vec<Holder>) -> Option<Holder> {
     found
 }
 
-/// The job that holds the key, returned: unless it carries another payload or kind, which is
-/// [`Error::KeyReused`].
-fn returned(job: &NewJob, holder: Holder) -> Result<Enqueued> {
-    if holder.kind != job.kind || holder.payload != job.payload {
-        return Err(Error::KeyReused { key: holder.key });
-    }
-    Ok(Enqueued {
+/// The job that holds the key, returned (its kind and payload are the enqueued job's).
+fn returned(holder: Holder) -> Enqueued {
+    Enqueued {
         id: holder.id,
         inserted: false,
         replaced: false,
         existing_state: Some(holder.state),
-    })
+    }
 }
 
 /// The error of a key whose live job came and went on every round.
@@ -171,7 +167,7 @@ impl<DB: Backend> Queue<DB> {
     }
 
     /// What `job`'s enqueue does about `holder`, the job holding its key, by the job's
-    /// [`OnConflict`]: return it, refuse, or replace its payload and run time while it waits
+    /// [`OnConflict`](crate::unique::OnConflict): return it, refuse, or replace its payload and run time while it waits
     /// (then announced as `announce` says, when given) and, when it no longer waits, return it
     /// or refuse.
     async fn settle_conflict(
@@ -181,54 +177,55 @@ impl<DB: Backend> Queue<DB> {
         holder: Holder,
         announce: Option<Announce>,
     ) -> Result<Enqueued> {
-        match job.unique.conflict_action() {
-            OnConflict::Return => returned(job, holder),
-            OnConflict::Reject => Err(Error::EnqueueRejected {
+        let same_kind = holder.kind == job.kind;
+        let same_payload = holder.payload == job.payload;
+        let or_reject = match job.unique.conflict_action().settle(same_kind, same_payload) {
+            Conflict::Return => return Ok(returned(holder)),
+            Conflict::KeyReused => return Err(Error::KeyReused { key: holder.key }),
+            Conflict::Reject => {
+                return Err(Error::EnqueueRejected {
+                    key: holder.key,
+                    existing_id: holder.id,
+                    state: holder.state.to_string(),
+                });
+            }
+            Conflict::Replace { or_reject } => or_reject,
+        };
+        let sql = &self.inner.sql;
+        // Only a live holder can still wait; the statement decides whether it does.
+        if holder.live && DB::replace(conn, sql, holder.id, job).await? {
+            if let Some(announce) = announce {
+                self.notify(conn, &job.queue, announce).await?;
+            }
+            return Ok(Enqueued {
+                id: holder.id,
+                inserted: false,
+                replaced: true,
+                existing_state: Some(holder.state),
+            });
+        }
+        // A worker holds it (or took it since the read), or it finished: it runs, or ran,
+        // with the payload it has. Report the state it is in now.
+        let state = match holder.live {
+            true => DB::holder(conn, sql, &holder.key, true)
+                .await?
+                .filter(|now| now.id == holder.id)
+                .map_or(holder.state, |now| now.state),
+            false => holder.state,
+        };
+        if or_reject {
+            return Err(Error::ReplaceRejected {
                 key: holder.key,
                 existing_id: holder.id,
-                state: holder.state.to_string(),
-            }),
-            action @ (OnConflict::Replace | OnConflict::ReplaceOrReject) => {
-                if holder.kind != job.kind {
-                    return Err(Error::KeyReused { key: holder.key });
-                }
-                let sql = &self.inner.sql;
-                // Only a live holder can still wait; the statement decides whether it does.
-                if holder.live && DB::replace(conn, sql, holder.id, job).await? {
-                    if let Some(announce) = announce {
-                        self.notify(conn, &job.queue, announce).await?;
-                    }
-                    return Ok(Enqueued {
-                        id: holder.id,
-                        inserted: false,
-                        replaced: true,
-                        existing_state: Some(holder.state),
-                    });
-                }
-                // A worker holds it (or took it since the read), or it finished: it runs, or
-                // ran, with the payload it has. Report the state it is in now.
-                let state = match holder.live {
-                    true => DB::holder(conn, sql, &holder.key, true)
-                        .await?
-                        .filter(|now| now.id == holder.id)
-                        .map_or(holder.state, |now| now.state),
-                    false => holder.state,
-                };
-                if action == OnConflict::ReplaceOrReject {
-                    return Err(Error::ReplaceRejected {
-                        key: holder.key,
-                        existing_id: holder.id,
-                        state: state.to_string(),
-                    });
-                }
-                Ok(Enqueued {
-                    id: holder.id,
-                    inserted: false,
-                    replaced: false,
-                    existing_state: Some(state),
-                })
-            }
+                state: state.to_string(),
+            });
         }
+        Ok(Enqueued {
+            id: holder.id,
+            inserted: false,
+            replaced: false,
+            existing_state: Some(state),
+        })
     }
 
     /// Enqueues many jobs in one transaction and, on PostgreSQL, one insert statement: what

@@ -7,6 +7,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use jobguard_core::sql::schedules;
+
 use crate::table::TableName;
 
 /// The schedules table's statements, built once from its validated name.
@@ -48,35 +50,16 @@ pub struct ScheduleRow {
 }
 
 impl ScheduleSql {
-    /// The statements on the schedules table `table`, created by `create`.
+    /// The statements on the schedules table `table`, created by `create`: the core's text,
+    /// which the Python scheduler runs too.
     pub(crate) fn new(table: &TableName, create: Vec<String>) -> Self {
-        let t = table.quoted();
         ScheduleSql {
             table: table.clone(),
             create: create.into_iter().map(Arc::from).collect(),
-            register: format!(
-                "insert into {t} (name, cron, zone, kind, queue, created_at, updated_at)
-                 values ($1, $2, $3, $4, $5, $6, $6)
-                 on conflict (name) do update
-                 set cron = excluded.cron, zone = excluded.zone, kind = excluded.kind,
-                     queue = excluded.queue, updated_at = excluded.updated_at
-                 returning created_at, last_fired_at"
-            )
-            .into(),
-            read: format!("select created_at, last_fired_at from {t} where name = $1").into(),
-            // In the firing's enqueue transaction: the row and the job commit together. Two
-            // schedulers recording firings out of order never move the row back.
-            fired: format!(
-                "update {t}
-                 set last_fired_at = $2, last_job_id = $3, updated_at = $4
-                 where name = $1 and (last_fired_at is null or last_fired_at <= $2)"
-            )
-            .into(),
-            list: format!(
-                "select name, cron, zone, kind, queue, created_at, last_fired_at, last_job_id
-                 from {t} order by name"
-            )
-            .into(),
+            register: schedules::register(table).into(),
+            read: schedules::read(table).into(),
+            fired: schedules::fired(table).into(),
+            list: schedules::list(table).into(),
         }
     }
 }
@@ -210,27 +193,10 @@ pub(crate) use schedule_statements;
 
 /// The schedules table of the jobs table `jobs`: `<jobs>_schedules`, in its schema.
 pub(crate) fn schedules_table(jobs: &TableName) -> crate::Result<TableName> {
-    let name = format!("{}_schedules", jobs.name());
-    let table = TableName::new(&name).map_err(crate::Error::from)?;
-    Ok(match jobs.schema() {
-        Some(schema) => table.in_schema(schema).map_err(crate::Error::from)?,
-        None => table,
-    })
+    schedules::table(jobs).map_err(crate::Error::from)
 }
 
 /// The columns, the same on both backends.
-pub(crate) fn create_table(t: &str) -> String {
-    format!(
-        "create table if not exists {t} (
-            name          text primary key,
-            cron          text not null,
-            zone          text not null,
-            kind          text not null,
-            queue         text not null,
-            created_at    bigint not null,
-            last_fired_at bigint,
-            last_job_id   bigint,
-            updated_at    bigint not null
-        )"
-    )
+pub(crate) fn create_table(table: &TableName) -> String {
+    schedules::create(table)
 }

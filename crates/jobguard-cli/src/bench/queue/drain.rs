@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use jobguard::periodic::{Periodic, Scheduler};
 use jobguard::queue::NewJob;
 use jobguard::{Backend, GuardConfig, Queue, TableName, Worker, WorkerConfig, WorkerStats};
 use sqlx::{Executor, Pool};
@@ -16,6 +17,8 @@ pub const GUARD: &str = "jobguard_bench_processed_jobs";
 pub const LEDGER: &str = BENCH_LEDGER;
 pub const PGBENCH_JOBS: &str = "jobguard_bench_pgbench_jobs";
 pub const PGBENCH_GUARD: &str = "jobguard_bench_pgbench_processed_jobs";
+/// The schedules table of [`JOBS`].
+pub const SCHEDULES: &str = "jobguard_bench_jobs_schedules";
 
 /// Jobs per `enqueue_many` call: one statement each, and few enough for SQLite's JSON array.
 const ENQUEUE_CHUNK: usize = 5_000;
@@ -28,11 +31,13 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(5);
 pub const BATCH_LINGER: Duration = Duration::from_millis(2);
 
 /// How a benchmark worker runs: `concurrency` jobs or batches at once, batchable kinds up to
-/// `batch_size` per transaction.
+/// `batch_size` per transaction, and `periodic` schedules firing every second beside its
+/// loop (each firing a no-op job), for the cost of scheduling.
 #[derive(Clone, Copy, Debug)]
 pub struct WorkerShape {
     pub concurrency: u32,
     pub batch_size: usize,
+    pub periodic: u32,
 }
 
 /// Opens every connection of the pool before anything is timed: the pool opens them as they
@@ -51,7 +56,7 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
     let mut conn = pool.acquire().await?;
-    for table in [JOBS, GUARD, LEDGER, PGBENCH_JOBS, PGBENCH_GUARD] {
+    for table in [JOBS, GUARD, LEDGER, PGBENCH_JOBS, PGBENCH_GUARD, SCHEDULES] {
         conn.execute(sqlx::AssertSqlSafe(format!("drop table if exists {table}")))
             .await?;
     }
@@ -63,6 +68,7 @@ where
     let queue = Queue::with_table(pool.clone(), TableName::new(JOBS)?)?;
     queue.migrate().await?;
     queue.guard(guard_config()?)?.migrate().await?;
+    Scheduler::new(queue.clone(), Vec::new())?.migrate().await?;
     Ok(queue)
 }
 
@@ -102,10 +108,17 @@ pub fn worker<DB: LedgerDb>(
         guard: guard_config()?,
         ..WorkerConfig::default()
     };
-    Ok(Worker::with_config(queue.clone(), config)?
+    let mut worker = Worker::with_config(queue.clone(), config)?
         .register::<BenchNoop>()
         .register::<BenchCredit>()
-        .register::<BenchPickup>())
+        .register::<BenchPickup>();
+    for n in 0..shape.periodic {
+        let name = format!("bench-periodic-{n}");
+        let noop = BenchNoop { n: u64::from(n) };
+        let every_second = Periodic::new(&name, "* * * * * *", "bench-noop", &noop)?;
+        worker = worker.schedule(every_second);
+    }
+    Ok(worker)
 }
 
 /// Runs the queue empty with one worker; the seconds it took, and what the worker counted.

@@ -9,7 +9,7 @@ impl ScheduleStore for Postgres {
     fn schedule_sql(jobs: &TableName) -> crate::Result<ScheduleSql> {
         let table = schedules_table(jobs)?;
         let mut create = table.schema_statements();
-        create.push(create_table(&table.quoted()));
+        create.push(create_table(&table));
         Ok(ScheduleSql::new(&table, create))
     }
 

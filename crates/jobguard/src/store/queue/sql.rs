@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use jobguard_core::sql::lease;
-use jobguard_core::sql::{LEGACY_RUNNING, LIVE_STATES, STATE, WAITING, keeps_key_finished};
+use jobguard_core::sql::{LEGACY_RUNNING, STATE};
 
 use super::{HELD_COUNT_SPAN, QueueSql, TERMINAL_COUNT_CAP, other_holder};
 use crate::table::TableName;
@@ -85,7 +85,6 @@ impl QueueSql {
             estimated_total,
         } = dialect;
         let t = table.quoted();
-        let live = LIVE_STATES;
         let clock = lease::Clock {
             now,
             plus_micros: m,
@@ -96,26 +95,10 @@ impl QueueSql {
             create: own.create.into_iter().map(Into::into).collect(),
             enqueue: own.enqueue.into(),
             enqueue_unique: own.enqueue_unique.into(),
-            // Read after an insert found the key taken: a new statement, so under read
-            // committed it sees the row a concurrent enqueue committed while the insert waited.
-            holder: format!(
-                "select id, job_key, kind, payload, {STATE}, {live} from {t}
-                 where job_key = $1 and ({live} or ($2 <> 0 and {}))
-                 order by {live} desc, id desc limit 1",
-                keeps_key_finished("")
-            )
-            .into(),
+            holder: jobguard_core::sql::holder(table).into(),
             enqueue_many: own.enqueue_many.into(),
             holders: own.holders.into(),
-            // Only while the job waits: a worker that fetched it holds it under a lease, and its
-            // attempt runs with the payload it fetched. Neither the lease token nor the attempt
-            // changes, so no worker's fencing depends on a replace.
-            replace: format!(
-                "update {t} set payload = $2, run_at = {now} + $3{m}, replaced = replaced + 1
-                 where id = $1 and {WAITING}
-                 returning id"
-            )
-            .into(),
+            replace: jobguard_core::sql::replace(table, clock).into(),
             fetch: own.fetch.into(),
             fetch_after: own.fetch_after.into(),
             fetch_kinds: own.fetch_kinds.into(),

@@ -8,10 +8,7 @@ use crate::table::TableName;
 impl ScheduleStore for Sqlite {
     fn schedule_sql(jobs: &TableName) -> crate::Result<ScheduleSql> {
         let table = schedules_table(jobs)?;
-        Ok(ScheduleSql::new(
-            &table,
-            vec![create_table(&table.quoted())],
-        ))
+        Ok(ScheduleSql::new(&table, vec![create_table(&table)]))
     }
 
     crate::store::schedules::schedule_statements!();

@@ -2,7 +2,7 @@
 //! a repeated enqueue does (return, reject, replace, replace or reject); enforced by the unique
 //! indexes, so concurrent and transactional enqueues insert one job per key.
 
-use jobguard::unique::{OnConflict, UniqueOpts, UniqueStates};
+use jobguard::unique::{OnConflict, UniqueError, UniqueOpts, UniqueStates};
 
 use super::*;
 
@@ -274,14 +274,14 @@ async fn a_period_puts_the_run_times_period_in_the_key<DB: TestDb>() {
     ));
     assert!(matches!(
         "available,completed".parse::<UniqueStates>(),
-        Err(Error::InvalidUnique {
+        Err(UniqueError {
             setting: "states",
             ..
         })
     ));
     assert!(matches!(
         "available,running,done".parse::<UniqueStates>(),
-        Err(Error::InvalidUnique {
+        Err(UniqueError {
             setting: "states",
             ..
         })

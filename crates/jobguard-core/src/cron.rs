@@ -5,20 +5,32 @@
 //! gap runs at the first instant after the gap, and in a repeated hour runs once, at the
 //! first pass; an interval firing (`0 */15 * * * *`) skips the instants of a gap and runs at
 //! both passes of a repeated hour.
+//!
+//! The Rust scheduler and the Python package's both evaluate schedules here, so every
+//! scheduler of a schedule, in either language, computes the same firings.
+//!
+//! ```
+//! use jobguard_core::cron::{ZonedCron, parse_zone};
+//!
+//! let nightly = ZonedCron::new("0 3 * * *", parse_zone("UTC")?)?;
+//! // 2026-12-06T03:00:00Z is the first firing after midnight.
+//! assert_eq!(nightly.next_after(1_796_515_200), Some(1_796_526_000));
+//! # Ok::<(), String>(())
+//! ```
 
 use std::str::FromStr;
 
 use chrono::{DateTime, TimeZone};
-use chrono_tz::Tz;
+pub use chrono_tz::Tz;
 use croner::Cron;
 
 /// The most due firings one tick considers: the most recent ones. Older ones count as missed
 /// without being listed.
-pub(crate) const MAX_DUE: usize = 10_000;
+pub const MAX_DUE: usize = 10_000;
 
 /// A parsed cron expression and its time zone.
 #[derive(Clone, Debug)]
-pub(crate) struct ZonedCron {
+pub struct ZonedCron {
     cron: Cron,
     zone: Tz,
 }
@@ -26,7 +38,7 @@ pub(crate) struct ZonedCron {
 impl ZonedCron {
     /// Parses `expression` (five fields, or six with seconds first) to run in `zone`; the
     /// reason when it is not one, or never fires.
-    pub(crate) fn new(expression: &str, zone: Tz) -> Result<Self, String> {
+    pub fn new(expression: &str, zone: Tz) -> Result<Self, String> {
         let cron = Cron::from_str(expression).map_err(|error| {
             format!(
                 "`{expression}` is not a cron expression ({error}); write five fields, minute \
@@ -45,7 +57,7 @@ impl ZonedCron {
     }
 
     /// The first firing strictly after `seconds` (since the epoch).
-    pub(crate) fn next_after(&self, seconds: i64) -> Option<i64> {
+    pub fn next_after(&self, seconds: i64) -> Option<i64> {
         let next = self
             .cron
             .find_next_occurrence(&self.at(seconds)?, false)
@@ -55,7 +67,7 @@ impl ZonedCron {
 
     /// The firings after `after` and at or before `through`, oldest first: the most recent
     /// [`MAX_DUE`] of them, and whether older ones were left out.
-    pub(crate) fn due(&self, after: i64, through: i64) -> (Vec<i64>, bool) {
+    pub fn due(&self, after: i64, through: i64) -> (Vec<i64>, bool) {
         let mut due = Vec::new();
         let Some(mut cursor) = self.at(through) else {
             return (due, false);
@@ -79,7 +91,7 @@ impl ZonedCron {
 }
 
 /// The time zone named `name` in the IANA database (`Europe/Paris`, `UTC`).
-pub(crate) fn parse_zone(name: &str) -> Result<Tz, String> {
+pub fn parse_zone(name: &str) -> Result<Tz, String> {
     name.parse::<Tz>().map_err(|_| {
         format!(
             "unknown time zone `{name}`: name one of the IANA database, such as `UTC`, \
