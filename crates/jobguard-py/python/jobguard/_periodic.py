@@ -73,6 +73,8 @@ class Periodic:
     grace: float = DEFAULT_GRACE
     max_attempts: int = 10
     firing_field: str | None = None
+    # The parsed expression, set when made.
+    _cron: _native.Cron = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         name = self.name
@@ -119,11 +121,11 @@ class Periodic:
 
     def next_after(self, seconds: float) -> int | None:
         """The first firing strictly after ``seconds`` since the epoch."""
-        return self._cron.next_after(int(seconds))  # type: ignore[attr-defined]
+        return self._cron.next_after(int(seconds))
 
     def firings(self, after: int, through: int) -> list[int]:
         """The firings after ``after`` and at or before ``through``, oldest first."""
-        return self._cron.due(after, through)[0]  # type: ignore[attr-defined]
+        return self._cron.due(after, through)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +183,8 @@ class Scheduler:
     async def migrate(self, open_session: Opener) -> None:
         """Creates the schedules table when missing."""
         async with open_session() as s:
-            for statement in self.sql["create"]:
+            create: list[str] = self.sql["create"]  # type: ignore[assignment]
+            for statement in create:
                 async with s.transaction():
                     await s.execute(statement, [])
 
@@ -190,13 +193,15 @@ class Scheduler:
         for schedule in self.schedules:
             await self._register_one(open_session, schedule, int(now))
 
-    async def _register_one(self, open_session: Opener, schedule: Periodic, now: int) -> tuple:
+    async def _register_one(self, open_session: Opener, schedule: Periodic, now: int
+                            ) -> tuple[Any, ...]:
         async with open_session() as s:
             async with s.transaction():
-                return await s.fetchone(self.sql["register"], [
+                row: tuple[Any, ...] = await s.fetchone(self.sql["register"], [
                     schedule.name, schedule.cron, schedule.zone, schedule.kind, schedule.queue,
                     now,
                 ])
+                return row
 
     async def tick(self, open_session: Opener, now: float) -> list[Firing]:
         """One round at ``now`` (seconds since the epoch): for each schedule, the firings due
@@ -215,7 +220,7 @@ class Scheduler:
         created_at, last_fired_at = int(stored[0]), stored[1]
         after = max(created_at, _NEVER if last_fired_at is None else int(last_fired_at),
                     self._decided.get(schedule.name, _NEVER))
-        due, cut = schedule._cron.due(after, now)  # type: ignore[attr-defined]
+        due, cut = schedule._cron.due(after, now)
         if cut:
             log.warning("schedule %s: more firings were missed than one round considers; the "
                         "oldest are not counted", schedule.name)

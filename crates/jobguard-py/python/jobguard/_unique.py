@@ -18,7 +18,7 @@ import dataclasses
 import datetime as _dt
 import functools
 import time
-from typing import Any, Generator, Sequence
+from typing import Any, Generator, Sequence, cast
 
 from . import _native
 from .errors import EnqueueRejected, InvalidName, InvalidUnique, KeyReused, ReplaceRejected
@@ -47,6 +47,9 @@ class Unique:
     period: float | _dt.timedelta | None = None
     by_queue: bool = False
     on_conflict: str = "return"
+    # Set from the core's answer when made.
+    _mask: int = dataclasses.field(init=False, repr=False, compare=False)
+    _seconds: int | None = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         states = self.states
@@ -71,14 +74,14 @@ class Unique:
     @property
     def mask(self) -> int:
         """The ``unique_states`` stored with the job: 0 for the live states only."""
-        return self._mask  # type: ignore[attr-defined]
+        return self._mask
 
     def stored_key(self, key: str, queue: str, run_at: float) -> str:
         """``key`` as stored: with the queue when by queue, then the start of the period
         ``run_at`` (seconds since the epoch, this process's clock) falls in."""
-        if not self.by_queue and self._seconds is None:  # type: ignore[attr-defined]
+        if not self.by_queue and self._seconds is None:
             return key
-        return _native.unique_key(key, queue, self.by_queue, self._seconds, int(run_at))  # type: ignore[attr-defined]
+        return _native.unique_key(key, queue, self.by_queue, self._seconds, int(run_at))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +97,7 @@ class Outcome:
 @functools.lru_cache(maxsize=64)
 def _sql(dialect: str, table: str, schema: str | None) -> dict[str, str]:
     try:
-        return _native.unique_sql(dialect, table, schema)
+        return cast(dict[str, str], _native.unique_sql(dialect, table, schema))
     except ValueError as error:
         raise InvalidName(str(error)) from None
 
@@ -130,7 +133,8 @@ def steps(job: Any, unique: Unique, dialect: str, table: str, schema: str | None
     raise job.lost()
 
 
-def _settle(job: Any, unique: Unique, sql: dict[str, str], holder: tuple, params: list,
+def _settle(job: Any, unique: Unique, sql: dict[str, str], holder: tuple[Any, ...],
+            params: list[Any],
             decode: Any) -> Generator[Step, Any, Any]:
     """What the enqueue does about ``holder``, the job holding its key, by the core's rule."""
     holder_id, key, kind, payload, state, live = holder
