@@ -18,10 +18,11 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 import urllib.parse
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import psycopg
 
@@ -159,3 +160,44 @@ def migrate_as_admin(url: str, role_url: str) -> None:
     with psycopg.connect(url) as conn:
         jobguard.migrate_sync(conn)
         conn.execute(f'grant select, insert, update on processed_jobs to "{role}"')
+
+
+# The error a worker logs when its database user may not create the guard table.
+CANNOT = "this worker could not create it"
+
+
+def check_retried_until_migrated(
+    name: str, pg_url: str, tmp_path: Path, worker_cmd: Callable[[str], list[str]],
+    database_url: Callable[[str], str] = lambda url: url, one_line: bool = True,
+) -> None:
+    """The snippet of framework ``name`` run by workers (``worker_cmd(broker)``) whose database
+    user may not create tables (``database_url`` turns the URL into the snippet's form): the
+    worker says so (in one line, or at least one where the framework forks per job), the job
+    is retried instead of failed while the table is missing, and it applies once, when another
+    user migrates."""
+    create_ledger(pg_url)
+    write(snippet(name), tmp_path)
+    with role_without_create(pg_url) as role_url, redis_database() as broker:
+        env = environment(tmp_path, database_url(role_url), broker)
+        workers = kills.Workers(worker_cmd(broker), env, tmp_path, limit_s=30)
+        produce(tmp_path, env)
+        workers.start()
+        try:
+            deadline = time.monotonic() + 20
+            while log_count(workers, "guard table not migrated") == 0:
+                assert time.monotonic() < deadline, f"no retry\n{workers.log_tail()}"
+                time.sleep(0.2)
+            lines = [
+                line for p in tmp_path.glob("worker-*.log")
+                for line in p.read_text().splitlines() if CANNOT in line
+            ]
+            said = len(lines) == 1 if one_line else len(lines) >= 1
+            assert said and "jobguard.migrate" in lines[0], workers.log_tail()
+            assert ledger(pg_url) == []
+            migrate_as_admin(pg_url, role_url)
+            while ledger(pg_url) == []:
+                assert time.monotonic() < deadline, f"not applied\n{workers.log_tail()}"
+                time.sleep(0.2)
+        finally:
+            workers.stop()
+        check_applied_once(pg_url, workers)

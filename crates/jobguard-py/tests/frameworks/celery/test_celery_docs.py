@@ -17,7 +17,7 @@ from frameworks import documented, kills
 NAME = "celery"
 # Celery logs each finished task; the duplicate delivery also says so.
 SUCCEEDED = "Task tasks.credit["
-CANNOT = "this worker could not create it"
+CANNOT = documented.CANNOT
 
 
 def sqlalchemy_url(url: str) -> str:

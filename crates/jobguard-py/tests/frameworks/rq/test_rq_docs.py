@@ -12,7 +12,6 @@ is migrated by another user.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from frameworks import documented, kills
@@ -20,7 +19,6 @@ from frameworks import documented, kills
 NAME = "rq"
 # RQ logs each job that returned: "default: Job OK (<id>)".
 FINISHED = ": Job OK ("
-CANNOT = "this worker could not create it"
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -58,25 +56,6 @@ def test_the_documented_snippet_runs_as_written(pg_url, tmp_path):
 
 
 def test_a_worker_that_cannot_create_the_table_says_so_and_keeps_the_job(pg_url, tmp_path):
-    documented.create_ledger(pg_url)
-    documented.write(documented.snippet(NAME), tmp_path)
-    with documented.role_without_create(pg_url) as role_url, \
-            documented.redis_database() as broker:
-        env = documented.environment(tmp_path, sqlalchemy_url(role_url), broker)
-        workers = kills.Workers(worker_cmd(broker), env, tmp_path, limit_s=30)
-        documented.produce(tmp_path, env)
-        workers.start()
-        try:
-            deadline = time.monotonic() + 20
-            while documented.log_count(workers, "guard table not migrated") == 0:
-                assert time.monotonic() < deadline, f"no retry\n{workers.log_tail()}"
-                time.sleep(0.2)
-            assert documented.log_count(workers, CANNOT) >= 1, workers.log_tail()
-            assert documented.ledger(pg_url) == []
-            documented.migrate_as_admin(pg_url, role_url)
-            while documented.ledger(pg_url) == []:
-                assert time.monotonic() < deadline, f"not applied\n{workers.log_tail()}"
-                time.sleep(0.2)
-        finally:
-            workers.stop()
-        documented.check_applied_once(pg_url, workers)
+    documented.check_retried_until_migrated(
+        NAME, pg_url, tmp_path, worker_cmd, database_url=sqlalchemy_url, one_line=False
+    )
