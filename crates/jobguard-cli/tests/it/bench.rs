@@ -10,7 +10,7 @@ mod adapter;
 mod soak;
 
 /// Every field of `jobguard bench queue --json`.
-const FIELDS: [&str; 24] = [
+const FIELDS: [&str; 25] = [
     "backend",
     "jobs",
     "concurrency",
@@ -34,6 +34,7 @@ const FIELDS: [&str; 24] = [
     "batched_latency_p99_ms",
     "poll_interval_ms",
     "batch_linger_ms",
+    "periodic",
     "pickup",
 ];
 
@@ -70,6 +71,10 @@ fn bench_queue_reports_batches_and_latency(db: &Db) {
     assert_eq!(report["backend"], db.backend());
     assert_eq!(report["jobs"], 200);
     assert_eq!(report["batch_size"], 10);
+    assert_eq!(
+        report["periodic"], 0,
+        "no schedules unless --periodic: {report}"
+    );
     assert_eq!(report["exactly_once"], true, "{report}");
     assert_eq!(report["batched_exactly_once"], true, "{report}");
     for field in [
