@@ -17,10 +17,17 @@ import pytest
 import jobguard
 from chaos import Fleet, Start, python_worker, seed, wait_until_settled
 from conftest import rows
-from ledger_app import DRIVERS
 from test_cross_language import CLI
 
 JOBS = 150  # of each kind
+# The Python workers of the fleet, one per async pool (fleet_app's job is `async def`).
+FLEET_DRIVERS = ["asyncpg", "psycopg_async"]
+
+
+@pytest.fixture
+def driver() -> str:
+    """The driver of the queue's fixtures (the fleet's workers name their own)."""
+    return "asyncpg"
 CHAOS_SECONDS = 12
 
 
@@ -51,15 +58,14 @@ def listed(cli: Any, url: str, kind: str) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
-# One run covers both drivers: each Python worker has its own.
-@pytest.mark.parametrize("driver", ["asyncpg"])
+# One run covers the drivers: each Python worker has its own.
 def test_rust_and_python_workers_killed_at_random_each_apply_their_kinds_once(
         worker_env, queue_url, cli):
     run_seed = seed()
     rng = random.Random(run_seed)
     enqueue(queue_url)
     envs = [dict(worker_env, JOBGUARD_TEST_CREDIT_PAUSE="0.02", JOBGUARD_TEST_DRIVER=driver)
-            for driver in DRIVERS]
+            for driver in FLEET_DRIVERS]
     starts = [rust_worker(queue_url), rust_worker(queue_url)]
     starts += [python_worker(env, "fleet_app:app") for env in envs]
     with Fleet(starts) as fleet:

@@ -13,6 +13,7 @@ import sys
 import time
 
 import psycopg
+import pytest
 
 from jobguard._native import firing_key, format_firing
 from chaos import Fleet, python_worker, seed, stop_all
@@ -21,6 +22,12 @@ from periodic_app import PERIODIC_LEDGER
 from test_cross_language import CLI
 
 WORKERS = 3
+
+
+@pytest.fixture(params=["asyncpg", "psycopg_async"])
+def driver(request: pytest.FixtureRequest) -> str:
+    """The schedulers' driver: the chaos costs ~30 s a run, so the two async pools only."""
+    return str(request.param)
 CHAOS_SECONDS = 20
 
 

@@ -20,6 +20,12 @@ from conftest import rows
 from ledger_app import LEDGER
 
 JOBS = 1000
+
+
+@pytest.fixture(params=["asyncpg", "psycopg_async"])
+def driver(request: pytest.FixtureRequest) -> str:
+    """Both async pools: a restart drops every connection of the pool at once."""
+    return str(request.param)
 WORKERS = 3
 # Jobs completed before the restart: the restart lands while the workers are busy.
 RESTART_AFTER = 30
