@@ -96,7 +96,13 @@ python_tests() {
     export PATH
     py_fresh_install "$wheel" || rc=1
     py_install_wheel "$venv" "$wheel" || { PATH=$saved_path; return 1; }
-    (cd "$crate/tests" && py_pytest "$venv" . --ignore=frameworks) || rc=1
+    # The core suite runs beside the frameworks' suites, which run one after another: it uses
+    # PostgreSQL and SQLite only, on databases of its own, and they use brokers and Redis
+    # databases each test leases. Its output is shown when it ends.
+    local core_log core_pid core_started=$SECONDS
+    core_log=$(mktemp)
+    (cd "$crate/tests" && py_pytest "$venv" . --ignore=frameworks) >"$core_log" 2>&1 &
+    core_pid=$!
     for name in "${PY_FRAMEWORKS[@]}"; do
         started=$SECONDS
         venv=$(py_venv "$name" "$crate/tests/frameworks/$name/requirements.txt") || {
@@ -109,6 +115,12 @@ python_tests() {
         (cd "$crate/tests" && py_pytest "$venv" "frameworks/$name") || rc=1
         log "$name: $((SECONDS - started))s"
     done
+    local core_rc=0
+    wait "$core_pid" || core_rc=$?
+    log "the core suite (beside the frameworks'): $((SECONDS - core_started))s, exit $core_rc"
+    cat "$core_log"
+    rm -f "$core_log"
+    [[ $core_rc -eq 0 ]] || rc=1
     rm -rf "$wheel_dir"
     PATH=$saved_path
     export PATH
