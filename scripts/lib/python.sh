@@ -66,6 +66,23 @@ py_pytest() {
 # needs redis-py < 6, kombu's Redis transport >= 6.1), from tests/frameworks/NAME.
 PY_FRAMEWORKS=(celery arq taskiq django dramatiq rq)
 
+# The wheel python_tests installs, built in the background while cargo's tests run (call
+# after `cargo test --no-run`, which leaves the CPU idle enough): its own target dir
+# (target/wheel), since cargo holds the workspace's for as long as its tests run.
+PY_WHEEL_PID=
+PY_WHEEL_DIR=
+PY_WHEEL_LOG=
+python_wheel_start() {
+    local venv
+    py_find_python >/dev/null || return 0
+    venv=$(py_venv core "$ROOT/crates/jobguard-py/tests/requirements.txt") || return 0
+    PY_WHEEL_DIR=$(mktemp -d)
+    PY_WHEEL_LOG=$(mktemp)
+    (CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/wheel \
+        py_build_dist "$venv" "$PY_WHEEL_DIR" wheel) >"$PY_WHEEL_LOG" 2>&1 &
+    PY_WHEEL_PID=$!
+}
+
 python_tests() {
     local crate="$ROOT/crates/jobguard-py" venv target wheel_dir wheel rc=0 name started
     if ! py_find_python >/dev/null; then
@@ -81,9 +98,19 @@ python_tests() {
     }
     target=${CARGO_TARGET_DIR:-$ROOT/target}
     # One abi3 wheel, the one scripts/wheel builds for a release, installed into every
-    # virtualenv. Its Rust build shares cargo's target dir, so a rebuild is incremental.
-    wheel_dir=$(mktemp -d)
-    py_build_dist "$venv" "$wheel_dir" wheel || return 1
+    # virtualenv: the one python_wheel_start began, else built now.
+    if [[ -n $PY_WHEEL_PID ]]; then
+        local wheel_rc=0
+        wait "$PY_WHEEL_PID" || wheel_rc=$?
+        cat "$PY_WHEEL_LOG" >&2
+        rm -f "$PY_WHEEL_LOG"
+        wheel_dir=$PY_WHEEL_DIR
+        PY_WHEEL_PID=
+        [[ $wheel_rc -eq 0 ]] || { warn "the wheel's build failed"; return 1; }
+    else
+        wheel_dir=$(mktemp -d)
+        CARGO_TARGET_DIR=$target/wheel py_build_dist "$venv" "$wheel_dir" wheel || return 1
+    fi
     wheel=$(ls "$wheel_dir"/jobguard-*.whl)
     export JOBGUARD_CLI=${JOBGUARD_CLI:-$target/debug/jobguard}
     if [[ ! -x "$JOBGUARD_CLI" ]]; then
