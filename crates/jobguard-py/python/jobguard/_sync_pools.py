@@ -54,6 +54,23 @@ class SyncSession:
     def rollback(self, error: BaseException) -> None:
         raise NotImplementedError
 
+    def _in_transaction(self) -> bool:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _unit(self) -> Iterator[None]:
+        """One statement's transaction: the open one, else one of its own."""
+        if self._in_transaction():
+            yield
+            return
+        self.begin()
+        try:
+            yield
+        except BaseException as error:
+            self.rollback(error)
+            raise
+        self.commit()
+
 
 class _PsycopgSession(SyncSession):
     def __init__(self, conn: Any) -> None:
@@ -112,18 +129,8 @@ class _SqlalchemySession(SyncSession):
         text, args = convert(sql, params, self.style)
         return self.conn.exec_driver_sql(text, args)
 
-    @contextlib.contextmanager
-    def _unit(self) -> Iterator[None]:
-        if self.conn.in_transaction():
-            yield
-            return
-        self.begin()
-        try:
-            yield
-        except BaseException as error:
-            self.rollback(error)
-            raise
-        self.commit()
+    def _in_transaction(self) -> bool:
+        return bool(self.conn.in_transaction())
 
     def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
         with self._unit():
@@ -155,18 +162,8 @@ class _Sqlite3Session(SyncSession):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
 
-    @contextlib.contextmanager
-    def _unit(self) -> Iterator[None]:
-        if self.conn.in_transaction:
-            yield
-            return
-        self.begin()
-        try:
-            yield
-        except BaseException as error:
-            self.rollback(error)
-            raise
-        self.commit()
+    def _in_transaction(self) -> bool:
+        return bool(self.conn.in_transaction)
 
     def fetch(self, sql: str, params: Sequence[Any]) -> list[Row]:
         text, args = convert(sql, params, "qmark")
