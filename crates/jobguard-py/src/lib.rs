@@ -160,35 +160,17 @@ fn guard_sql<'py>(
     table: &str,
     schema: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut name = TableName::new(table).map_err(value_error)?;
-    if let Some(schema) = schema {
-        name = name.in_schema(schema).map_err(value_error)?;
-    }
+    let name = table_name(dialect, table, schema)?;
     let out = PyDict::new(py);
     match dialect {
         "postgres" => {
-            let create = sql::postgres::create(&name);
-            out.set_item("marker", sql::schema_marker(&create))?;
-            out.set_item(
-                "mark_migrated",
-                sql::postgres::mark_migrated(&name, &sql::schema_marker(&create)),
-            )?;
-            out.set_item("create", create)?;
+            postgres_migration(&out, &name, sql::postgres::create(&name))?;
             out.set_item("claim", sql::postgres::claim(&name))?;
             out.set_item("claim_bare", sql::postgres::claim_bare(&name))?;
             out.set_item("record", sql::postgres::record(&name))?;
             out.set_item("store_result", sql::postgres::store_result(&name))?;
-            out.set_item("migrated", sql::postgres::MIGRATED)?;
-            out.set_item("migrate_lock", sql::postgres::MIGRATE_LOCK)?;
-            out.set_item("migrate_lock_key", sql::postgres::migrate_lock_key(&name))?;
-            out.set_item("migrate_lock_timeout", sql::postgres::MIGRATE_LOCK_TIMEOUT)?;
         }
         "sqlite" => {
-            if schema.is_some() {
-                return Err(value_error(format!(
-                    "SQLite has no schemas: name the table alone, not `{name}`"
-                )));
-            }
             out.set_item("create", sql::sqlite::create(&name))?;
             out.set_item("claim", sql::sqlite::claim(&name))?;
             // SQLite's claim is already the bare insert; the row is read in a second statement.
@@ -196,11 +178,7 @@ fn guard_sql<'py>(
             out.set_item("record", sql::sqlite::record(&name))?;
             out.set_item("store_result", sql::sqlite::store_result(&name))?;
         }
-        other => {
-            return Err(value_error(format!(
-                "unknown dialect {other:?}: use `postgres` or `sqlite`"
-            )));
-        }
+        _ => unreachable!("table_name accepts postgres and sqlite only"),
     }
     out.set_item("quoted", name.quoted())?;
     Ok(out)
@@ -216,10 +194,7 @@ fn queue_sql<'py>(
     table: &str,
     schema: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut name = TableName::new(table).map_err(value_error)?;
-    if let Some(schema) = schema {
-        name = name.in_schema(schema).map_err(value_error)?;
-    }
+    let name = table_name(dialect, table, schema)?;
     let out = PyDict::new(py);
     match dialect {
         "postgres" => {
@@ -229,19 +204,10 @@ fn queue_sql<'py>(
             out.set_item("notify_channel", sql::postgres::queue::NOTIFY_CHANNEL)?;
         }
         "sqlite" => {
-            if schema.is_some() {
-                return Err(value_error(format!(
-                    "SQLite has no schemas: name the table alone, not `{name}`"
-                )));
-            }
             out.set_item("enqueue", sql::sqlite::queue::enqueue(&name))?;
             out.set_item("live_job", sql::sqlite::queue::live_job(&name))?;
         }
-        other => {
-            return Err(value_error(format!(
-                "unknown dialect {other:?}: use `postgres` or `sqlite`"
-            )));
-        }
+        _ => unreachable!("table_name accepts postgres and sqlite only"),
     }
     Ok(out)
 }
@@ -260,19 +226,8 @@ fn worker_sql<'py>(
     jobs_schema: Option<&str>,
     guard_schema: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let name = |table: &str, schema: Option<&str>| -> PyResult<TableName> {
-        let mut name = TableName::new(table).map_err(value_error)?;
-        if let Some(schema) = schema {
-            if dialect == "sqlite" {
-                return Err(value_error(format!(
-                    "SQLite has no schemas: name the table alone, not `{schema}.{table}`"
-                )));
-            }
-            name = name.in_schema(schema).map_err(value_error)?;
-        }
-        Ok(name)
-    };
-    let (jobs, guard) = (name(jobs, jobs_schema)?, name(guard, guard_schema)?);
+    let jobs = table_name(dialect, jobs, jobs_schema)?;
+    let guard = table_name(dialect, guard, guard_schema)?;
     let out = PyDict::new(py);
     let clock = match dialect {
         "postgres" => {
@@ -292,11 +247,7 @@ fn worker_sql<'py>(
             out.set_item("rescue", worker::rescue(&jobs))?;
             sql::lease::SQLITE
         }
-        other => {
-            return Err(value_error(format!(
-                "unknown dialect {other:?}: use `postgres` or `sqlite`"
-            )));
-        }
+        _ => unreachable!("table_name accepts postgres and sqlite only"),
     };
     out.set_item("complete", sql::lease::complete(&jobs, clock))?;
     out.set_item("retry", sql::lease::retry(&jobs, clock))?;
@@ -304,6 +255,31 @@ fn worker_sql<'py>(
     out.set_item("release", sql::lease::release(&jobs))?;
     out.set_item("heartbeat", sql::lease::heartbeat(&jobs, clock))?;
     Ok(out)
+}
+
+/// A PostgreSQL migration of `table` as the Rust store runs it (`migrate_statements`): the
+/// statements (`create`), the schema `marker` they leave as the table's comment and the
+/// statements that read it (`migrated`, given `quoted`) and leave it (`mark_migrated`), and the
+/// per-table lock taken around them (`migrate_lock` on `migrate_lock_key`, waiting at most
+/// `migrate_lock_timeout`), so Python and Rust processes migrating at once take turns.
+pub(crate) fn postgres_migration(
+    out: &Bound<'_, PyDict>,
+    table: &TableName,
+    create: Vec<String>,
+) -> PyResult<()> {
+    let marker = sql::schema_marker(&create);
+    out.set_item(
+        "mark_migrated",
+        sql::postgres::mark_migrated(table, &marker),
+    )?;
+    out.set_item("marker", marker)?;
+    out.set_item("create", create)?;
+    out.set_item("quoted", table.quoted())?;
+    out.set_item("migrated", sql::postgres::MIGRATED)?;
+    out.set_item("migrate_lock", sql::postgres::MIGRATE_LOCK)?;
+    out.set_item("migrate_lock_key", sql::postgres::migrate_lock_key(table))?;
+    out.set_item("migrate_lock_timeout", sql::postgres::MIGRATE_LOCK_TIMEOUT)?;
+    Ok(())
 }
 
 /// The queue's migration for `dialect` on the jobs table `table` (in `schema`, on PostgreSQL),
@@ -320,32 +296,13 @@ fn queue_migration<'py>(
     table: &str,
     schema: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut name = TableName::new(table).map_err(value_error)?;
-    if let Some(schema) = schema {
-        name = name.in_schema(schema).map_err(value_error)?;
-    }
+    let name = table_name(dialect, table, schema)?;
     let out = PyDict::new(py);
     match dialect {
         "postgres" => {
-            let create = sql::postgres::queue::create(&name);
-            let marker = sql::schema_marker(&create);
-            out.set_item(
-                "mark_migrated",
-                sql::postgres::mark_migrated(&name, &marker),
-            )?;
-            out.set_item("marker", marker)?;
-            out.set_item("create", create)?;
-            out.set_item("migrated", sql::postgres::MIGRATED)?;
-            out.set_item("migrate_lock", sql::postgres::MIGRATE_LOCK)?;
-            out.set_item("migrate_lock_key", sql::postgres::migrate_lock_key(&name))?;
-            out.set_item("migrate_lock_timeout", sql::postgres::MIGRATE_LOCK_TIMEOUT)?;
+            postgres_migration(&out, &name, sql::postgres::queue::create(&name))?;
         }
         "sqlite" => {
-            if schema.is_some() {
-                return Err(value_error(format!(
-                    "SQLite has no schemas: name the table alone, not `{name}`"
-                )));
-            }
             let create = sql::sqlite::queue::create(&name);
             let optional: Vec<bool> = create
                 .iter()
@@ -354,11 +311,7 @@ fn queue_migration<'py>(
             out.set_item("create", create)?;
             out.set_item("optional", optional)?;
         }
-        other => {
-            return Err(value_error(format!(
-                "unknown dialect {other:?}: use `postgres` or `sqlite`"
-            )));
-        }
+        _ => unreachable!("table_name accepts postgres and sqlite only"),
     }
     out.set_item("quoted", name.quoted())?;
     Ok(out)

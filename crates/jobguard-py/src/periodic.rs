@@ -8,7 +8,7 @@ use jobguard_core::sql::schedules;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::{table_name, value_error};
+use crate::{postgres_migration, table_name, value_error};
 
 /// A cron expression in a time zone: `Cron("0 3 * * *", "Europe/Paris")`. A bad expression
 /// or an unknown zone raises `ValueError` with the core's reason.
@@ -87,13 +87,15 @@ fn schedule_sql<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let jobs = table_name(dialect, jobs, schema)?;
     let table = schedules::table(&jobs).map_err(value_error)?;
-    let mut create = match dialect {
-        "postgres" => table.schema_statements(),
-        _ => Vec::new(),
-    };
-    create.push(schedules::create(&table));
     let out = PyDict::new(py);
-    out.set_item("create", create)?;
+    if dialect == "postgres" {
+        // The statements the Rust scheduler runs, under the same lock and marker.
+        let mut create = table.schema_statements();
+        create.push(schedules::create(&table));
+        postgres_migration(&out, &table, create)?;
+    } else {
+        out.set_item("create", vec![schedules::create(&table)])?;
+    }
     out.set_item("register", schedules::register(&table))?;
     out.set_item("read", schedules::read(&table))?;
     out.set_item("fired", schedules::fired(&table))?;

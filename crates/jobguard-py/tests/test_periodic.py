@@ -138,6 +138,24 @@ async def test_two_schedulers_at_once_enqueue_each_firing_once(connect, backend)
     assert found["every-minute-skip"] == [at(3)]
 
 
+async def test_schedulers_creating_the_schedules_table_at_once_take_turns(connect, backend):
+    # `create table if not exists` run at one instant by several sessions races in
+    # PostgreSQL's catalog (a unique violation on pg_type); the migration lock the Rust
+    # scheduler takes makes them take turns.
+    if backend != "postgres":
+        pytest.skip("SQLite serialises writers itself")
+    conns = [await connect() for _ in range(8)]
+    for _ in range(5):
+        await conns[0].execute("drop table if exists jobguard_jobs_schedules")
+        starting = [jobguard.Scheduler(schedules(), backend, table="jobguard_jobs")
+                    for _ in conns]
+        await asyncio.gather(*(s.migrate(on_connection(c)) for s, c in zip(starting, conns)))
+        await asyncio.gather(*(s.register(on_connection(c), T0)
+                               for s, c in zip(starting, conns)))
+    listed = await conns[0].fetch("select name from jobguard_jobs_schedules order by name")
+    assert [r[0] for r in listed] == sorted(s.name for s in schedules())
+
+
 async def test_a_firing_whose_job_completed_is_not_enqueued_again(connect, backend, url, cli):  # noqa: F811
     conn = await connect()
     every_minute = schedules()[0]

@@ -34,11 +34,15 @@ def queue_migration(dialect: str, table: str, schema: str | None = None) -> dict
 
 
 def _steps(d: Driver, table: str, schema: str | None) -> Iterator[tuple[str, list[Any], str]]:
-    """``(statement, params, how)``: ``check`` reads the table's marker (the rest is skipped
-    when it is this schema's), ``optional`` may fail with `duplicate column name` (SQLite has
-    no ``add column if not exists``), ``run`` runs."""
-    sql = queue_migration(d.dialect, table, schema)
-    if d.dialect == "postgres":
+    return migration_steps(d.dialect, queue_migration(d.dialect, table, schema))
+
+
+def migration_steps(dialect: str, sql: dict[str, Any]) -> Iterator[tuple[str, list[Any], str]]:
+    """The steps of a migration the core describes (``sql``, as ``_native.queue_migration``
+    returns it), each ``(statement, params, how)``: ``check`` reads the table's marker (the
+    rest is skipped when it is this schema's), ``optional`` may fail with `duplicate column
+    name` (SQLite has no ``add column if not exists``), ``run`` runs. Run in one transaction."""
+    if dialect == "postgres":
         yield sql["migrated"], [sql["quoted"], sql["marker"]], "check"
         yield sql["migrate_lock"], [sql["migrate_lock_key"]], "run"
         yield sql["migrated"], [sql["quoted"], sql["marker"]], "check"
@@ -47,8 +51,9 @@ def _steps(d: Driver, table: str, schema: str | None) -> Iterator[tuple[str, lis
             yield statement, [], "run"
         yield sql["mark_migrated"], [], "run"
     else:
-        for statement, optional in zip(sql["create"], sql["optional"]):
-            yield statement, [], "optional" if optional else "run"
+        optional = sql.get("optional") or [False] * len(sql["create"])
+        for statement, skippable in zip(sql["create"], optional):
+            yield statement, [], "optional" if skippable else "run"
 
 
 def _duplicate_column(error: BaseException) -> bool:

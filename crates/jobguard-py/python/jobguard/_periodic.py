@@ -27,6 +27,7 @@ from typing import Any, AsyncContextManager, Callable, Sequence
 from . import _keys, _native
 from ._drivers import driver_for
 from ._enqueue import DEFAULT_QUEUE, _Job
+from ._migrate_queue import migration_steps
 from ._unique import Unique, run_async, steps
 from .errors import InvalidSchedule, KeyReused
 from .metrics import record_firing
@@ -181,12 +182,19 @@ class Scheduler:
         self._decided: dict[str, int] = {}
 
     async def migrate(self, open_session: Opener) -> None:
-        """Creates the schedules table when missing."""
+        """Creates the schedules table when missing: on PostgreSQL under the per-table
+        migration lock and marker the Rust scheduler uses, so schedulers of either language
+        starting at once take turns (``create table if not exists`` alone races in
+        PostgreSQL's catalog)."""
         async with open_session() as s:
-            create: list[str] = self.sql["create"]  # type: ignore[assignment]
-            for statement in create:
-                async with s.transaction():
-                    await s.execute(statement, [])
+            async with s.transaction():
+                for statement, params, how in migration_steps(self.dialect, self.sql):
+                    if how == "check":
+                        row = await s.fetchone(statement, params)
+                        if row is not None and row[0]:
+                            return
+                    else:
+                        await s.execute(statement, params)
 
     async def register(self, open_session: Opener, now: float) -> None:
         """Writes each schedule's row (its definition, and when it was first run)."""
