@@ -11,6 +11,10 @@
 #                   and started in the background, its pid in the state dir.
 #                   Returns non-zero, with a warning, when none can be had.
 #   kafka_stop    - stops the tansu this module started, if any.
+#   kafka_install_start / kafka_install_wait
+#                 - when Kafka will have to be tansu and tansu is not installed, start its
+#                   build in the background (kafka_install_start returns 0 only then), and
+#                   wait for it: the build overlaps the tests that need no Kafka.
 #   kafka_status  - says whether Kafka answers, and where.
 #
 # Knobs: JOBGUARD_TEST_KAFKA_URL (kafka://host:port), JOBGUARD_KAFKA_PORT
@@ -66,6 +70,31 @@ kafka_tansu() {
         return 1
     fi
     printf '%s\n' "$cargo_bin/tansu"
+}
+
+# Whether kafka_setup will need to build tansu: no URL set that answers, nothing on the port,
+# and no tansu binary.
+kafka_needs_install() {
+    local port=${JOBGUARD_KAFKA_PORT:-9092} cargo_bin=${CARGO_HOME:-$HOME/.cargo}/bin
+    if [[ -n "${JOBGUARD_TEST_KAFKA_URL:-}" ]] && kafka_answers "$JOBGUARD_TEST_KAFKA_URL"; then
+        return 1
+    fi
+    ! tcp_open 127.0.0.1 "$port" && ! command -v tansu >/dev/null 2>&1 &&
+        [[ ! -x "$cargo_bin/tansu" ]] && command -v cargo >/dev/null 2>&1
+}
+
+KAFKA_INSTALL_PID=
+kafka_install_start() {
+    kafka_needs_install || return 1
+    kafka_tansu >/dev/null &
+    KAFKA_INSTALL_PID=$!
+}
+
+kafka_install_wait() {
+    [[ -n $KAFKA_INSTALL_PID ]] || return 0
+    log "waiting for tansu's build to finish"
+    wait "$KAFKA_INSTALL_PID" || true
+    KAFKA_INSTALL_PID=
 }
 
 kafka_setup() {

@@ -66,21 +66,28 @@ py_pytest() {
 # needs redis-py < 6, kombu's Redis transport >= 6.1), from tests/frameworks/NAME.
 PY_FRAMEWORKS=(celery arq taskiq django dramatiq rq)
 
-# The wheel python_tests installs, built in the background while cargo's tests run (call
-# after `cargo test --no-run`, which leaves the CPU idle enough): its own target dir
-# (target/wheel), since cargo holds the workspace's for as long as its tests run.
-PY_WHEEL_PID=
-PY_WHEEL_DIR=
-PY_WHEEL_LOG=
-python_wheel_start() {
-    local venv
-    py_find_python >/dev/null || return 0
-    venv=$(py_venv core "$ROOT/crates/jobguard-py/tests/requirements.txt") || return 0
-    PY_WHEEL_DIR=$(mktemp -d)
-    PY_WHEEL_LOG=$(mktemp)
-    (CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/wheel \
-        py_build_dist "$venv" "$PY_WHEEL_DIR" wheel) >"$PY_WHEEL_LOG" 2>&1 &
-    PY_WHEEL_PID=$!
+# python_tests in the background, its output kept until python_tests_wait shows it: the
+# Python suites, the wheel's build included, run beside cargo's tests, which mostly wait on
+# services and processes they kill. Call after `cargo test --no-run`, which builds the
+# `jobguard` binary the cross-language tests run (cargo holds its target dir while its tests
+# run; the wheel builds in target/wheel).
+PY_TESTS_PID=
+PY_TESTS_LOG=
+python_tests_start() {
+    PY_TESTS_LOG=$(mktemp)
+    python_tests >"$PY_TESTS_LOG" 2>&1 &
+    PY_TESTS_PID=$!
+}
+
+python_tests_wait() {
+    local rc=0
+    [[ -n $PY_TESTS_PID ]] || return 0
+    wait "$PY_TESTS_PID" || rc=$?
+    PY_TESTS_PID=
+    log "the Python suites (run beside cargo's tests) ended with status $rc; their output:"
+    cat "$PY_TESTS_LOG"
+    rm -f "$PY_TESTS_LOG"
+    return "$rc"
 }
 
 python_tests() {
@@ -98,19 +105,9 @@ python_tests() {
     }
     target=${CARGO_TARGET_DIR:-$ROOT/target}
     # One abi3 wheel, the one scripts/wheel builds for a release, installed into every
-    # virtualenv: the one python_wheel_start began, else built now.
-    if [[ -n $PY_WHEEL_PID ]]; then
-        local wheel_rc=0
-        wait "$PY_WHEEL_PID" || wheel_rc=$?
-        cat "$PY_WHEEL_LOG" >&2
-        rm -f "$PY_WHEEL_LOG"
-        wheel_dir=$PY_WHEEL_DIR
-        PY_WHEEL_PID=
-        [[ $wheel_rc -eq 0 ]] || { warn "the wheel's build failed"; return 1; }
-    else
-        wheel_dir=$(mktemp -d)
-        CARGO_TARGET_DIR=$target/wheel py_build_dist "$venv" "$wheel_dir" wheel || return 1
-    fi
+    # virtualenv; in its own target dir, since cargo may hold the workspace's.
+    wheel_dir=$(mktemp -d)
+    CARGO_TARGET_DIR=$target/wheel py_build_dist "$venv" "$wheel_dir" wheel || return 1
     wheel=$(ls "$wheel_dir"/jobguard-*.whl)
     export JOBGUARD_CLI=${JOBGUARD_CLI:-$target/debug/jobguard}
     if [[ ! -x "$JOBGUARD_CLI" ]]; then
@@ -164,7 +161,8 @@ py_build_dist() {
     if [[ $what != sdist ]]; then
         log "building the Python package's wheel (manylinux2014, linked by zig)"
         # maturin finds zig as `python -m ziglang` with the first python on PATH: the venv's.
-        PATH="$venv/bin:$PATH" CARGO_TARGET_DIR=$target "$venv/bin/maturin" build --release \
+        # Niced: beside cargo's tests, theirs is the CPU that matters.
+        PATH="$venv/bin:$PATH" CARGO_TARGET_DIR=$target nice -n 10 "$venv/bin/maturin" build --release \
             --quiet --zig --compatibility manylinux2014 --manifest-path "$crate/Cargo.toml" \
             -o "$out" </dev/null >&2 || return 1
     fi
