@@ -282,20 +282,27 @@ impl<DB: Backend> Queue<DB> {
     /// [`RetryPolicy`](crate::RetryPolicy) puts on failed attempts, so that losing a lease
     /// gives a job no more attempts than failing does.
     pub async fn rescue_within(&self, max_attempts: u32) -> Result<u64> {
-        self.rescue_holding(max_attempts, &[]).await
+        self.rescue_holding(max_attempts, &[], None).await
     }
 
-    /// [`rescue_within`](Self::rescue_within) by a worker that holds `held`: it never takes
-    /// its own jobs, whose leases it keeps, even in the moment a lease it kept lapsed while a
-    /// transaction of its own held the row and then rolled back.
-    pub(crate) async fn rescue_holding(&self, max_attempts: u32, held: &[Lease]) -> Result<u64> {
+    /// [`rescue_within`](Self::rescue_within) by a worker that holds `held` and runs `kinds`
+    /// (every kind when `None`): it never takes its own jobs, whose leases it keeps, even in
+    /// the moment a lease it kept lapsed while a transaction of its own held the row and then
+    /// rolled back; and it leaves the jobs of kinds it does not run to the workers that run
+    /// them, whose retry policies are the ones that count for them.
+    pub(crate) async fn rescue_holding(
+        &self,
+        max_attempts: u32,
+        held: &[Lease],
+        kinds: Option<&[String]>,
+    ) -> Result<u64> {
         let limit = i32::try_from(max_attempts.max(1)).unwrap_or(i32::MAX);
         let held: Vec<String> = held
             .iter()
             .map(|lease| format!("{}:{}", lease.job_id, lease.token))
             .collect();
         let _writer = self.inner.writer.acquire().await;
-        Ok(DB::rescue(&self.inner.pool, &self.inner.sql, limit, held).await?)
+        Ok(DB::rescue(&self.inner.pool, &self.inner.sql, limit, held, kinds).await?)
     }
 
     /// A worker's heartbeats: each lease of `leases` holds for `by` from now. On SQLite they are

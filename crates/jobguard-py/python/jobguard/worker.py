@@ -448,8 +448,10 @@ class Worker:
         mine = json.dumps([f"{i}:{t}" for i, t in self._leased.items()])
         try:
             async with self._db.session() as s:
+                # Of this app's kinds only: another kind's policy is its own workers'.
                 rescued = await s.execute(self._sql["rescue"],
-                                          [self.app.retry.max_attempts, mine])
+                                          [self.app.retry.max_attempts, mine,
+                                           self._kinds_param()])
         except Exception as error:  # noqa: BLE001 - the next round tries again
             log.warning("rescuing expired leases failed: %s", error)
             return

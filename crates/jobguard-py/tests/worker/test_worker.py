@@ -170,7 +170,7 @@ async def test_a_lease_taken_over_is_fenced_off_at_commit(driver, queue_url):
         [first] = await stale._fetch(1)
         await asyncio.sleep(0.3)  # the lease expires while the stale worker stalls
         async with fresh._db.session() as s:
-            assert await s.execute(fresh._sql["rescue"], [10, "[]"]) == 1
+            assert await s.execute(fresh._sql["rescue"], [10, "[]", fresh._kinds_param()]) == 1
         [second] = await fresh._fetch(1)
         assert second.id == first.id and second.token > first.token
         # The stale worker wakes up: its claim finds the lease gone, so it neither calls the
@@ -183,6 +183,36 @@ async def test_a_lease_taken_over_is_fenced_off_at_commit(driver, queue_url):
             await w._db.close()
     assert calls == {"o-slow": 1}
     assert ledger(queue_url) == {jobguard.key("credit", "o-slow"): 1}
+    assert rows(queue_url, "select state, attempt from jobguard_jobs") == [("completed", 2)]
+
+
+async def test_a_worker_rescues_the_expired_leases_of_its_own_kinds_only(driver, queue_url):
+    # Another service's worker, whose policy gives a job one attempt, must not dead-letter a
+    # credit whose lease expired: the credit's own workers rescue it under their policy.
+    app, calls = make_app(driver, queue_url)
+    await enqueue(driver, queue_url, app.jobs["credit"], {"order": "o-lost", "amount": 1})
+    other = jobguard.App(db=app.db, retry=jobguard.Backoff(max_attempts=1))
+    other.job("mail", key=lambda to: jobguard.key("mail", to))(
+        app.jobs["slow"].spec.fn)  # any body: no mail job is enqueued
+    dying, others, own = Worker(app, lease=0.2), Worker(other, lease=30), Worker(app, lease=30)
+    for w in (dying, others, own):
+        w._db = await open_database(w.app.db)
+        w._sql = worker_sql(w._db.dialect, w.app.table, w.app.guard_table)
+    try:
+        [lost] = await dying._fetch(1)
+        await asyncio.sleep(0.3)  # its worker died: the lease expires, attempt 1 spent
+        await others._rescue()
+        assert rows(queue_url, "select state, attempt from jobguard_jobs") == [("available", 1)]
+        [(leased_until,)] = rows(queue_url, "select leased_until is not null from jobguard_jobs")
+        assert leased_until, "the other kind's worker left the lease as it was"
+        await own._rescue()
+        [again] = await own._fetch(1)
+        assert again.id == lost.id and again.attempt == 2
+        assert await own.execute(again) == "applied"
+    finally:
+        for w in (dying, others, own):
+            await w._db.close()
+    assert calls == {"o-lost": 1}
     assert rows(queue_url, "select state, attempt from jobguard_jobs") == [("completed", 2)]
 
 

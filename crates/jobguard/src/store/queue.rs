@@ -600,13 +600,14 @@ pub trait QueueStore: GuardStore {
         by: Duration,
     ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
 
-    /// Rescues expired leases, except those `held` (as `job_id:token`) and those heartbeats
-    /// kept outside the table say hold.
+    /// Rescues expired leases of `kinds` (every kind when `None`), except those `held` (as
+    /// `job_id:token`) and those heartbeats kept outside the table say hold.
     fn rescue(
         pool: &Pool<Self>,
         sql: &QueueSql,
         max_attempts: i32,
         held: Vec<String>,
+        kinds: Option<&[String]>,
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 
     /// Records that the holder of `lease` is alive for `by` more without the database's write

@@ -91,9 +91,12 @@ impl<DB: Backend> Worker<DB> {
                 drop(fetch_conn.take());
                 // Never this worker's own jobs, whose leases it keeps.
                 let held = worker.leases.all();
-                let rescue = worker
-                    .queue
-                    .rescue_holding(worker.config.retry.max_attempts, &held);
+                let rescue = worker.queue.rescue_holding(
+                    worker.config.retry.max_attempts,
+                    &held,
+                    // Like the fetch, of the kinds this worker runs.
+                    worker.fetched_kinds.as_deref(),
+                );
                 let rescued = tokio::select! {
                     biased;
                     () = &mut shutdown => break,

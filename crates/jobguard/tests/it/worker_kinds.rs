@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use jobguard::{Job, JobError, JobKey, KeyError, Queue, Worker, WorkerConfig, WorkerStats};
+use jobguard::{
+    Job, JobError, JobKey, KeyError, Queue, RetryPolicy, Worker, WorkerConfig, WorkerStats,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::common::{Credit, TestDb, draining, setup};
@@ -155,4 +157,55 @@ async fn a_kind_no_worker_registered_waits_one_job_per_transaction<DB: TestDb>()
 backends!(fn a_kind_no_worker_registered_waits_in_batches);
 async fn a_kind_no_worker_registered_waits_in_batches<DB: TestDb>() {
     each_kind_waits_for_its_worker::<DB>("kinds_batched", true).await;
+}
+
+// A worker rescues the expired leases of its own kinds only: the retry policy that counts for
+// a job is one its kind runs under, never another kind's shorter one.
+backends!(fn an_expired_lease_is_rescued_by_a_worker_of_its_kind_only);
+async fn an_expired_lease_is_rescued_by_a_worker_of_its_kind_only<DB: TestDb>() {
+    let Some((pool, queue)) = setup::<DB>("kinds_rescue").await else {
+        return;
+    };
+    queue.enqueue_job(&Refund { order: 1 }).await.unwrap();
+    // A worker of `refund` leased it and died: its first attempt is spent, its lease expires.
+    let leased = queue
+        .fetch(
+            jobguard::queue::DEFAULT_QUEUE,
+            1,
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // A worker of another kind, whose policy gives a job one attempt, rescues at start.
+    let one_attempt = WorkerConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..draining().retry
+        },
+        ..draining()
+    };
+    let other = Worker::with_config(queue.clone(), one_attempt)
+        .unwrap()
+        .register::<Deposit>();
+    drain(other).await;
+    assert_eq!(
+        states::<DB>(&queue).await,
+        [("refund".to_owned(), "Running".to_owned(), 1)],
+        "a worker of another kind left the refund alone"
+    );
+
+    // Its own kind's worker (five attempts) gives it back and runs it.
+    let own = Worker::with_config(queue.clone(), draining())
+        .unwrap()
+        .register::<Refund>();
+    let stats = drain(own).await;
+    assert_eq!((stats.applied, stats.dead), (1, 0), "{stats:?}");
+    assert_eq!(ledger_of::<DB>(&pool, 2).await, 1);
+    assert_eq!(
+        states::<DB>(&queue).await,
+        [("refund".to_owned(), "Completed".to_owned(), 2)]
+    );
 }

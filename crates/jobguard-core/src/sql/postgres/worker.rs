@@ -123,11 +123,13 @@ pub fn heartbeat_many(table: &TableName) -> String {
 
 /// Gives back, or dead-letters on their last attempt, the jobs whose lease expired: `$1` is
 /// the worker's retry policy's attempts, `$2` a JSON array of `id:token` leases known to hold
-/// (the rescuing worker's own). A job running under its own transaction holds its row locked
-/// and is skipped.
+/// (the rescuing worker's own), `$3` the kinds the worker runs (a `text[]`), or null for every
+/// kind. A job running under its own transaction holds its row locked and is skipped.
 ///
 /// The last attempt is the lesser of the job's own limit and the policy's, as when an attempt
-/// fails: a job is never given more attempts by losing its lease than by failing.
+/// fails: a job is never given more attempts by losing its lease than by failing. A worker
+/// rescues only the kinds it runs, so the policy that counts is one the job's kind runs
+/// under: a worker of other kinds, with a shorter policy, never dead-letters it early.
 pub fn rescue(table: &TableName) -> String {
     let t = table.quoted();
     format!(
@@ -141,6 +143,7 @@ pub fn rescue(table: &TableName) -> String {
                           -- a job a worker of the earlier schema fetched and stored
                           -- `running` (`LEGACY_RUNNING`), once its lease expired, too
                           where ({HELD} or {LEGACY_RUNNING}) and leased_until < now()
+                            and ($3::text[] is null or kind = any($3::text[]))
                             -- leases known to hold ($2, `id:token`): on PostgreSQL those of
                             -- the worker that rescues, whose heartbeats are in the table
                             and (id::text || ':' || lease_token::text)

@@ -43,9 +43,9 @@ pub fn fetch(table: &TableName, scope: Scope) -> String {
 }
 
 /// Gives back, or dead-letters on their last attempt, the jobs whose lease expired: `$1` is
-/// the worker's retry policy's attempts, `$2` a JSON array of `id:token` leases known to hold.
-/// The last attempt is the lesser of the job's own limit and the policy's, as when an attempt
-/// fails.
+/// the worker's retry policy's attempts, `$2` a JSON array of `id:token` leases known to hold,
+/// `$3` a JSON array of the kinds the worker runs, or null for every kind. The last attempt is
+/// the lesser of the job's own limit and the policy's, as when an attempt fails.
 pub fn rescue(table: &TableName) -> String {
     let t = table.quoted();
     format!(
@@ -59,6 +59,8 @@ pub fn rescue(table: &TableName) -> String {
              where ({HELD} or {LEGACY_RUNNING}) and leased_until < {NOW}
                -- a lease whose heartbeat file says it holds ($2, `id:token`) belongs to a
                -- worker that is alive, waiting for the write lock: not expired
-               and (id || ':' || lease_token) not in (select value from json_each($2))"
+               and (id || ':' || lease_token) not in (select value from json_each($2))
+               -- the kinds the rescuing worker runs ($3, a JSON array), or null for every kind
+               and ($3 is null or kind in (select value from json_each($3)))"
     )
 }

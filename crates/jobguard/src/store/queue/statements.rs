@@ -176,6 +176,7 @@ macro_rules! queue_statements {
             sql: &$crate::store::queue::QueueSql,
             max_attempts: i32,
             mut held: Vec<String>,
+            kinds: Option<&[String]>,
         ) -> sqlx::Result<u64> {
             // The heartbeats kept outside the table are read once the transaction holds the
             // write lock (SQLite's `begin immediate`): read before, they would miss the
@@ -186,6 +187,7 @@ macro_rules! queue_statements {
             let done = sqlx::query(sqlx::AssertSqlSafe(sql.rescue.clone()))
                 .bind(max_attempts)
                 .bind(held)
+                .bind(kinds.map(kinds_param))
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
