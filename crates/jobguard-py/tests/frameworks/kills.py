@@ -35,6 +35,11 @@ import psycopg
 
 import jobguard
 
+# The brokers the framework suites kill workers on: scripts/test's, else the default ports.
+BROKERS = {
+    "rabbitmq": os.environ.get("JOBGUARD_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"),
+    "redis": os.environ.get("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
+}
 STAGES = ("before-commit", "after-commit")
 # A safety net for a worker that hangs, not an assertion on speed: the wait fails with the
 # workers' logs instead of blocking CI.

@@ -8,21 +8,15 @@ restarted one takes the message back after the visibility timeout.
 from __future__ import annotations
 
 import os
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
-from celery import Celery
 
 import jobguard
-from frameworks import kills
+from frameworks import celery_runs, kills
+from frameworks.kills import BROKERS
 
 HERE = Path(__file__).parent
-BROKERS = {
-    "rabbitmq": os.environ.get("JOBGUARD_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"),
-    "redis": os.environ.get("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
-}
 KEYS = [f"o-{n}" for n in range(5)]
 PUBLISHED = 2
 
@@ -35,31 +29,18 @@ def test_killed_celery_workers_apply_each_key_once(broker, pg_url, tmp_path):
     flags.mkdir()
     keys = [jobguard.key("credit", order) for order in KEYS]
     kills.arm_both(flags, keys)
-    queue = f"jobguard-test-{uuid.uuid4().hex[:8]}"
-    env = {
-        **os.environ,
-        "DATABASE_URL": pg_url,
-        "JOBGUARD_TEST_BROKER": BROKERS[broker],
-        "JOBGUARD_TEST_QUEUE": queue,
-        "JOBGUARD_TEST_FLAGS": str(flags),
-        "JOBGUARD_TEST_KILL_GROUP": "1" if broker == "redis" else "0",
-        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
-    }
-    producer = Celery(broker=BROKERS[broker])
-    for _ in range(PUBLISHED):
-        for order in KEYS:
-            producer.send_task("credit", args=[order], queue=queue)
-    cmd = [
-        sys.executable, "-m", "celery", "-A", "celery_app", "worker", "--pool=prefork",
-        "--concurrency=1", "--without-heartbeat", "--without-mingle", "--without-gossip",
-        "--loglevel=INFO",
-    ]
-    workers = kills.Workers(cmd, env, tmp_path)
-    try:
+    with celery_runs.queue(broker) as (queue, producer):
+        env = {
+            **os.environ,
+            "DATABASE_URL": pg_url,
+            "JOBGUARD_TEST_BROKER": BROKERS[broker],
+            "JOBGUARD_TEST_QUEUE": queue,
+            "JOBGUARD_TEST_FLAGS": str(flags),
+            "JOBGUARD_TEST_KILL_GROUP": "1" if broker == "redis" else "0",
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
+        }
+        celery_runs.publish(producer, queue, KEYS, PUBLISHED)
+        workers = kills.Workers(celery_runs.worker_command("celery_app", 1), env, tmp_path)
         expected = kills.expected_finished(keys, PUBLISHED)
         workers.run_until(lambda: kills.finished(pg_url) >= expected)
         kills.check_exactly_once(pg_url, flags, keys, PUBLISHED, workers)
-    finally:
-        with producer.connection_for_write() as conn:
-            conn.default_channel.queue_delete(queue)
-        producer.close()

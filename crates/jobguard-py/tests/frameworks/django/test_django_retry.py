@@ -9,16 +9,12 @@ takes effect exactly once. (On RabbitMQ the same retries are ``GuardedTask``'s, 
 
 from __future__ import annotations
 
-import sys
-import uuid
-
 import pytest
-from celery import Celery
 
 import jobguard
 from djcommand import environment, migrate
-from frameworks import kills
-from test_django_kill import BROKERS
+from frameworks import celery_runs, kills
+from frameworks.kills import BROKERS
 
 KEYS = [f"o-{n}" for n in range(6)]
 # Long enough to show a hang or a lost key; a passing run takes about 10 s.
@@ -33,27 +29,16 @@ def test_transient_failures_and_time_limits_are_run_again(broker, pg_url, tmp_pa
     flags.mkdir()
     keys = [jobguard.key("credit", order) for order in KEYS]
     kills.arm_retries(flags, keys, overrun_s=6, stop_s=20)
-    queue = f"jobguard-test-{uuid.uuid4().hex[:8]}"
-    env = environment(
-        pg_url, str(tmp_path / "unused.db"),
-        DATABASE_URL=pg_url,  # kills.misbehave's own connection terminates the task's
-        JOBGUARD_TEST_BROKER=BROKERS[broker],
-        JOBGUARD_TEST_QUEUE=queue,
-        JOBGUARD_TEST_FLAGS=str(flags),
-    )
-    producer = Celery(broker=BROKERS[broker])
-    for order in KEYS:
-        producer.send_task("credit", args=[order], queue=queue)
-    cmd = [
-        sys.executable, "-m", "celery", "-A", "djproject", "worker", "--pool=prefork",
-        "--concurrency=2", "--without-heartbeat", "--without-mingle", "--without-gossip",
-        "--loglevel=INFO",
-    ]
-    workers = kills.Workers(cmd, env, tmp_path, limit_s=LIMIT_S)
-    try:
+    with celery_runs.queue(broker) as (queue, producer):
+        env = environment(
+            pg_url, str(tmp_path / "unused.db"),
+            DATABASE_URL=pg_url,  # kills.misbehave's own connection terminates the task's
+            JOBGUARD_TEST_BROKER=BROKERS[broker],
+            JOBGUARD_TEST_QUEUE=queue,
+            JOBGUARD_TEST_FLAGS=str(flags),
+        )
+        celery_runs.publish(producer, queue, KEYS)
+        workers = kills.Workers(celery_runs.worker_command("djproject", 2), env, tmp_path,
+                                limit_s=LIMIT_S)
         workers.run_until(lambda: len(kills.effects(pg_url)) >= len(keys))
         kills.check_each_applied_once(pg_url, flags, keys, workers)
-    finally:
-        with producer.connection_for_write() as conn:
-            conn.default_channel.queue_delete(queue)
-        producer.close()

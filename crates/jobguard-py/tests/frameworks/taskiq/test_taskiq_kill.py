@@ -22,12 +22,9 @@ import pytest
 
 import jobguard
 from frameworks import kills
+from frameworks.kills import BROKERS
 
 HERE = Path(__file__).parent
-BROKERS = {
-    "rabbitmq": os.environ.get("JOBGUARD_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"),
-    "redis": os.environ.get("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
-}
 KEYS = [f"o-{n}" for n in range(5)]
 PUBLISHED = 2
 RETRY_KEYS = [f"r-{n}" for n in range(6)]
