@@ -480,7 +480,9 @@ async fn messages_waiting_behind_long_jobs_keep_their_deliveries<DB: TestDb, Bro
 
 brokers!(fn three_consumers_apply_each_key_once);
 /// Three consumers on one queue or stream, as on three machines, each message published three
-/// times: effects equal distinct keys.
+/// times: effects equal distinct keys. A broker delivers at least once, so a message may come
+/// once more than it was published (SQS hands it out again when its visibility timeout lapses
+/// on a loaded machine): each extra delivery is one more duplicate, never an effect.
 async fn three_consumers_apply_each_key_once<DB: TestDb, Broker: TestBroker>() {
     let Some(fixture) = Fixture::<DB, Broker>::new("three").await else {
         return;
@@ -505,7 +507,8 @@ async fn three_consumers_apply_each_key_once<DB: TestDb, Broker: TestBroker>() {
     );
     let applied = a.applied + b.applied + c.applied;
     let duplicates = a.duplicates + b.duplicates + c.duplicates;
-    assert_eq!((applied, duplicates), (30, 60), "{a:?} {b:?} {c:?}");
+    assert_eq!(applied, 30, "{a:?} {b:?} {c:?}");
+    assert!(duplicates >= 60, "{a:?} {b:?} {c:?}");
     assert_eq!(ledger_rows(&fixture.pool).await, 30);
     assert_eq!(ledger_total(&fixture.pool).await, 300);
     fixture.cleanup().await;
