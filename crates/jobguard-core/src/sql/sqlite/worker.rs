@@ -14,7 +14,9 @@ pub use crate::sql::postgres::worker::Scope;
 /// [`fetch`](crate::sql::postgres::worker::fetch)); [`Scope::After`] takes `$4` and `$5` as
 /// there, [`Scope::Kinds`] takes `$4` as a JSON array of kinds, and [`Scope::KindsAfter`] both,
 /// the kinds first. One statement, atomic on its
-/// own: SQLite's one writer at a time makes two workers take different jobs.
+/// own: SQLite's one writer at a time makes two workers take different jobs. SQLite's clock
+/// counts whole milliseconds, so a fetch that follows a lost one reads a later clock only after
+/// a millisecond has passed, which a crash and its recovery always take.
 pub fn fetch(table: &TableName, scope: Scope) -> String {
     let t = table.quoted();
     let paused_table = paused_queues(table);
