@@ -11,9 +11,13 @@ import uuid
 
 import psycopg
 
-from conftest import _with_db
-
 JOBS = 200
+
+
+def _with_db(url: str, name: str) -> str:
+    base, _, rest = url.rpartition("/")
+    query = rest.partition("?")[2]
+    return f"{base}/{name}" + (f"?{query}" if query else "")
 
 
 def test_a_small_queue_bench_applies_each_job_once_and_reports_every_figure(pg_url):
