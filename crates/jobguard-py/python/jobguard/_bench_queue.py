@@ -194,12 +194,16 @@ async def _run_one(system: System, setting: str, admin_url: str, args: Any, log_
                              "described": system.notes[setting], "error": None}
     try:
         python = python_for(system, args.peers_dir, log)
-    except InstallFailed as error:
+    except (InstallFailed, OSError) as error:
         entry["error"] = f"install: {error}"
         return entry
     name = re.sub(r"[^a-z0-9_]", "_", f"{args.database_prefix}_{system.name}_{setting}")
     url = _with_db(admin_url, name)
-    await _fresh_database(admin_url, name)
+    try:
+        await _fresh_database(admin_url, name)
+    except Exception as error:  # noqa: BLE001 - reported with the system, the others still run
+        entry["error"] = f"database {name}: {type(error).__name__}: {error}"
+        return entry
     worker = producer = None
     jobs = args.jobs
     try:
