@@ -53,3 +53,14 @@ def test_every_python_example_in_the_docs_passes_mypy_strict(tmp_path: Path) -> 
         if result.returncode != 0:
             failures.append(result.stdout + result.stderr)
     assert not failures, "\n".join(failures)
+
+
+def test_the_bench_adapters_pass_mypy_strict() -> None:
+    # Scripts, each importing `contract` beside it and a peer queue's package, which is
+    # installed in that peer's own virtualenv only: its names and decorators are `Any` here.
+    adapters = CRATE / "python" / "jobguard" / "_bench_adapters"
+    files = sorted(p.name for p in adapters.glob("*.py"))
+    assert "contract.py" in files and len(files) >= 6, files
+    result = mypy("--ignore-missing-imports", "--allow-untyped-decorators",
+                  "--explicit-package-bases", *files, cwd=adapters, cache=CACHE / "adapters")
+    assert result.returncode == 0, result.stdout + result.stderr

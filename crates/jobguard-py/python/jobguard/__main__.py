@@ -1,5 +1,5 @@
-"""``python -m jobguard demo|bench|worker``: the guide's experiment, the guard's benchmark, and
-the worker of an App's jobs.
+"""``python -m jobguard demo|bench|worker``: the guide's experiment, the guard's and the queue's
+benchmarks, and the worker of an App's jobs.
 
 A database that cannot be reached or a driver that is not installed ends the command with one
 line on stderr and exit status 2, not a traceback."""
@@ -27,15 +27,35 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--json", action="store_true", help="the report as JSON")
     demo.add_argument("--jobs", type=int, default=100)
     bench = commands.add_parser(
-        "bench", help="the guide's hand-written guard SQL against jobguard.guard, on asyncpg"
+        "bench", help="`bench guard` (the default): the guide's hand-written guard SQL against "
+        "jobguard.guard, on asyncpg; `bench queue`: the Python worker beside other PostgreSQL "
+        "queues for Python"
     )
+    bench.add_argument("what", nargs="?", choices=["guard", "queue"], default="guard")
     bench.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
                        help="postgres://user@host/db (default: $DATABASE_URL)")
     bench.add_argument("--json", action="store_true", help="the report as JSON")
-    bench.add_argument("--jobs", type=int, default=10_000)
-    bench.add_argument("--rounds", type=int, default=2)
+    bench.add_argument("--jobs", type=int, default=None,
+                       help="guard: jobs per variant (10000); queue: jobs per burn-down (5000)")
+    bench.add_argument("--rounds", type=int, default=2, help="guard only")
     bench.add_argument("--chunk", type=int, default=500,
-                       help="jobs per chunk; chunks alternate between the two variants")
+                       help="guard only: jobs per chunk; chunks alternate between the variants")
+    bench.add_argument("--systems", default="jobguard",
+                       help="queue only: comma-separated, of jobguard, procrastinate, pgqueuer, "
+                       "oban, awa (peers are installed from PyPI on first use)")
+    bench.add_argument("--settings", default="default,best",
+                       help="queue only: each system's `default` and/or `best` settings")
+    bench.add_argument("--latency-seconds", type=float, default=5.0,
+                       help="queue only: seconds of each pickup-latency run")
+    bench.add_argument("--peers-dir", default=None,
+                       help="queue only: where the peers' virtualenvs live "
+                       "(~/.cache/jobguard/bench-peers)")
+    bench.add_argument("--database-prefix", default="jobguard_bench_queue",
+                       help="queue only: each system runs on a fresh database of this prefix")
+    bench.add_argument("--keep", action="store_true",
+                       help="queue only: keep each system's database")
+    bench.add_argument("--log-dir", default=None,
+                       help="queue only: where the adapters' logs go (a temporary directory)")
     _cli_worker.add_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "worker":
@@ -67,15 +87,37 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         report = asyncio.run(_demo.run(args.database_url, jobs=args.jobs))
         print(json.dumps(report, indent=2) if args.json else _demo.render(report))
         return 0 if report["exactly_once"] else 1
-    from . import _bench
-
     if not args.database_url.startswith(("postgres://", "postgresql://")):
         parser.error("bench runs on PostgreSQL through asyncpg: give a postgres:// URL")
-    report = asyncio.run(_bench.run(args.database_url, jobs=args.jobs, rounds=args.rounds,
-                                      chunk=args.chunk))
+    if args.what == "queue":
+        return _bench_queue(args)
+    from . import _bench
+
+    report = asyncio.run(_bench.run(args.database_url, jobs=args.jobs or 10_000,
+                                    rounds=args.rounds, chunk=args.chunk))
     print(json.dumps(report, indent=2) if args.json else _bench.render(report))
     return 0
 
+
+def _bench_queue(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import _bench_peers, _bench_queue
+
+    args.jobs = args.jobs or 5_000
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    args.peers_dir = Path(args.peers_dir) if args.peers_dir else _bench_peers.DEFAULT_PEERS_DIR
+    if any(s not in ("default", "best") for s in args.settings):
+        return _fail("bench queue", "--settings takes default, best or both")
+    try:
+        report = asyncio.run(_bench_queue.run(args))
+    except ValueError as error:
+        return _fail("bench queue", str(error))
+    print(json.dumps(report, indent=2) if args.json else _bench_queue.render(report))
+    failed = any(e["error"] or not e["exactly_once"] or e["left"] for e in report["systems"]
+                 if e["system"] == "jobguard")
+    return 1 if failed else 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,7 +30,7 @@ import datetime as _dt
 import json
 import logging
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from . import _keys
 from ._enqueue import DEFAULT_QUEUE
@@ -38,7 +38,7 @@ from ._guard import _tokens
 from ._migrate import is_not_migrated
 from ._periodic import FIRING_KEY_PREFIX, Scheduler, check_schedules
 from ._pools import Database, open_database
-from ._session import Row
+from ._session import Row, Session
 from ._queue_sql import worker_sql
 from ._retry import transient_reason
 from .errors import GuardVanished, KeyReused, NotMigrated
@@ -123,6 +123,10 @@ class Worker:
         self._waiting: dict[int, int] = {}
         self._db: Database | None = None
         self._sql: dict[str, str] = {}
+        # Connections the last jobs ended on, kept for the next ones while jobs keep coming;
+        # only while the worker serves (`execute` called alone gives its connection back).
+        self._kept: list[tuple[contextlib.AbstractAsyncContextManager[Session], Session]] = []
+        self._keeping = False
 
     def stop(self) -> None:
         """Stops fetching; running jobs finish within ``shutdown_timeout``."""
@@ -163,10 +167,13 @@ class Worker:
                                   schema=self.app.schema)
             keepers.append(loop.create_task(scheduler.run(db.session, self._stopping)))
         running: set[asyncio.Task[Any]] = set()
+        self._keeping = True
         try:
             await self._fetch_loop(running)
         finally:
             await self._drain(running)
+            self._keeping = False
+            await self._give_back_kept()
             for task in keepers:
                 task.cancel()
             # A keeper's statement on a sync driver may wait on its thread for a lock a sync
@@ -218,6 +225,8 @@ class Worker:
                 task.add_done_callback(running.discard)
             if len(jobs) == free:
                 continue
+            if not jobs:
+                await self._give_back_kept()
             if self.until_idle and not jobs and not running:
                 return
             await self._wait(running, self.poll_interval)
@@ -319,9 +328,42 @@ class Worker:
                             "stored key is the one claimed", job.id, job.key, computed)
         return _keys.fingerprint_bytes(job.payload)
 
+    @contextlib.asynccontextmanager
+    async def _job_session(self) -> AsyncIterator[Session]:
+        """A connection of the pool for one job's transaction. One a job ended on without an
+        error is kept for the next job instead of going back to the pool, while jobs keep
+        coming (given back when a fetch finds none, and at shutdown): giving it back costs a
+        round trip on some drivers (asyncpg's reset query, SQLAlchemy's rollback on return),
+        as much as a third of a no-op job's. One that raised goes back to the pool, which
+        drops it if it is broken, as does every one outside :meth:`run`. Each job still runs in
+        a transaction of its own."""
+        assert self._db is not None
+        if self._kept:
+            held, session = self._kept.pop()
+        else:
+            held = self._db.session()
+            session = await held.__aenter__()
+        try:
+            yield session
+        except BaseException as error:
+            await held.__aexit__(type(error), error, error.__traceback__)
+            raise
+        if self._keeping:
+            self._kept.append((held, session))
+        else:
+            await held.__aexit__(None, None, None)
+
+    async def _give_back_kept(self) -> None:
+        while self._kept:
+            held, _ = self._kept.pop()
+            try:
+                await held.__aexit__(None, None, None)
+            except Exception as error:  # noqa: BLE001 - the pool drops what it cannot reset
+                log.debug("giving a kept connection back failed: %s", error)
+
     async def _attempt(self, job: LeasedJob, spec: Any, fingerprint: bytes) -> str:
         assert self._db is not None
-        async with self._db.session() as s:
+        async with self._job_session() as s:
             async with s.transaction():
                 row = await self._complete_and_claim(s, job, fingerprint)
                 # The job's row is locked until this transaction ends: no heartbeat needed.
@@ -415,7 +457,9 @@ class Worker:
             except Exception as error:  # noqa: BLE001 - the next beat tries again
                 log.warning("extending leases failed: %s", error)
                 continue
-            for lost in set(leases) - kept:
+            # A job that started meanwhile is no longer extended (its transaction holds its
+            # row, and may have completed it): only one still waiting lost its lease.
+            for lost in (set(leases) - kept) & set(self._waiting):
                 log.warning("job %s: its lease was lost before it started", lost)
 
     async def _extend(self, leases: dict[int, int]) -> set[int]:
