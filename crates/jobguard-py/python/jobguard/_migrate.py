@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from . import _keys
 from ._drivers import Driver, driver_for
+from ._transactions import _Async, _Sync
 from .errors import NotMigrated, UnsupportedConnection
 
 DEFAULT_TABLE = "processed_jobs"
@@ -92,8 +93,6 @@ async def migrate(db: Any, *, table: str = DEFAULT_TABLE, schema: str | None = N
     ``AsyncConnectionPool``): a connection is taken for one transaction."""
     d: Any = _connection(db)
     if d is None:
-        from ._guarded import _Async
-
         async def body(conn: Any) -> None:
             await migrate(conn, table=table, schema=schema)
 
@@ -119,8 +118,6 @@ def migrate_sync(db: Any, *, table: str = DEFAULT_TABLE, schema: str | None = No
     psycopg or sqlite3 connection)."""
     d: Any = _connection(db)
     if d is None:
-        from ._guarded import _Sync
-
         _Sync(db).run(lambda conn: migrate_sync(conn, table=table, schema=schema))
         return
     if d.is_async:
