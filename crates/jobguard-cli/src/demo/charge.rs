@@ -300,12 +300,18 @@ async fn run_workers<DB: ExampleDb>(
             .spawn()
             .context("start a worker process")?;
         let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let mut killed = false;
+        // Read to the end: two of the process's jobs may reach their crash point at once, and
+        // the second's line is already in the pipe when the first's kills it.
         while let Some(line) = lines.next_line().await? {
             if line.starts_with(CRASH_POINT) {
                 // The charge happened; the process dies before its transaction commits.
-                child.start_kill()?;
+                if !killed {
+                    child.start_kill()?;
+                    killed = true;
+                }
                 total.crashes += 1;
-                break;
+                continue;
             }
             if let Some(stats) = line.strip_prefix(STATS) {
                 let stats: serde_json::Value = serde_json::from_str(stats.trim())?;
