@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any, AsyncContextManager, Callable, Sequence
+from typing import Any, AsyncContextManager, Callable, Mapping, Sequence
 
 from . import _keys, _native
 from ._drivers import driver_for
@@ -315,7 +315,7 @@ async def _sleep(stopping: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stopping.wait(), timeout=seconds)
 
 
-def check_schedules(schedules: Sequence[Periodic], jobs: dict[str, Any]) -> None:
+def check_schedules(schedules: Sequence[Periodic], jobs: Mapping[str, Any]) -> None:
     """Refuses, before anything is enqueued, a schedule whose kind the app does not define or
     whose payload does not bind to that job's parameters."""
     for schedule in schedules:

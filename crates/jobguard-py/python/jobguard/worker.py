@@ -30,22 +30,62 @@ import datetime as _dt
 import json
 import logging
 import signal
-from typing import TYPE_CHECKING, Any, AsyncIterator
+import inspect
+from typing import Any, AsyncIterator, Callable, Mapping, Protocol, Sequence
 
 from . import _keys
 from ._enqueue import DEFAULT_QUEUE
 from ._guard import _tokens
 from ._migrate import is_not_migrated
-from ._periodic import FIRING_KEY_PREFIX, Scheduler, check_schedules
+from ._periodic import FIRING_KEY_PREFIX, Periodic, Scheduler, check_schedules
 from ._pools import Database, open_database
 from ._session import Row, Session
-from ._queue_sql import worker_sql
+from ._queue_sql import Backoff, worker_sql
 from ._retry import transient_reason
 from .errors import GuardVanished, KeyReused, NotMigrated
 from .metrics import record_outcome
 
-if TYPE_CHECKING:
-    from .app import App, Job
+
+
+class JobKind(Protocol):
+    """What the worker reads of a job kind (``app.JobSpec``)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+    @property
+    def key(self) -> Callable[..., str] | None: ...
+    @property
+    def signature(self) -> inspect.Signature: ...
+    @property
+    def is_async(self) -> bool: ...
+
+
+class DefinedJob(Protocol):
+    """A job the app defines (``app.Job``), as the worker reads it."""
+
+    @property
+    def spec(self) -> JobKind: ...
+
+
+class WorkerApp(Protocol):
+    """What the worker reads of an :class:`~jobguard.App`: its jobs, schedules, database,
+    tables and retry policy (the app imports the worker, not the reverse)."""
+
+    db: Any
+    table: str
+    schema: str | None
+    guard_table: str
+    guard_schema: str | None
+    retry: Backoff
+
+    @property
+    def jobs(self) -> Mapping[str, DefinedJob]: ...
+    @property
+    def schedules(self) -> Sequence[Periodic]: ...
+    def check_driver(self, kind: str, is_async: bool, pool_is_async: bool | None = None
+                     ) -> None: ...
 
 log = logging.getLogger("jobguard.worker")
 
@@ -98,7 +138,7 @@ class Worker:
     job due for its kinds and nothing runs."""
 
     def __init__(
-        self, app: "App", *, queue: str = DEFAULT_QUEUE, concurrency: int = 10,
+        self, app: WorkerApp, *, queue: str = DEFAULT_QUEUE, concurrency: int = 10,
         lease: float = 30.0, poll_interval: float = 1.0, shutdown_timeout: float = 30.0,
         until_idle: bool = False, handle_signals: bool = True,
     ) -> None:
@@ -307,7 +347,7 @@ class Worker:
                 await asyncio.sleep(0.002 * 2**run)
         raise AssertionError("unreachable")
 
-    def _check(self, job: LeasedJob, defined: "Job") -> bytes:
+    def _check(self, job: LeasedJob, defined: DefinedJob) -> bytes:
         """The payload binds to the body's parameters and the key function accepts it; the
         payload's fingerprint. Raises what makes the job impossible to run."""
         if not isinstance(job.payload, dict):
