@@ -6,8 +6,10 @@ worker's command line."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 from celery import Celery
@@ -44,3 +46,19 @@ def worker_command(app: str, concurrency: int) -> list[str]:
         f"--concurrency={concurrency}", "--without-heartbeat", "--without-mingle",
         "--without-gossip", "--loglevel=INFO",
     ]
+
+
+def app_environment(pg_url: str, broker: str, queue: str, flags: Path,
+                    **extra: str) -> dict[str, str]:
+    """The environment ``frameworks/celery/celery_app.py`` reads: its database, broker, queue
+    and flags directory, and the path it imports ``kills`` from; ``extra`` added."""
+    here = Path(__file__).parent
+    return {
+        **os.environ,
+        "DATABASE_URL": pg_url,
+        "JOBGUARD_TEST_BROKER": kills.BROKERS[broker],
+        "JOBGUARD_TEST_QUEUE": queue,
+        "JOBGUARD_TEST_FLAGS": str(flags),
+        "PYTHONPATH": os.pathsep.join([str(here / "celery"), str(here)]),
+        **extra,
+    }

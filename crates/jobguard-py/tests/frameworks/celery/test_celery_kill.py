@@ -7,16 +7,12 @@ restarted one takes the message back after the visibility timeout.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 import jobguard
 from frameworks import celery_runs, kills
 from frameworks.kills import BROKERS
 
-HERE = Path(__file__).parent
 KEYS = [f"o-{n}" for n in range(5)]
 PUBLISHED = 2
 
@@ -30,15 +26,9 @@ def test_killed_celery_workers_apply_each_key_once(broker, pg_url, tmp_path):
     keys = [jobguard.key("credit", order) for order in KEYS]
     kills.arm_both(flags, keys)
     with celery_runs.queue(broker) as (queue, producer):
-        env = {
-            **os.environ,
-            "DATABASE_URL": pg_url,
-            "JOBGUARD_TEST_BROKER": BROKERS[broker],
-            "JOBGUARD_TEST_QUEUE": queue,
-            "JOBGUARD_TEST_FLAGS": str(flags),
-            "JOBGUARD_TEST_KILL_GROUP": "1" if broker == "redis" else "0",
-            "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
-        }
+        env = celery_runs.app_environment(
+            pg_url, broker, queue, flags,
+            JOBGUARD_TEST_KILL_GROUP="1" if broker == "redis" else "0")
         celery_runs.publish(producer, queue, KEYS, PUBLISHED)
         workers = kills.Workers(celery_runs.worker_command("celery_app", 1), env, tmp_path)
         expected = kills.expected_finished(keys, PUBLISHED)

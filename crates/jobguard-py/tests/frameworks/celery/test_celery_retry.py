@@ -9,16 +9,12 @@ must take effect exactly once: Celery alone acks each of these failures and lose
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 import jobguard
 from frameworks import celery_runs, kills
 from frameworks.kills import BROKERS
 
-HERE = Path(__file__).parent
 KEYS = [f"o-{n}" for n in range(6)]
 # Long enough to show a hang or a lost key; a passing run takes about 10 s.
 LIMIT_S = 50
@@ -33,14 +29,7 @@ def test_transient_failures_and_time_limits_are_run_again(broker, pg_url, tmp_pa
     keys = [jobguard.key("credit", order) for order in KEYS]
     kills.arm_retries(flags, keys, overrun_s=6, stop_s=20)
     with celery_runs.queue(broker) as (queue, producer):
-        env = {
-            **os.environ,
-            "DATABASE_URL": pg_url,
-            "JOBGUARD_TEST_BROKER": BROKERS[broker],
-            "JOBGUARD_TEST_QUEUE": queue,
-            "JOBGUARD_TEST_FLAGS": str(flags),
-            "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
-        }
+        env = celery_runs.app_environment(pg_url, broker, queue, flags)
         celery_runs.publish(producer, queue, KEYS)
         workers = kills.Workers(celery_runs.worker_command("celery_app", 2), env, tmp_path,
                                 limit_s=LIMIT_S)
