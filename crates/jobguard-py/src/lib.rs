@@ -214,7 +214,8 @@ fn queue_sql<'py>(
 
 /// The worker's statements for `dialect` on the jobs table `jobs` and the guard table `guard`
 /// (each in its schema, on PostgreSQL), exactly as the Rust worker runs them: the fetch of the
-/// registered kinds, complete-and-claim (PostgreSQL; SQLite completes, then claims), the
+/// registered kinds, complete-and-claim (PostgreSQL; SQLite completes, then claims), and on
+/// PostgreSQL the same for a batch with the read of the keys it did not claim, the
 /// statements that settle or extend one lease, the heartbeats of many and the rescue.
 #[pyfunction]
 #[pyo3(signature = (dialect, jobs, guard, jobs_schema=None, guard_schema=None))]
@@ -234,6 +235,11 @@ fn worker_sql<'py>(
             use sql::postgres::worker;
             out.set_item("fetch", worker::fetch(&jobs, worker::Scope::Kinds))?;
             out.set_item("claim_completing", worker::claim_completing(&guard, &jobs))?;
+            out.set_item(
+                "claim_completing_many",
+                worker::claim_completing_many(&guard, &jobs),
+            )?;
+            out.set_item("held", worker::held(&guard))?;
             out.set_item("heartbeat_many", worker::heartbeat_many(&jobs))?;
             out.set_item("rescue", worker::rescue(&jobs))?;
             out.set_item("notify_channel", sql::postgres::queue::NOTIFY_CHANNEL)?;

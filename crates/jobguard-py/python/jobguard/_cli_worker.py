@@ -27,6 +27,9 @@ def add_parser(commands: Any) -> None:
     worker.add_argument("app", help="module:attribute of the jobguard.App, e.g. myapp.jobs:app")
     worker.add_argument("--queue", default="default")
     worker.add_argument("--concurrency", type=int, default=10)
+    worker.add_argument("--batch-size", type=int, default=1,
+                        help="jobs of kinds defined with batch=True run up to this many in one "
+                             "transaction when a backlog builds (PostgreSQL; 1: off)")
     worker.add_argument("--lease", type=float, default=30.0, help="seconds")
     worker.add_argument("--poll-interval", type=float, default=1.0, help="seconds")
     worker.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds")
@@ -72,11 +75,13 @@ def run(args: argparse.Namespace) -> int:
         return await app.run_worker(
             queue=args.queue, concurrency=args.concurrency, lease=args.lease,
             poll_interval=args.poll_interval, shutdown_timeout=args.shutdown_timeout,
-            until_idle=args.until_idle,
+            until_idle=args.until_idle, batch_size=args.batch_size,
         )
 
     stats = asyncio.run(main())
     print(f"{stats.applied} applied, {stats.duplicates} duplicates, {stats.failed} failed, "
-          f"{stats.dead} dead, {stats.fenced} fenced, {stats.released} given back",
+          f"{stats.dead} dead, {stats.fenced} fenced, {stats.released} given back"
+          + (f"; {stats.batches} batches, {stats.batches_rolled_back} rolled back"
+             if args.batch_size > 1 else ""),
           file=sys.stderr)
     return 0

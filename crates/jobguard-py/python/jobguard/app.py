@@ -52,6 +52,7 @@ class JobSpec:
     signature: inspect.Signature
     is_async: bool
     unique: Unique | None = None
+    batch: bool = False
 
 
 class Job:
@@ -160,18 +161,24 @@ class App:
     def job(
         self, kind: str, *, key: Callable[..., str] | None = None, queue: str = DEFAULT_QUEUE,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS, unique: Unique | None = None,
+        batch: bool = False,
     ) -> Callable[[Callable[..., Any]], Job]:
         """Defines the job kind ``kind``, run by ``fn(conn, **payload)``.
 
         ``key(**payload)`` names the business operation (``jobguard.key(kind, ...)``); without
         it the key is derived from the kind and the payload's fingerprint. ``max_attempts``
         bounds its attempts (as does the worker's retry policy, whichever is less). ``unique``
-        (a :class:`jobguard.Unique`) is its unique-job policy, as the Rust queue's."""
+        (a :class:`jobguard.Unique`) is its unique-job policy, as the Rust queue's. ``batch``
+        lets a worker with ``batch_size`` above 1 run several of its jobs in one transaction
+        (docs/batches.md): for jobs that write rows of their own, never for jobs that update
+        the same rows."""
         _keys.key(kind, "x")  # a kind follows the key rules
         _keys.key(queue, "x")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
         _unique_of(unique)
+        if not isinstance(batch, bool):
+            raise TypeError(f"batch must be True or False, not {batch!r}")
 
         def define(fn: Callable[..., Any]) -> Job:
             if kind in self.jobs:
@@ -182,7 +189,7 @@ class App:
             if not signature.parameters:
                 raise TypeError(f"job `{kind}` must take the connection as its first parameter")
             job = Job(self, JobSpec(kind, fn, key, queue, max_attempts, signature, is_async,
-                                    unique))
+                                    unique, batch))
             self.jobs[kind] = job
             return job
 

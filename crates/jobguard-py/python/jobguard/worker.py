@@ -34,6 +34,7 @@ import inspect
 from typing import Any, AsyncIterator, Callable, Mapping, Protocol, Sequence
 
 from . import _keys
+from ._batches import group
 from ._enqueue import DEFAULT_QUEUE
 from ._guard import _tokens
 from ._migrate import is_not_migrated
@@ -60,6 +61,8 @@ class JobKind(Protocol):
     def signature(self) -> inspect.Signature: ...
     @property
     def is_async(self) -> bool: ...
+    @property
+    def batch(self) -> bool: ...
 
 
 class DefinedJob(Protocol):
@@ -117,6 +120,8 @@ class WorkerStats:
     dead: int = 0
     fenced: int = 0
     released: int = 0
+    batches: int = 0
+    batches_rolled_back: int = 0
 
     def count(self, outcome: str) -> None:
         name = {"duplicate": "duplicates"}.get(outcome, outcome)
@@ -135,16 +140,23 @@ class Worker:
     ``lease`` seconds, extended every third of it until the job starts; a poll every
     ``poll_interval`` seconds when no notification comes; ``shutdown_timeout`` seconds for
     running jobs to finish on SIGTERM or SIGINT. ``until_idle`` returns once the queue has no
-    job due for its kinds and nothing runs."""
+    job due for its kinds and nothing runs.
+
+    ``batch_size`` above 1 (PostgreSQL) runs up to that many jobs of kinds defined with
+    ``batch=True`` in one transaction when a backlog builds: one statement completes them
+    under their lease tokens and claims their keys, their bodies run in fetch order, one commit.
+    Any error rolls the whole batch back, and its jobs run again one per transaction."""
 
     def __init__(
         self, app: WorkerApp, *, queue: str = DEFAULT_QUEUE, concurrency: int = 10,
         lease: float = 30.0, poll_interval: float = 1.0, shutdown_timeout: float = 30.0,
-        until_idle: bool = False, handle_signals: bool = True,
+        until_idle: bool = False, handle_signals: bool = True, batch_size: int = 1,
     ) -> None:
         _keys.key(queue, "x")
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, not {batch_size!r}")
         if lease <= 0 or poll_interval <= 0 or shutdown_timeout < 0:
             raise ValueError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
         if not app.jobs:
@@ -153,7 +165,11 @@ class Worker:
         self.lease, self.poll_interval = lease, poll_interval
         self.shutdown_timeout, self.until_idle = shutdown_timeout, until_idle
         self.handle_signals = handle_signals
+        self.batch_size = batch_size
         self.kinds = sorted(app.jobs)
+        # Groups beyond the free slots (a fetch for batches that brought jobs of kinds that do
+        # not batch) wait here for one.
+        self._slots = asyncio.Semaphore(concurrency)
         self.stats = WorkerStats()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -184,6 +200,8 @@ class Worker:
                 db.dialect, self.app.table, self.app.guard_table, self.app.schema,
                 self.app.guard_schema,
             )
+            if self.batch_size > 1 and "claim_completing_many" not in self._sql:
+                raise ValueError("batches run on PostgreSQL: on SQLite keep batch_size at 1")
             return await self._serve(db)
         finally:
             await db.close()
@@ -250,8 +268,9 @@ class Worker:
                 await self._wait(running, None)
                 continue
             self._wake.clear()
+            limit = free * self.batch_size if self._batching() else free
             try:
-                jobs = await self._fetch(free)
+                jobs = await self._fetch(limit)
             except NotMigrated:
                 raise
             except Exception as error:  # noqa: BLE001 - the database may come back
@@ -259,11 +278,11 @@ class Worker:
                             error, self.poll_interval)
                 await self._wait(running, self.poll_interval)
                 continue
-            for job in jobs:
-                task = loop.create_task(self._process(job))
+            for jobs_of_one in group(jobs, free, self.batch_size, self._batches):
+                task = loop.create_task(self._process_group(jobs_of_one))
                 running.add(task)
                 task.add_done_callback(running.discard)
-            if len(jobs) == free:
+            if len(jobs) == limit:
                 continue
             if not jobs:
                 await self._give_back_kept()
@@ -305,8 +324,27 @@ class Worker:
             jobs.append(job)
         return jobs
 
+    def _batching(self) -> bool:
+        return self.batch_size > 1 and any(j.spec.batch for j in self.app.jobs.values())
+
+    def _batches(self, job: LeasedJob) -> bool:
+        return self.app.jobs[job.kind].spec.batch
+
     def _kinds_param(self) -> Any:
         return json.dumps(self.kinds) if self._db and self._db.dialect == "sqlite" else self.kinds
+
+    async def _process_group(self, jobs: list[LeasedJob]) -> None:
+        async with self._slots:
+            if self._stopping.is_set():  # waited for a slot past the stop: given back
+                for job in jobs:
+                    self._leased.pop(job.id, None)
+                    self._waiting.pop(job.id, None)
+                    await self._release(job)
+                return
+            if len(jobs) > 1 and await self._process_batch(jobs):
+                return
+            for job in jobs:
+                await self._process(job)
 
     async def _process(self, job: LeasedJob) -> None:
         try:
@@ -314,10 +352,80 @@ class Worker:
         finally:
             self._leased.pop(job.id, None)
             self._waiting.pop(job.id, None)
+        self._ended(job, outcome)
+
+    def _ended(self, job: LeasedJob, outcome: str) -> None:
         self.stats.count(outcome)
         record_outcome(job.kind, outcome)
         log.debug("job %s (%s, key %s, attempt %d): %s", job.id, job.kind, job.key,
                   job.attempt, outcome)
+
+    async def _process_batch(self, jobs: list[LeasedJob]) -> bool:
+        """Runs ``jobs`` in one transaction; False when it rolled back, its jobs to run again
+        one per transaction (their leases still held, and extended meanwhile)."""
+        try:
+            outcomes = await self._run_batch(jobs)
+        except Exception as error:  # noqa: BLE001 - each job then runs and settles alone
+            log.info("a batch of %d jobs rolled back (%r); they run one per transaction",
+                     len(jobs), error)
+            self.stats.batches_rolled_back += 1
+            for job in jobs:
+                if job.id in self._leased:
+                    self._waiting[job.id] = job.token
+            return False
+        self.stats.batches += 1
+        for job, outcome in zip(jobs, outcomes):
+            self._leased.pop(job.id, None)
+            self._waiting.pop(job.id, None)
+            self._ended(job, outcome)
+        return True
+
+    async def _run_batch(self, jobs: list[LeasedJob]) -> list[str]:
+        """One transaction: completes ``jobs`` under their leases and claims their keys in one
+        statement, runs the bodies of those that claimed theirs in fetch order, commits. How
+        each ended: ``applied``, ``duplicate`` (its key held, also by an earlier job of the
+        batch) or ``fenced``. Raises (and rolls everything back) on any error, including a job
+        that cannot run or a key reused with another payload: alone, the job settles as the
+        per-job path settles it."""
+        prints = [self._check(job, self.app.jobs[job.kind]) for job in jobs]
+        async with self._job_session() as s:
+            async with s.transaction():
+                rows = await s.fetch(self._sql["claim_completing_many"], [
+                    [job.id for job in jobs], [job.token for job in jobs],
+                    [job.key for job in jobs], [job.kind for job in jobs], prints,
+                    [_tokens.next() for _ in jobs],
+                ])
+                # The jobs' rows are locked until this transaction ends: no heartbeat needed.
+                for job in jobs:
+                    self._waiting.pop(job.id, None)
+                unclaimed = sorted({job.key for job, row in zip(jobs, rows)
+                                    if row[0] and not row[1]})
+                held = {}
+                if unclaimed:
+                    held = {row[0]: row for row in await s.fetch(self._sql["held"], [unclaimed])}
+                outcomes = []
+                for job, fingerprint, row in zip(jobs, prints, rows):
+                    if not row[0]:
+                        outcomes.append("fenced")
+                    elif row[1]:
+                        await s.call(self.app.jobs[job.kind].spec.fn, **job.payload)
+                        outcomes.append("applied")
+                    else:
+                        self._check_held(job, fingerprint, held.get(job.key))
+                        outcomes.append("duplicate")
+        return outcomes
+
+    @staticmethod
+    def _check_held(job: LeasedJob, fingerprint: bytes, held: Row | None) -> None:
+        """A key the batch did not claim is a duplicate when its guard row holds the same
+        payload's fingerprint (or none)."""
+        if held is None:
+            raise GuardVanished(
+                f"the guard row of `{job.key}` disappeared between the conflict and its read: "
+                "guard rows are being pruned while jobs run")
+        if held[2] is not None and bytes(held[2]) != fingerprint:
+            first = _dt.datetime.fromtimestamp(held[1] / 1e6, tz=_dt.timezone.utc)
+            raise KeyReused(job.key, first)
 
     async def execute(self, job: LeasedJob) -> str:
         """Runs one leased job and settles it; how it ended: ``applied``, ``duplicate``,

@@ -16,12 +16,13 @@ from conftest import rows
 Start = Callable[[], subprocess.Popen]
 
 
-def python_worker(env: dict[str, str], app: str = "ledger_app:app") -> Start:
-    """Starts ``python -m jobguard worker APP`` with short leases, so that the jobs of a killed
-    or frozen worker are rescued within the test."""
+def python_worker(env: dict[str, str], app: str = "ledger_app:app",
+                  extra: tuple[str, ...] = ()) -> Start:
+    """Starts ``python -m jobguard worker APP`` (with ``extra`` options) with short leases, so
+    that the jobs of a killed or frozen worker are rescued within the test."""
     return lambda: subprocess.Popen(
         [sys.executable, "-m", "jobguard", "worker", app, "--concurrency", "4",
-         "--lease", "1", "--poll-interval", "0.1", "--shutdown-timeout", "5"],
+         "--lease", "1", "--poll-interval", "0.1", "--shutdown-timeout", "5", *extra],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 

@@ -5,7 +5,9 @@ async drivers, plain ``def`` ones (run on threads) on the sync drivers.
 ``JOBGUARD_TEST_DRIVER`` picks the driver (one of ``DRIVERS``), ``DATABASE_URL`` the database (a
 PostgreSQL URL, or a SQLite file's path for ``sqlite3`` and ``sqlalchemy_sqlite``); ``JOBGUARD_TEST_SLOW`` is how long the
 slow job sleeps, ``JOBGUARD_TEST_CREDIT_PAUSE`` how long a credit waits after its insert
-(seconds)."""
+(seconds); with ``JOBGUARD_TEST_FAIL_ONCE_MOD`` set to N, a credit whose order number is a
+multiple of N raises after its insert the first time a process runs it (retried soon after);
+``JOBGUARD_TEST_BATCH`` lets the kinds run in batches."""
 
 from __future__ import annotations
 
@@ -111,10 +113,19 @@ def insert_sync(conn: Any, sql: str, *params: Any) -> None:
 LEDGER_INSERT = "insert into worker_ledger (job_key, amount) values ($1, $2)"
 
 
-def make_app(driver: str, url: str, **options: Any) -> tuple[jobguard.App, dict[str, int]]:
-    """The test app, and the count of calls of each job's body."""
+def make_app(driver: str, url: str, batch: bool = False,
+             **options: Any) -> tuple[jobguard.App, dict[str, int]]:
+    """The test app, and the count of calls of each job's body; ``batch``: its kinds may run
+    in batches."""
+    fail_mod = int(os.environ.get("JOBGUARD_TEST_FAIL_ONCE_MOD", "0"))
+    if fail_mod:
+        options.setdefault("retry", jobguard.Backoff(base=0.05, max_delay=0.2))
     app = jobguard.App(db=pool_factory(driver, url), **options)
     calls: dict[str, int] = {}
+
+    def fail_once(order: str) -> None:
+        if fail_mod and calls[order] == 1 and int(order.rsplit("-", 1)[1]) % fail_mod == 0:
+            raise RuntimeError(f"{order} fails its first run here")
 
     def called(order: str) -> None:
         calls[order] = calls.get(order, 0) + 1
@@ -123,37 +134,41 @@ def make_app(driver: str, url: str, **options: Any) -> tuple[jobguard.App, dict[
         return float(os.environ.get(name, default))
 
     if driver in ASYNC_DRIVERS:
-        @app.job("credit", key=lambda order, amount: jobguard.key("credit", order))
+        @app.job("credit", key=lambda order, amount: jobguard.key("credit", order), batch=batch)
         async def credit(conn: Any, order: str, amount: int) -> None:
             called(order)
             await insert(conn, LEDGER_INSERT, jobguard.key("credit", order), amount)
+            fail_once(order)
             if pause("JOBGUARD_TEST_CREDIT_PAUSE", "0"):  # a commit that a kill can land before
                 await asyncio.sleep(pause("JOBGUARD_TEST_CREDIT_PAUSE", "0"))
 
-        @app.job("slow", key=lambda order: jobguard.key("slow", order))
+        @app.job("slow", key=lambda order: jobguard.key("slow", order), batch=batch)
         async def slow(conn: Any, order: str) -> None:
             called(order)
             await asyncio.sleep(pause("JOBGUARD_TEST_SLOW", "1"))
             await insert(conn, LEDGER_INSERT, jobguard.key("slow", order), 1)
 
-        @app.job("broken", key=lambda order: jobguard.key("broken", order), max_attempts=3)
+        @app.job("broken", key=lambda order: jobguard.key("broken", order), max_attempts=3,
+                 batch=batch)
         async def broken(conn: Any, order: str) -> None:
             called(order)
             raise RuntimeError(f"no account for {order}")
     else:
-        @app.job("credit", key=lambda order, amount: jobguard.key("credit", order))
+        @app.job("credit", key=lambda order, amount: jobguard.key("credit", order), batch=batch)
         def credit_sync(conn: Any, order: str, amount: int) -> None:
             called(order)
             insert_sync(conn, LEDGER_INSERT, jobguard.key("credit", order), amount)
+            fail_once(order)
             time.sleep(pause("JOBGUARD_TEST_CREDIT_PAUSE", "0"))
 
-        @app.job("slow", key=lambda order: jobguard.key("slow", order))
+        @app.job("slow", key=lambda order: jobguard.key("slow", order), batch=batch)
         def slow_sync(conn: Any, order: str) -> None:
             called(order)
             time.sleep(pause("JOBGUARD_TEST_SLOW", "1"))
             insert_sync(conn, LEDGER_INSERT, jobguard.key("slow", order), 1)
 
-        @app.job("broken", key=lambda order: jobguard.key("broken", order), max_attempts=3)
+        @app.job("broken", key=lambda order: jobguard.key("broken", order), max_attempts=3,
+                 batch=batch)
         def broken_sync(conn: Any, order: str) -> None:
             called(order)
             raise RuntimeError(f"no account for {order}")
@@ -162,5 +177,6 @@ def make_app(driver: str, url: str, **options: Any) -> tuple[jobguard.App, dict[
 
 
 if os.environ.get("JOBGUARD_TEST_DRIVER"):
-    app, _ = make_app(os.environ["JOBGUARD_TEST_DRIVER"], os.environ["DATABASE_URL"])
+    app, _ = make_app(os.environ["JOBGUARD_TEST_DRIVER"], os.environ["DATABASE_URL"],
+                      batch=bool(os.environ.get("JOBGUARD_TEST_BATCH")))
     not_an_app = {"jobs": []}

@@ -1,5 +1,6 @@
 """Several ``python -m jobguard worker`` processes on one queue, SIGKILLed and SIGSTOPped at
-random while they run: every key is applied exactly once, and no job is lost or left waiting."""
+random while they run, one job per transaction and in batches: every key is applied exactly
+once, and no job is lost or left waiting."""
 
 from __future__ import annotations
 
@@ -25,6 +26,23 @@ def driver(request: pytest.FixtureRequest) -> str:
 
 
 def test_workers_killed_and_stopped_at_random_apply_every_key_once(worker_env, queue_url):
+    run_chaos(worker_env, queue_url, ())
+
+
+@pytest.mark.parametrize("driver", ["asyncpg"])
+def test_workers_running_batches_killed_and_stopped_at_random_apply_every_key_once(
+        worker_env, queue_url):
+    # A backlog of credits run in batches of up to 8, a tenth of them failing once after their
+    # insert: their batch rolls back, and its jobs run again one per transaction.
+    env = dict(worker_env, JOBGUARD_TEST_BATCH="1", JOBGUARD_TEST_FAIL_ONCE_MOD="10")
+    run_chaos(env, queue_url, ("--batch-size", "8"))
+    # Jobs a batch completed share its transaction's `now()`: batches did run.
+    [(batched,)] = rows(queue_url, "select count(*) from (select finished_at from jobguard_jobs "
+                                   "group by finished_at having count(*) > 1) b")
+    assert batched > 0
+
+
+def run_chaos(worker_env: dict[str, str], queue_url: str, extra: tuple[str, ...]) -> None:
     run_seed = seed()
     rng = random.Random(run_seed)
     with psycopg.connect(queue_url) as conn, conn.transaction():
@@ -33,7 +51,7 @@ def test_workers_killed_and_stopped_at_random_apply_every_key_once(worker_env, q
             jobguard.enqueue_sync(conn, "credit", {"order": order, "amount": i},
                                   key=jobguard.key("credit", order))
     env = dict(worker_env, JOBGUARD_TEST_CREDIT_PAUSE="0.02")
-    with Fleet([python_worker(env)] * WORKERS) as fleet:
+    with Fleet([python_worker(env, extra=extra)] * WORKERS) as fleet:
         fleet.chaos(rng, CHAOS_SECONDS)
         wait_until_settled(queue_url)
     context = f"seed {run_seed}, {fleet.kills} kills, {fleet.stops} stops"

@@ -323,8 +323,9 @@ def test_the_worker_statements_are_the_rust_workers():
     assert "lease_token = $6" in sql["claim_completing"]
     assert "kind = any($4::text[])" in sql["fetch"]
     assert json.dumps(sorted(sql)) == json.dumps(sorted([
-        "claim_completing", "complete", "dead", "fetch", "heartbeat", "heartbeat_many",
-        "notify_channel", "release", "rescue", "retry"]))
+        "claim_completing", "claim_completing_many", "complete", "dead", "fetch", "heartbeat",
+        "heartbeat_many", "held", "notify_channel", "release", "rescue", "retry"]))
+    assert "unnest($1::int8[], $2::int8[]" in sql["claim_completing_many"]
     sqlite = jobguard._native.worker_sql("sqlite", "jobguard_jobs", "processed_jobs")
     assert "kind in (select value from json_each($4))" in sqlite["fetch"]
     assert "on conflict (job_key) do nothing" in sqlite["claim"]

@@ -1,5 +1,5 @@
-//! The worker's statements for PostgreSQL: fetch, complete-and-claim, the heartbeats of many
-//! leases and the rescue. The Rust worker and the Python worker run this same text; the
+//! The worker's statements for PostgreSQL: fetch, complete-and-claim (one job, or a batch and
+//! the read of the keys it did not claim), the heartbeats of many leases and the rescue. The Rust worker and the Python worker run this same text; the
 //! statements that settle one lease are in [`lease`](crate::sql::lease).
 
 use crate::sql::{HELD, LEGACY_RUNNING, REPLAYED, WAITING, paused_queues};
@@ -96,6 +96,71 @@ pub fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
          select c.* from completed left join lateral {claim}($1, $2, $3, $4) c on true",
         jobs = jobs.quoted(),
         claim = guard.derived_qualified("claim"),
+    )
+}
+
+/// Completes a batch's jobs under their lease tokens and claims the keys of the completed ones,
+/// in one statement. The inputs are parallel arrays, one element per job in batch order: job id
+/// (`$1`), lease token (`$2`), key (`$3`), kind (`$4`), fingerprint (`$5`), claim token (`$6`).
+///
+/// One row per job, in batch order: `completed` false means its lease was taken over, so
+/// nothing was completed or claimed for it; `claimed` true means its key's guard row was
+/// inserted by this statement for this job. A completed job that did not claim its key either
+/// shares it with an earlier job of the batch (which claimed or found it) or found it held by a
+/// committed transaction: [`held`] reads those rows in a new statement.
+///
+/// - Only the first completed job of each key tries to claim it, so a key twice in one batch
+///   is claimed once and the second job is a duplicate.
+/// - The keys are inserted in key order, so two batches that share keys lock them in the same
+///   order and wait for each other rather than deadlock.
+/// - As in the per-job claim, `on conflict do nothing` waits for a concurrent transaction
+///   holding the key, then inserts nothing when it committed (a duplicate) or inserts when it
+///   rolled back (this batch applies the key).
+pub fn claim_completing_many(guard: &TableName, jobs: &TableName) -> String {
+    format!(
+        "with batch as (
+             select * from unnest($1::int8[], $2::int8[], $3::text[], $4::text[], $5::bytea[], $6::bytea[])
+                 with ordinality as b(job_id, lease_token, job_key, kind, fingerprint, claim_token, ord)
+         ),
+         completed as (
+             update {jobs} j set state = 'completed', finished_at = now(), leased_until = null
+             from batch b
+             where j.id = b.job_id and j.lease_token = b.lease_token
+               and j.state = 'available' and j.leased_until is not null
+             returning j.id
+         ),
+         first_of_key as (
+             select distinct on (b.job_key) b.*
+             from batch b join completed c on c.id = b.job_id
+             order by b.job_key, b.ord
+         ),
+         claimed as (
+             insert into {guard} (job_key, kind, fingerprint, claim_token)
+             select job_key, kind, fingerprint, claim_token from first_of_key order by job_key
+             on conflict (job_key) do nothing
+             returning job_key
+         )
+         select c.id is not null as completed,
+                coalesce(f.ord = b.ord and k.job_key is not null, false) as claimed
+         from batch b
+         left join completed c on c.id = b.job_id
+         left join first_of_key f on f.job_key = b.job_key
+         left join claimed k on k.job_key = b.job_key
+         order by b.ord",
+        jobs = jobs.quoted(),
+        guard = guard.quoted(),
+    )
+}
+
+/// Reads the guard rows holding keys (`$1`) that a batch did not claim. A new statement, so
+/// under read committed it sees rows that concurrent transactions committed while the batch's
+/// statement waited for them, as well as the rows the batch itself inserted.
+pub fn held(guard: &TableName) -> String {
+    format!(
+        "select job_key, (extract(epoch from applied_at) * 1000000)::int8, fingerprint, result,
+                claim_token
+         from {} where job_key = any($1::text[])",
+        guard.quoted()
     )
 }
 

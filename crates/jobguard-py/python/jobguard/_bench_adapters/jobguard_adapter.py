@@ -1,8 +1,10 @@
 """jobguard's own Python worker behind the bench's contract (see contract.py).
 
-Settings: ``concurrency`` (the worker's, 10 by default) and ``pool`` (the asyncpg pool the
+Settings: ``concurrency`` (the worker's, 10 by default), ``pool`` (the asyncpg pool the
 worker runs on; ``concurrency + 2`` by default, as docs/python.md sizes it: a connection per
-running job, one for fetches and heartbeats, one to listen). A credit claims the key
+running job, one for fetches and heartbeats, one to listen) and ``batch_size`` (1 by default;
+above 1 both kinds are defined with ``batch=True`` and run in batches when a backlog builds).
+A credit claims the key
 ``credit:<n>`` in the job's own transaction, with the ledger row and the completion.
 """
 
@@ -27,7 +29,8 @@ class JobguardAdapter(contract.Adapter):
     def __init__(self, url: str, settings: dict[str, Any]) -> None:
         concurrency = int(settings.get("concurrency", 10))
         settings = {"concurrency": concurrency, "pool": int(settings.get("pool", concurrency + 2)),
-                    "poll_interval": float(settings.get("poll_interval", 1.0))}
+                    "poll_interval": float(settings.get("poll_interval", 1.0)),
+                    "batch_size": int(settings.get("batch_size", 1))}
         super().__init__(url, settings)
         self.pool: Any = None
         self.worker: Worker | None = None
@@ -36,12 +39,14 @@ class JobguardAdapter(contract.Adapter):
         app = self.app = jobguard.App(
             db=lambda: asyncpg.create_pool(url, min_size=size, max_size=size))
         started = self.started
+        batch = settings["batch_size"] > 1
 
-        @app.job("noop")
+        @app.job("noop", batch=batch)
         async def noop(conn: Any, n: int) -> None:
             started(n)
 
-        @app.job("credit", key=lambda n, account, amount: jobguard.key("credit", str(n)))
+        @app.job("credit", key=lambda n, account, amount: jobguard.key("credit", str(n)),
+                 batch=batch)
         async def credit(conn: Any, n: int, account: int, amount: int) -> None:
             started(n)
             await conn.execute(contract.INSERT_LEDGER, n, account, amount)
@@ -67,7 +72,7 @@ class JobguardAdapter(contract.Adapter):
     async def start_worker(self) -> None:
         s = self.settings
         self.worker = Worker(self.app, concurrency=s["concurrency"], handle_signals=False,
-                             poll_interval=s["poll_interval"])
+                             poll_interval=s["poll_interval"], batch_size=s["batch_size"])
         self.task = asyncio.ensure_future(self.worker.run())
         await asyncio.sleep(0)
 
