@@ -34,7 +34,8 @@ def test_a_small_queue_bench_applies_each_job_once_and_reports_every_figure(pg_u
         report = json.loads(out.stdout)
         [run] = report["systems"]
         assert (run["system"], run["setting"], run["error"]) == ("jobguard", "default", None), run
-        assert run["settings"] == {"concurrency": 10, "pool": 12, "poll_interval": 1.0}
+        assert run["settings"] == {"concurrency": 10, "pool": 12, "poll_interval": 1.0,
+                               "batch_size": 1}
         assert run["noop_jobs_per_s"] > 0 and run["credit_jobs_per_s"] > 0
         assert (run["ledger_rows"], run["ledger_distinct"], run["ledger_foreign"]) == (
             JOBS, JOBS, 0)

@@ -18,7 +18,9 @@ Commands:
   queue's bulk insert; not timed.
 - ``{"op": "drain", "count"}``: starts the worker and stops it once ``count`` jobs started and
   the queue reports none left to settle; ``seconds`` is from the first job's start to then.
-- ``{"op": "work"}``: starts the worker; ``{"op": "collect", "count", "timeout"}`` waits for
+- ``{"op": "work"}``: starts the worker and answers once it has run for ``WARM_UP`` seconds, so
+  that its start (a new pool's connections, its listener) is not counted as the pickup of the
+  first jobs produced; ``{"op": "collect", "count", "timeout"}`` waits for
   ``count`` jobs to start and settle, stops the worker, and answers each job's start time.
 - ``{"op": "produce", "kind", "first", "rate", "seconds", "connections"}``: enqueues one job
   per transaction at ``rate`` a second for ``seconds``, and answers each job's commit time.
@@ -41,6 +43,9 @@ import traceback
 from typing import Any, Callable
 
 LEDGER = "bench_ledger"
+# Seconds a worker started for a pickup run runs before the producer starts: a long-running
+# worker's pickup is what is measured, not a cold start's.
+WARM_UP = 1.0
 INSERT_LEDGER = f"insert into {LEDGER} (n, account, amount) values ($1, $2, $3)"
 INSERT_LEDGER_PSYCOPG = f"insert into {LEDGER} (n, account, amount) values (%s, %s, %s)"
 
@@ -162,6 +167,7 @@ async def _command(adapter: Adapter, cmd: dict[str, Any]) -> dict[str, Any]:
         adapter.starts.clear()
         adapter.runs = 0
         await adapter.start_worker()
+        await asyncio.sleep(WARM_UP)
         return {}
     if op == "collect":
         try:
