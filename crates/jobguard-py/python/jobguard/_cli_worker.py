@@ -14,10 +14,12 @@ import sys
 from typing import Any
 
 from .app import App
+from .worker import Worker
 
 
 class LoadError(Exception):
-    """The app cannot be loaded: the message names what and why."""
+    """The app cannot be loaded, or the worker's options are invalid: the message names what
+    and why."""
 
 
 def add_parser(commands: Any) -> None:
@@ -69,14 +71,19 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=os.environ.get("JOBGUARD_LOG", "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    async def main() -> Any:
-        if args.migrate:
-            await app.migrate()
-        return await app.run_worker(
-            queue=args.queue, concurrency=args.concurrency, lease=args.lease,
+    try:  # the options are checked before anything connects
+        worker = Worker(
+            app, queue=args.queue, concurrency=args.concurrency, lease=args.lease,
             poll_interval=args.poll_interval, shutdown_timeout=args.shutdown_timeout,
             until_idle=args.until_idle, batch_size=args.batch_size,
         )
+    except ValueError as error:
+        raise LoadError(str(error)) from None
+
+    async def main() -> Any:
+        if args.migrate:
+            await app.migrate()
+        return await worker.run()
 
     stats = asyncio.run(main())
     print(f"{stats.applied} applied, {stats.duplicates} duplicates, {stats.failed} failed, "

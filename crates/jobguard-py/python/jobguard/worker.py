@@ -43,7 +43,7 @@ from ._pools import Database, open_database
 from ._session import Row, Session
 from ._queue_sql import Backoff, worker_sql
 from ._retry import transient_reason
-from .errors import GuardVanished, KeyReused, NotMigrated
+from .errors import GuardVanished, KeyReused, NotMigrated, UnsupportedConnection
 from .metrics import record_outcome
 
 
@@ -201,7 +201,8 @@ class Worker:
                 self.app.guard_schema,
             )
             if self.batch_size > 1 and "claim_completing_many" not in self._sql:
-                raise ValueError("batches run on PostgreSQL: on SQLite keep batch_size at 1")
+                raise UnsupportedConnection(
+                    "batches run on PostgreSQL: on SQLite keep batch_size at 1")
             return await self._serve(db)
         finally:
             await db.close()

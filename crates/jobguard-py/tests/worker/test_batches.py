@@ -127,7 +127,7 @@ async def test_a_batch_whose_leases_were_taken_over_is_fenced_off(driver, queue_
 @pytest.mark.parametrize("driver", ["sqlite3"])
 async def test_batches_are_refused_on_sqlite_and_bad_sizes_everywhere(driver, queue_url):
     app, _ = make_app(driver, queue_url, batch=True)
-    with pytest.raises(ValueError, match="PostgreSQL"):
+    with pytest.raises(jobguard.UnsupportedConnection, match="PostgreSQL"):
         await app.run_worker(batch_size=4, until_idle=True, handle_signals=False)
     for size in (0, -1, 2.5):
         with pytest.raises(ValueError, match="batch_size"):

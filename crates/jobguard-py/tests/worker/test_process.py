@@ -110,8 +110,8 @@ def test_sigterm_past_the_shutdown_timeout_gives_running_jobs_back(worker_env, q
     assert rows(queue_url, "select count(*) from worker_ledger") == [(2,)]
 
 
-def one_line_failure(env: dict[str, str], spec: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "jobguard", "worker", spec], env=env,
+def one_line_failure(env: dict[str, str], spec: str, *options: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "jobguard", "worker", spec, *options], env=env,
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
@@ -126,3 +126,10 @@ def test_an_app_that_cannot_be_loaded_ends_the_command_with_one_line(worker_env)
     assert "`ledger_app:not_an_app` is a builtins.dict, not a jobguard.App" in line
     line = one_line_failure(worker_env, "ledger_app:missing")
     assert "module `ledger_app` has no attribute `missing`" in line
+
+
+def test_invalid_worker_options_end_the_command_with_one_line(worker_env):
+    line = one_line_failure(worker_env, "ledger_app:app", "--batch-size", "0")
+    assert line.endswith("batch_size must be an integer >= 1, not 0"), line
+    line = one_line_failure(worker_env, "ledger_app:app", "--concurrency", "0")
+    assert "concurrency must be at least 1" in line, line
