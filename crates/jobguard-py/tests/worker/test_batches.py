@@ -124,6 +124,41 @@ async def test_a_batch_whose_leases_were_taken_over_is_fenced_off(driver, queue_
     assert ledger(queue_url) == {jobguard.key("credit", f"o-{i}"): 1 for i in range(4)}
 
 
+async def test_slow_batches_past_their_lease_beside_a_second_worker_apply_each_key_once(
+        driver, queue_url, monkeypatch):
+    """Batches of slow jobs that run past their lease, one failing, while a second worker
+    fetches and rescues on the same queue: a batch's rows stay locked while it runs, so no
+    rescue takes them from under it; a batch rolled back late has its jobs' leases expired,
+    and whichever worker holds them afterwards runs each once."""
+    monkeypatch.setenv("JOBGUARD_TEST_SLOW", "0.12")
+    retry = jobguard.Backoff(max_attempts=5, base=0.01, max_delay=0.02, jitter=0.0)
+    app, calls = make_app(driver, queue_url, batch=True, retry=retry)
+    async with producer(driver, queue_url) as conn:
+        for i in range(16):
+            await enqueue_job(driver, conn, app.jobs["slow"], order=f"s-{i}")
+            if i == 6:
+                await enqueue_job(driver, conn, app.jobs["broken"], order="s-bad")
+    totals = {"batches": 0, "rolled_back": 0, "applied": 0, "fenced": 0}
+    for _ in range(40):
+        # A batch of four runs about 0.5 s, past its 0.3 s lease.
+        workers = [Worker(app, lease=0.3, batch_size=4, concurrency=2, until_idle=True,
+                          handle_signals=False, poll_interval=0.02) for _ in range(2)]
+        for stats in await asyncio.gather(*(w.run() for w in workers)):
+            totals["batches"] += stats.batches
+            totals["rolled_back"] += stats.batches_rolled_back
+            totals["applied"] += stats.applied
+            totals["fenced"] += stats.fenced
+        if rows(queue_url, "select count(*) from jobguard_jobs where state not in "
+                           "('completed', 'dead')") == [(0,)]:
+            break
+    assert totals["batches"] >= 1 and totals["rolled_back"] >= 1
+    assert ledger(queue_url) == {jobguard.key("slow", f"s-{i}"): 1 for i in range(16)}
+    assert totals["applied"] == 16
+    assert rows(queue_url, "select kind, state, count(*) from jobguard_jobs "
+                           "group by kind, state order by kind") == [
+        ("broken", "dead", 1), ("slow", "completed", 16)]
+
+
 @pytest.mark.parametrize("driver", ["sqlite3"])
 async def test_batches_are_refused_on_sqlite_and_bad_sizes_everywhere(driver, queue_url):
     app, _ = make_app(driver, queue_url, batch=True)
