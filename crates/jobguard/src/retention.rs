@@ -97,7 +97,11 @@ pub struct RetentionConfig {
     /// keyed external API.
     pub provider_key_lifetime: Duration,
     /// How long a completed job's row is kept after it finished (default 1 day; zero allowed:
-    /// the guard row is the durable record of what was applied).
+    /// the guard row is the durable record of what was applied). With zero, a worker on
+    /// PostgreSQL deletes each job's row in the statement that completes it, rather than
+    /// writing a completed version for the prune to delete: half the index writes of a job's
+    /// life, and half the dead rows for vacuum. A job whose unique policy keeps its key while
+    /// completed is kept all the same, as its row holds the key.
     pub keep_completed: Duration,
     /// How long a dead job's row is kept after it died (default 7 days); at least the replay
     /// window, since a deleted dead job can no longer be replayed.

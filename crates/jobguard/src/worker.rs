@@ -98,6 +98,7 @@ use crate::guard::{Guard, GuardConfig};
 use crate::queue::{DEFAULT_QUEUE, Queue};
 use crate::retention::{PruneConfig, Retention, RetentionConfig};
 use crate::retry::RetryPolicy;
+use crate::store::worker::CompletedRows;
 use crate::store::{Backend, WorkerSql};
 
 pub use self::kinds::UnknownKinds;
@@ -280,7 +281,14 @@ impl<DB: Backend> Worker<DB> {
     /// A worker with its own configuration.
     pub fn with_config(queue: Queue<DB>, config: WorkerConfig) -> Result<Self> {
         let guard = queue.guard(config.guard.clone())?;
-        let sql = DB::worker_sql(guard.sql(), queue.sql());
+        // A queue that keeps no completed job deletes each job's row as it completes it,
+        // rather than writing a completed version of the row for the prune to delete.
+        let rows = if config.retention.keep_completed.is_zero() {
+            CompletedRows::Deleted
+        } else {
+            CompletedRows::Kept
+        };
+        let sql = DB::worker_sql(guard.sql(), queue.sql(), rows);
         Ok(Worker {
             queue,
             guard,

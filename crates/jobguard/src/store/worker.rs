@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
+pub use jobguard_core::sql::postgres::worker::CompletedRows;
+
 use crate::store::guard::{ClaimRow, GuardRecord, GuardSql, GuardStore, NewClaim};
 use crate::store::queue::{Lease, QueueSql, QueueStore, Settle};
 
@@ -13,9 +15,11 @@ use crate::store::queue::{Lease, QueueSql, QueueStore, Settle};
 /// Each method has a default written with the guard's and the queue's own statements; backends
 /// that can do it in fewer round trips override them.
 pub trait WorkerStore: GuardStore + QueueStore {
-    /// The worker's statements over its guard and queue tables, built once per worker.
-    /// Backends that claim and complete in one statement override this.
-    fn worker_sql(_guard: &GuardSql, _queue: &QueueSql) -> WorkerSql {
+    /// The worker's statements over its guard and queue tables, built once per worker;
+    /// `rows` is what completing a job does with its row, where the backend can delete it in
+    /// the statement that completes it. Backends that claim and complete in one statement
+    /// override this.
+    fn worker_sql(_guard: &GuardSql, _queue: &QueueSql, _rows: CompletedRows) -> WorkerSql {
         WorkerSql {
             claim_completing: None,
             claim_completing_many: None,

@@ -2,7 +2,9 @@
 //! batch sizes, concurrency and prefetch drawn at random; retryable failures, fatal failures,
 //! panics and slow jobs near the lease. Whatever the mix, the worker never panics, and each job
 //! is applied exactly once or is dead with its own error after its own attempts: none dies of
-//! an expired lease while it waited behind other jobs.
+//! an expired lease while it waited behind other jobs. A queue that keeps no completed job
+//! (`keep_completed` zero, drawn at random) deletes a job's row as it completes it on
+//! PostgreSQL: such a job must have applied once, and the guard holds its key.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,7 +13,8 @@ use std::time::Duration;
 
 use jobguard::queue::NewJob;
 use jobguard::{
-    Job, JobError, JobKey, KeyError, Queue, RetryPolicy, UnknownKinds, Worker, WorkerConfig,
+    Job, JobError, JobKey, KeyError, Queue, RetentionConfig, RetryPolicy, UnknownKinds, Worker,
+    WorkerConfig,
 };
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -138,6 +141,8 @@ struct Mix {
     concurrency: usize,
     prefetch: usize,
     max_attempts: u32,
+    /// `keep_completed` zero: completed rows are deleted as the jobs complete (PostgreSQL).
+    keep_no_completed: bool,
 }
 
 const LEASE: Duration = Duration::from_millis(1500);
@@ -184,6 +189,14 @@ async fn run_mix<DB: TestDb>(test: &str, mix: Mix) {
         },
         // Unknown kinds are fetched and dead-lettered among the others.
         unknown_kinds: UnknownKinds::DeadLetter,
+        retention: RetentionConfig {
+            keep_completed: if mix.keep_no_completed {
+                Duration::ZERO
+            } else {
+                RetentionConfig::DEFAULT_KEEP_COMPLETED
+            },
+            ..RetentionConfig::default()
+        },
         ..draining()
     };
     let worker = Worker::with_config(queue.clone(), config)
@@ -203,23 +216,28 @@ async fn check<DB: TestDb>(
     mix: &Mix,
     stats: &jobguard::WorkerStats,
 ) {
-    let rows = queue.list(None, None, 1000).await.unwrap();
-    assert_eq!(
-        rows.len(),
-        mix.jobs.len(),
-        "every job is still in the table"
-    );
+    let mut rows: HashMap<i64, _> = queue
+        .list(None, None, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| (row.key.rsplit(':').next().unwrap().parse().unwrap(), row))
+        .collect();
+    let deletes = mix.keep_no_completed && DB::BACKEND == "postgres";
+    if !deletes {
+        assert_eq!(
+            rows.len(),
+            mix.jobs.len(),
+            "every job is still in the table"
+        );
+    }
     let mut applied = 0;
-    for row in rows {
-        let order: i64 = row.key.rsplit(':').next().unwrap().parse().unwrap();
-        let (kind, act) = mix.jobs[order as usize];
+    for (order, &(kind, act)) in mix.jobs.iter().enumerate() {
+        let order = order as i64;
         let (states, error) = match kind {
             Kind::Unknown => (&["dead"][..], Some("retired")),
             _ => expected(act, mix.max_attempts),
         };
-        let what = format!("job {order} ({kind:?}, {act:?}) in {mix:?}: {row:?}");
-        let state = row.state.as_str();
-        assert!(states.contains(&state), "ended {state}: {what}");
         let mut conn = pool.acquire().await.unwrap();
         let effects = DB::fetch_i64(
             &mut conn,
@@ -229,6 +247,22 @@ async fn check<DB: TestDb>(
         .await
         .unwrap();
         drop(conn);
+        let Some(row) = rows.remove(&order) else {
+            // Deleted as it completed: it must have been one that completes, applied once.
+            let what = format!("job {order} ({kind:?}, {act:?}) in {mix:?}, deleted");
+            assert!(deletes, "every job is still in the table: {what}");
+            assert!(states.contains(&"completed"), "{what}");
+            assert_eq!(effects, 1, "applied exactly once: {what}");
+            applied += 1;
+            continue;
+        };
+        let what = format!("job {order} ({kind:?}, {act:?}) in {mix:?}: {row:?}");
+        let state = row.state.as_str();
+        assert!(states.contains(&state), "ended {state}: {what}");
+        assert!(
+            !(deletes && state == "completed"),
+            "a completed row was kept: {what}"
+        );
         if state == "completed" {
             applied += 1;
             assert_eq!(effects, 1, "applied exactly once: {what}");
@@ -273,26 +307,30 @@ fn mix() -> impl Strategy<Value = Mix> {
         1usize..=16,
         0usize..=2,
         1u32..=3,
+        any::<bool>(),
     )
-        .prop_map(|(mut jobs, batch_size, concurrency, ahead, max_attempts)| {
-            // Slow jobs near the lease, a few per case: enough to make the others wait.
-            let mut slow = 0;
-            for job in &mut jobs {
-                if job.1 == Act::Slow {
-                    slow += 1;
-                    if slow > 3 {
-                        job.1 = Act::Credit;
+        .prop_map(
+            |(mut jobs, batch_size, concurrency, ahead, max_attempts, keep_no_completed)| {
+                // Slow jobs near the lease, a few per case: enough to make the others wait.
+                let mut slow = 0;
+                for job in &mut jobs {
+                    if job.1 == Act::Slow {
+                        slow += 1;
+                        if slow > 3 {
+                            job.1 = Act::Credit;
+                        }
                     }
                 }
-            }
-            Mix {
-                jobs,
-                batch_size,
-                concurrency,
-                prefetch: ahead * concurrency,
-                max_attempts,
-            }
-        })
+                Mix {
+                    jobs,
+                    batch_size,
+                    concurrency,
+                    prefetch: ahead * concurrency,
+                    max_attempts,
+                    keep_no_completed,
+                }
+            },
+        )
 }
 
 fn property<DB: TestDb>() {
@@ -341,6 +379,7 @@ async fn a_batching_worker_runs_a_mixed_queue<DB: TestDb>() {
             concurrency: 2,
             prefetch: 0,
             max_attempts: 2,
+            keep_no_completed: false,
         },
     )
     .await;
@@ -360,6 +399,7 @@ async fn jobs_behind_a_rolled_back_batch_keep_their_leases<DB: TestDb>() {
             concurrency: 1,
             prefetch: 0,
             max_attempts: 1,
+            keep_no_completed: true,
         },
     )
     .await;

@@ -2,7 +2,7 @@
 //! the read of the keys it did not claim), the heartbeats of many leases and the rescue. The Rust worker and the Python worker run this same text; the
 //! statements that settle one lease are in [`lease`](crate::sql::lease).
 
-use crate::sql::{HELD, LEGACY_RUNNING, REPLAYED, WAITING, paused_queues};
+use crate::sql::{HELD, KEEP_COMPLETED, LEGACY_RUNNING, REPLAYED, WAITING, paused_queues};
 use crate::table::TableName;
 
 /// Which jobs of a queue a fetch takes.
@@ -77,24 +77,60 @@ pub fn fetch(table: &TableName, scope: Scope) -> String {
     )
 }
 
+/// What completing a job does with its row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CompletedRows {
+    /// The row stays, `completed`, until the prune deletes it after the retention's
+    /// `keep_completed`.
+    #[default]
+    Kept,
+    /// The row is deleted by the statement that completes the job, for a queue that keeps no
+    /// completed job (`keep_completed` zero): the guard row is the record that the key was
+    /// applied. A job whose unique policy keeps its key taken while completed is kept all the
+    /// same, since its row is what holds the key. No index entry is written for the completion
+    /// and no prune is needed for it: half the index writes of a job's life.
+    Deleted,
+}
+
 /// Completes a job and claims its key in one statement: `$1` key, `$2` kind, `$3`
 /// fingerprint, `$4` claim token (the guard's claim), `$5` job id, `$6` lease token. The job's
-/// row is updated only under the lease that holds it, and the key is claimed only when it was:
-/// a fenced worker gets no row back and has claimed nothing. Otherwise the row of the guard's
-/// claim function (`claimed`, then the holding row's applied at, fingerprint, result and claim
-/// token); a null `claimed` means the key's row vanished between the conflict and its read.
+/// row is completed (or deleted; see [`CompletedRows`]) only under the lease that holds it, and
+/// the key is claimed only when it was: a fenced worker gets no row back and has claimed
+/// nothing. Otherwise the row of the guard's claim function (`claimed`, then the holding row's
+/// applied at, fingerprint, result and claim token); a null `claimed` means the key's row
+/// vanished between the conflict and its read.
 ///
-/// The update locks the job's row until the transaction ends: from here no other worker can
-/// fetch or rescue it, and the job's effect commits with its completion and its guard row.
-pub fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
-    format!(
-        "with completed as (
+/// The update (or delete) locks the job's row until the transaction ends: from here no other
+/// worker can fetch or rescue it, and the job's effect commits with its completion and its
+/// guard row.
+pub fn claim_completing(guard: &TableName, jobs: &TableName, rows: CompletedRows) -> String {
+    let held = format!("id = $5 and lease_token = $6 and {HELD}");
+    let completed = match rows {
+        CompletedRows::Kept => format!(
+            "completed as (
              update {jobs} set state = 'completed', finished_at = now(), leased_until = null
-             where id = $5 and lease_token = $6 and {HELD}
+             where {held}
              returning 1
-         )
+         )",
+            jobs = jobs.quoted(),
+        ),
+        CompletedRows::Deleted => format!(
+            "kept as (
+             update {jobs} set state = 'completed', finished_at = now(), leased_until = null
+             where {held} and (unique_states & {KEEP_COMPLETED}) <> 0
+             returning 1
+         ),
+         deleted as (
+             delete from {jobs} where {held} and (unique_states & {KEEP_COMPLETED}) = 0
+             returning 1
+         ),
+         completed as (select * from kept union all select * from deleted)",
+            jobs = jobs.quoted(),
+        ),
+    };
+    format!(
+        "with {completed}
          select c.* from completed left join lateral {claim}($1, $2, $3, $4) c on true",
-        jobs = jobs.quoted(),
         claim = guard.derived_qualified("claim"),
     )
 }
@@ -116,19 +152,40 @@ pub fn claim_completing(guard: &TableName, jobs: &TableName) -> String {
 /// - As in the per-job claim, `on conflict do nothing` waits for a concurrent transaction
 ///   holding the key, then inserts nothing when it committed (a duplicate) or inserts when it
 ///   rolled back (this batch applies the key).
-pub fn claim_completing_many(guard: &TableName, jobs: &TableName) -> String {
+pub fn claim_completing_many(guard: &TableName, jobs: &TableName, rows: CompletedRows) -> String {
+    let held = "j.id = b.job_id and j.lease_token = b.lease_token
+               and j.state = 'available' and j.leased_until is not null";
+    let complete = |also: &str| {
+        format!(
+            "update {jobs} j set state = 'completed', finished_at = now(), leased_until = null
+             from batch b
+             where {held}{also}
+             returning j.id",
+            jobs = jobs.quoted(),
+        )
+    };
+    let completed = match rows {
+        CompletedRows::Kept => format!("completed as (\n             {}\n         )", complete("")),
+        CompletedRows::Deleted => format!(
+            "kept as (
+             {}
+         ),
+         deleted as (
+             delete from {jobs} j using batch b
+             where {held} and (j.unique_states & {KEEP_COMPLETED}) = 0
+             returning j.id
+         ),
+         completed as (select id from kept union all select id from deleted)",
+            complete(&format!(" and (j.unique_states & {KEEP_COMPLETED}) <> 0")),
+            jobs = jobs.quoted(),
+        ),
+    };
     format!(
         "with batch as (
              select * from unnest($1::int8[], $2::int8[], $3::text[], $4::text[], $5::bytea[], $6::bytea[])
                  with ordinality as b(job_id, lease_token, job_key, kind, fingerprint, claim_token, ord)
          ),
-         completed as (
-             update {jobs} j set state = 'completed', finished_at = now(), leased_until = null
-             from batch b
-             where j.id = b.job_id and j.lease_token = b.lease_token
-               and j.state = 'available' and j.leased_until is not null
-             returning j.id
-         ),
+         {completed},
          first_of_key as (
              select distinct on (b.job_key) b.*
              from batch b join completed c on c.id = b.job_id
@@ -147,7 +204,6 @@ pub fn claim_completing_many(guard: &TableName, jobs: &TableName) -> String {
          left join first_of_key f on f.job_key = b.job_key
          left join claimed k on k.job_key = b.job_key
          order by b.ord",
-        jobs = jobs.quoted(),
         guard = guard.quoted(),
     )
 }

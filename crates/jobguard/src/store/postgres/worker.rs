@@ -9,17 +9,19 @@ use super::guard::claim_row;
 use crate::store::guard::{ClaimRow, GuardSql};
 use crate::store::queue::QueueSql;
 use crate::store::worker::{
-    BatchRow, CompletingClaim, HeldRow, WorkerSql, WorkerStatements, WorkerStore, batch_claim_rows,
-    unclaimed_keys,
+    BatchRow, CompletedRows, CompletingClaim, HeldRow, WorkerSql, WorkerStatements, WorkerStore,
+    batch_claim_rows, unclaimed_keys,
 };
 
 impl WorkerStore for Postgres {
-    fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
+    fn worker_sql(guard: &GuardSql, queue: &QueueSql, rows: CompletedRows) -> WorkerSql {
         WorkerSql {
             // The core's text, which the Python worker runs too.
-            claim_completing: Some(worker::claim_completing(&guard.table, &queue.table).into()),
+            claim_completing: Some(
+                worker::claim_completing(&guard.table, &queue.table, rows).into(),
+            ),
             claim_completing_many: Some(
-                worker::claim_completing_many(&guard.table, &queue.table).into(),
+                worker::claim_completing_many(&guard.table, &queue.table, rows).into(),
             ),
             complete_many: None,
             held: Some(worker::held(&guard.table).into()),

@@ -12,8 +12,8 @@ use sqlx::sqlite::Sqlite;
 use crate::store::guard::{ClaimRow, GuardSql, NewClaim};
 use crate::store::queue::QueueSql;
 use crate::store::worker::{
-    BatchRow, CompletingClaim, HeldRow, WorkerSql, WorkerStatements, WorkerStore, batch_claim_rows,
-    unclaimed_keys,
+    BatchRow, CompletedRows, CompletingClaim, HeldRow, WorkerSql, WorkerStatements, WorkerStore,
+    batch_claim_rows, unclaimed_keys,
 };
 use crate::table::TableName;
 use jobguard_core::sql::sqlite::NOW_MICROS;
@@ -61,7 +61,8 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 impl WorkerStore for Sqlite {
-    fn worker_sql(guard: &GuardSql, queue: &QueueSql) -> WorkerSql {
+    /// Completed rows are kept on SQLite whatever the retention: the prune deletes them.
+    fn worker_sql(guard: &GuardSql, queue: &QueueSql, _rows: CompletedRows) -> WorkerSql {
         WorkerSql {
             claim_completing: None,
             complete_many: Some(complete_many(&queue.table).into()),

@@ -274,3 +274,70 @@ async fn replaying_a_dead_job_whose_key_the_guard_holds_is_a_duplicate<DB: TestD
     assert_eq!((stats.applied, stats.duplicates), (0, 1), "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 1);
 }
+
+// A queue that keeps no completed job: on PostgreSQL the statement that completes a job
+// deletes its row (the guard row is the record), except a job whose unique policy keeps its
+// key while completed, whose row holds the key. Either way each key applies once, and a key
+// enqueued again is a duplicate.
+backends!(fn a_queue_keeping_no_completed_job_deletes_it_as_it_completes);
+async fn a_queue_keeping_no_completed_job_deletes_it_as_it_completes<DB: TestDb>() {
+    use jobguard::RetentionConfig;
+    use jobguard::unique::{UniqueOpts, UniqueStates};
+
+    let Some((pool, queue)) = setup::<DB>("worker_keeps_no_completed").await else {
+        return;
+    };
+    let kept = UniqueOpts::new().states(
+        "available,running,completed"
+            .parse::<UniqueStates>()
+            .unwrap(),
+    );
+    for order in 0..20 {
+        let credit = Credit { order, amount: 5 };
+        let job = NewJob::from_job::<DB, _>(&credit).unwrap();
+        let job = if order < 5 { job.unique(kept) } else { job };
+        assert!(queue.enqueue(&job).await.unwrap().inserted);
+    }
+    let config = WorkerConfig {
+        retention: RetentionConfig {
+            keep_completed: Duration::ZERO,
+            ..RetentionConfig::default()
+        },
+        ..draining()
+    };
+    let drain_once = || async {
+        let worker = Worker::with_config(queue.clone(), config.clone())
+            .unwrap()
+            .register::<Credit>();
+        tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
+            .await
+            .expect("the worker drained the queue in time")
+            .unwrap()
+    };
+    let stats = drain_once().await;
+    assert_eq!((stats.applied, stats.duplicates), (20, 0), "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 20);
+    assert_eq!(guard_rows(&pool).await, 20);
+    let counts = queue.counts().await.unwrap();
+    let deleted = DB::BACKEND == "postgres";
+    // SQLite keeps every completed row for the prune.
+    assert_eq!(counts.completed, if deleted { 5 } else { 20 }, "{counts:?}");
+    assert_eq!((counts.available, counts.running), (0, 0));
+    // The unique jobs' rows still hold their keys; the others' keys enqueue again and are
+    // duplicates by their guard rows.
+    for order in 0..20 {
+        let credit = Credit { order, amount: 5 };
+        let job = NewJob::from_job::<DB, _>(&credit).unwrap();
+        let job = if order < 5 { job.unique(kept) } else { job };
+        let again = queue.enqueue(&job).await.unwrap();
+        assert_eq!(again.inserted, order >= 5, "order {order}: {again:?}");
+        if order < 5 {
+            assert_eq!(again.existing_state, Some(JobState::Completed));
+        }
+    }
+    let stats = drain_once().await;
+    assert_eq!((stats.applied, stats.duplicates), (0, 15), "{stats:?}");
+    assert_eq!(ledger_rows(&pool).await, 20, "no effect applied twice");
+    let counts = queue.counts().await.unwrap();
+    assert_eq!(counts.completed, if deleted { 5 } else { 35 }, "{counts:?}");
+}
