@@ -21,8 +21,34 @@ const METRICS: [&str; 6] = [
     "queue_depth",
 ];
 
+/// A running adapter, killed if the test fails before it is stopped: a failed test must not
+/// leave it running against the test's database.
+struct Adapter(Option<Child>);
+
+impl std::ops::Deref for Adapter {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("running")
+    }
+}
+
+impl std::ops::DerefMut for Adapter {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("running")
+    }
+}
+
+impl Drop for Adapter {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// The adapter on `db`, with the harness's environment and `env` over it.
-fn adapter(db: &Db, variant: &str, env: &[(&str, &str)]) -> Child {
+fn adapter(db: &Db, variant: &str, env: &[(&str, &str)]) -> Adapter {
     let mut command: Command = jobguard();
     command
         .args(["bench", "adapter", "--variant", variant])
@@ -37,23 +63,24 @@ fn adapter(db: &Db, variant: &str, env: &[(&str, &str)]) -> Child {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    command.spawn().expect("start the adapter")
+    Adapter(Some(command.spawn().expect("start the adapter")))
 }
 
 /// Sends SIGTERM and waits for the adapter to exit, which the contract wants within 5 s (here
 /// 15 s, for a loaded machine); its stdout lines, parsed.
-fn stop(mut child: Child) -> Vec<Value> {
-    let pid = child.id().to_string();
+fn stop(mut adapter: Adapter) -> Vec<Value> {
+    let pid = adapter.id().to_string();
     let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(killed.success());
     let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    while adapter.try_wait().unwrap().is_none() {
         assert!(
             started.elapsed() < Duration::from_secs(15),
             "the adapter did not exit after SIGTERM"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    let child = adapter.0.take().expect("running");
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{}: {stderr}", output.status);
