@@ -234,7 +234,10 @@ fn worker_sql<'py>(
         "postgres" => {
             use sql::postgres::worker;
             out.set_item("fetch", worker::fetch(&jobs, worker::Scope::Kinds))?;
-            out.set_item("claim_completing", worker::claim_completing(&guard, &jobs, worker::CompletedRows::Kept))?;
+            out.set_item(
+                "claim_completing",
+                worker::claim_completing(&guard, &jobs, worker::CompletedRows::Kept),
+            )?;
             out.set_item(
                 "claim_completing_many",
                 worker::claim_completing_many(&guard, &jobs, worker::CompletedRows::Kept),
