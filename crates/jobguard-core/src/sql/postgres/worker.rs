@@ -105,27 +105,26 @@ pub enum CompletedRows {
 /// guard row.
 pub fn claim_completing(guard: &TableName, jobs: &TableName, rows: CompletedRows) -> String {
     let held = format!("id = $5 and lease_token = $6 and {HELD}");
+    let jobs = jobs.quoted();
+    let complete = |also: &str| {
+        format!(
+            "update {jobs} set state = 'completed', finished_at = now(), leased_until = null
+             where {held}{also}
+             returning 1"
+        )
+    };
     let completed = match rows {
-        CompletedRows::Kept => format!(
-            "completed as (
-             update {jobs} set state = 'completed', finished_at = now(), leased_until = null
-             where {held}
-             returning 1
-         )",
-            jobs = jobs.quoted(),
-        ),
+        CompletedRows::Kept => format!("completed as (\n             {}\n         )", complete("")),
         CompletedRows::Deleted => format!(
             "kept as (
-             update {jobs} set state = 'completed', finished_at = now(), leased_until = null
-             where {held} and (unique_states & {KEEP_COMPLETED}) <> 0
-             returning 1
+             {}
          ),
          deleted as (
              delete from {jobs} where {held} and (unique_states & {KEEP_COMPLETED}) = 0
              returning 1
          ),
          completed as (select * from kept union all select * from deleted)",
-            jobs = jobs.quoted(),
+            complete(&format!(" and (unique_states & {KEEP_COMPLETED}) <> 0")),
         ),
     };
     format!(

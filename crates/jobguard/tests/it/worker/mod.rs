@@ -108,7 +108,12 @@ impl<DB: TestDb> Job<DB> for Counted {
 }
 
 async fn drain<DB: TestDb>(queue: &Queue<DB>) -> jobguard::WorkerStats {
-    let worker = Worker::with_config(queue.clone(), draining())
+    drain_with(queue, draining()).await
+}
+
+/// [`drain`] with a configuration of the test's own.
+async fn drain_with<DB: TestDb>(queue: &Queue<DB>, config: WorkerConfig) -> jobguard::WorkerStats {
+    let worker = Worker::with_config(queue.clone(), config)
         .unwrap()
         .register::<Credit>()
         .register::<Flaky>()

@@ -305,16 +305,7 @@ async fn a_queue_keeping_no_completed_job_deletes_it_as_it_completes<DB: TestDb>
         },
         ..draining()
     };
-    let drain_once = || async {
-        let worker = Worker::with_config(queue.clone(), config.clone())
-            .unwrap()
-            .register::<Credit>();
-        tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
-            .await
-            .expect("the worker drained the queue in time")
-            .unwrap()
-    };
-    let stats = drain_once().await;
+    let stats = drain_with::<DB>(&queue, config.clone()).await;
     assert_eq!((stats.applied, stats.duplicates), (20, 0), "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 20);
     assert_eq!(guard_rows(&pool).await, 20);
@@ -335,7 +326,7 @@ async fn a_queue_keeping_no_completed_job_deletes_it_as_it_completes<DB: TestDb>
             assert_eq!(again.existing_state, Some(JobState::Completed));
         }
     }
-    let stats = drain_once().await;
+    let stats = drain_with::<DB>(&queue, config.clone()).await;
     assert_eq!((stats.applied, stats.duplicates), (0, 15), "{stats:?}");
     assert_eq!(ledger_rows(&pool).await, 20, "no effect applied twice");
     let counts = queue.counts().await.unwrap();
