@@ -199,6 +199,10 @@ fn queue_sql<'py>(
     match dialect {
         "postgres" => {
             out.set_item("enqueue", sql::postgres::queue::enqueue(&name))?;
+            out.set_item(
+                "enqueue_notifying",
+                sql::postgres::queue::enqueue_notifying(&name),
+            )?;
             out.set_item("live_job", sql::postgres::queue::live_job(&name))?;
             out.set_item("notify", sql::postgres::queue::NOTIFY)?;
             out.set_item("notify_channel", sql::postgres::queue::NOTIFY_CHANNEL)?;

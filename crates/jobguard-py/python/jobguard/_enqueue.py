@@ -124,15 +124,15 @@ async def enqueue(
             job.raise_if_not_migrated(error, table)
             raise
         return Enqueued(**dataclasses.asdict(done))
+    # On PostgreSQL the insert also wakes idle workers when it inserted: one round trip.
+    insert = job.sql.get("enqueue_notifying", job.sql["enqueue"])
     for _ in range(_ROUNDS):
         try:
-            row = await d.fetchone(job.sql["enqueue"], job.params)
+            row = await d.fetchone(insert, job.params)
         except Exception as error:
             job.raise_if_not_migrated(error, table)
             raise
         if row is not None:
-            if "notify" in job.sql:
-                await d.execute(job.sql["notify"], [job.sql["notify_channel"], job.queue])
             return Enqueued(int(row[0]), True)
         held = await d.fetchone(job.sql["live_job"], [job.key])
         if held is not None:
@@ -161,15 +161,15 @@ def enqueue_sync(
             job.raise_if_not_migrated(error, table)
             raise
         return Enqueued(**dataclasses.asdict(done))
+    # On PostgreSQL the insert also wakes idle workers when it inserted: one round trip.
+    insert = job.sql.get("enqueue_notifying", job.sql["enqueue"])
     for _ in range(_ROUNDS):
         try:
-            row = d.fetchone(job.sql["enqueue"], job.params)
+            row = d.fetchone(insert, job.params)
         except Exception as error:
             job.raise_if_not_migrated(error, table)
             raise
         if row is not None:
-            if "notify" in job.sql:
-                d.execute(job.sql["notify"], [job.sql["notify_channel"], job.queue])
             return Enqueued(int(row[0]), True)
         held = d.fetchone(job.sql["live_job"], [job.key])
         if held is not None:

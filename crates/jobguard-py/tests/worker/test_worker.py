@@ -17,7 +17,7 @@ import jobguard
 from jobguard._pools import open_database
 from jobguard._queue_sql import worker_sql
 from jobguard.worker import Worker
-from conftest import rows
+from conftest import is_postgres, rows
 from ledger_app import ASYNC_DRIVERS, _sa_url, make_app, sqlite_connect
 
 
@@ -225,6 +225,41 @@ async def test_an_enqueue_in_a_rolled_back_transaction_leaves_nothing(driver, qu
     assert rows(queue_url, "select count(*) from jobguard_jobs") == [(0,)]
     stats = await app.run_worker(until_idle=True, handle_signals=False)
     assert stats.applied == 0 and calls == {}
+
+
+async def test_a_job_enqueued_while_the_worker_waits_is_woken_by_its_notification(
+    driver, queue_url,
+):
+    """The enqueue's statement wakes the idle worker: with an hour's poll interval, nothing
+    else would fetch the job before the test gives up. Jobs fetched and jobs kept for the next
+    fetch share connections; the worker must still see every enqueue."""
+    if not is_postgres(queue_url):
+        pytest.skip("SQLite has no notifications: its workers poll")
+    app, calls = make_app(driver, queue_url)
+    worker = Worker(app, concurrency=2, poll_interval=3600, handle_signals=False)
+    running = asyncio.ensure_future(worker.run())
+    try:
+        # Its listener is up (and its first fetch found nothing) before the enqueues.
+        for _ in range(600):
+            listening = rows(queue_url, "select count(*) from pg_stat_activity where "
+                             "datname = current_database() and query ilike 'listen %%'")
+            if listening[0][0] or running.done():
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        for round_ in range(3):
+            await enqueue(driver, queue_url, app.jobs["credit"],
+                          {"order": f"o-woken-{round_}", "amount": 1})
+            for _ in range(1200):
+                if calls.get(f"o-woken-{round_}") or running.done():
+                    break
+                await asyncio.sleep(0.05)
+            assert calls.get(f"o-woken-{round_}") == 1, f"round {round_}: not woken"
+    finally:
+        worker.stop()
+        stats = await running
+    assert stats.applied == 3 and stats.failed == 0
+    assert ledger(queue_url) == {jobguard.key("credit", f"o-woken-{r}"): 1 for r in range(3)}
 
 
 async def test_a_payload_that_does_not_bind_or_a_key_function_that_raises_is_dead_lettered(

@@ -88,6 +88,19 @@ pub fn enqueue(table: &TableName) -> String {
     )
 }
 
+/// [`enqueue`] and, when it inserted, the notification that wakes the queue's idle workers
+/// ([`NOTIFY`] on [`NOTIFY_CHANNEL`], the queue `$3` as the payload), in one statement: one
+/// round trip for a caller that announces every enqueue. Returns the id, or no row (and no
+/// notification: the notification is taken per inserted row) when a live job holds the key.
+pub fn enqueue_notifying(table: &TableName) -> String {
+    format!(
+        "with job as ({enqueue})
+         select job.id from job,
+             lateral (select pg_notify('{NOTIFY_CHANNEL}', $3::text) where job.id is not null) as woken",
+        enqueue = enqueue(table)
+    )
+}
+
 /// Inserts a job under a unique policy that keeps its key beyond the live states: the
 /// parameters of [`enqueue`], then `$7` the job's `unique_states` (not 0); returns its id, or no
 /// row when a job holds the key, live or finished in a state its own policy keeps the key in.

@@ -54,8 +54,9 @@ class JobguardAdapter(contract.Adapter):
         self.kinds = {"noop": noop, "credit": credit}
 
     async def open(self) -> None:
-        # The producer's and the orchestrator's connections, apart from the worker's pool.
-        self.pool = await asyncpg.create_pool(self.url, min_size=1, max_size=4)
+        # The producer's and the orchestrator's connections, apart from the worker's pool: as
+        # many as the latency run's producer enqueues on at once (8), as the peers' adapters.
+        self.pool = await asyncpg.create_pool(self.url, min_size=1, max_size=8)
         await self.app.migrate()
 
     async def enqueue_bulk(self, kind: str, first: int, count: int) -> None:
