@@ -183,6 +183,9 @@ class Worker:
         # only while the worker serves (`execute` called alone gives its connection back).
         self._kept: list[tuple[contextlib.AbstractAsyncContextManager[Session], Session]] = []
         self._keeping = False
+        # Whether enqueues wake this worker (its listener is up): then a job's end does not
+        # call for a fetch when the last one found the queue short.
+        self._listening = False
 
     def stop(self) -> None:
         """Stops fetching; running jobs finish within ``shutdown_timeout``."""
@@ -217,6 +220,7 @@ class Worker:
             except Exception as error:  # noqa: BLE001 - the poll still finds every job
                 log.warning("cannot listen for new jobs (%s); polling every %ss",
                             error, self.poll_interval)
+        self._listening = unlisten is not None
         # Leases a dead worker left expired are given back before the first fetch, so that a
         # worker started after a crash (or with `until_idle`) runs them at once.
         await self._rescue()
@@ -285,18 +289,28 @@ class Worker:
                 task.add_done_callback(running.discard)
             if len(jobs) == limit:
                 continue
-            if not jobs:
-                await self._give_back_kept()
             if self.until_idle and not jobs and not running:
                 return
-            await self._wait(running, self.poll_interval)
+            # Short of the limit: the queue has nothing more for now, and a job's end adds
+            # nothing to it. Where enqueues notify, the next fetch waits for a notification (or
+            # the poll), not for the next job to end: a fetch per finished job would find
+            # nothing, and each empty one gave the kept connections back. Without
+            # notifications (SQLite, a listener that failed), and with `until_idle` (which
+            # must see the queue empty with nothing running), a job's end still wakes it.
+            ends = running if self.until_idle or not self._listening else set()
+            if not await self._wait(ends, self.poll_interval):
+                # A poll interval without a notification or a job's end: idle, so the
+                # connections kept between jobs go back to the pool.
+                await self._give_back_kept()
 
-    async def _wait(self, running: set[asyncio.Task[Any]], timeout: float | None) -> None:
-        """Until a notification, a job ending, a stop, or ``timeout``."""
+    async def _wait(self, running: set[asyncio.Task[Any]], timeout: float | None) -> bool:
+        """Until a notification, a job of ``running`` ending, a stop, or ``timeout``; false
+        when the timeout passed first."""
         waiters = [asyncio.ensure_future(self._wake.wait())]
         waiters += list(running)
         done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         waiters[0].cancel()
+        return bool(done)
 
     async def _fetch(self, limit: int) -> list[LeasedJob]:
         assert self._db is not None
@@ -653,6 +667,7 @@ class Worker:
             return
         if rescued:
             log.info("gave back %d jobs whose lease expired", rescued)
+            self._wake.set()  # no notification announces them
 
     async def _drain(self, running: set[asyncio.Task[Any]]) -> None:
         """Lets running jobs finish within the shutdown timeout; cancels the rest, whose

@@ -239,14 +239,7 @@ async def test_a_job_enqueued_while_the_worker_waits_is_woken_by_its_notificatio
     worker = Worker(app, concurrency=2, poll_interval=3600, handle_signals=False)
     running = asyncio.ensure_future(worker.run())
     try:
-        # Its listener is up (and its first fetch found nothing) before the enqueues.
-        for _ in range(600):
-            listening = rows(queue_url, "select count(*) from pg_stat_activity where "
-                             "datname = current_database() and query ilike 'listen %%'")
-            if listening[0][0] or running.done():
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
+        await _listening(queue_url, running)  # before the enqueues
         for round_ in range(3):
             await enqueue(driver, queue_url, app.jobs["credit"],
                           {"order": f"o-woken-{round_}", "amount": 1})
@@ -260,6 +253,69 @@ async def test_a_job_enqueued_while_the_worker_waits_is_woken_by_its_notificatio
         stats = await running
     assert stats.applied == 3 and stats.failed == 0
     assert ledger(queue_url) == {jobguard.key("credit", f"o-woken-{r}"): 1 for r in range(3)}
+
+
+async def _listening(url: str, running: asyncio.Future) -> None:
+    """Until the worker's listener is up (its first fetch then found nothing)."""
+    for _ in range(600):
+        listening = rows(url, "select count(*) from pg_stat_activity where "
+                         "datname = current_database() and query ilike 'listen %%'")
+        if listening[0][0] or running.done():
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+
+
+async def test_a_job_ending_does_not_fetch_again_when_the_queue_had_no_more(driver, queue_url):
+    """Where enqueues notify, a worker whose last fetch came back short fetches again at the
+    next notification, not at each job's end (a fetch that would find nothing): jobs enqueued
+    one at a time cost about one fetch each, not two. Idle for a poll interval, it gives the
+    connections it kept between jobs back to the pool."""
+    if not is_postgres(queue_url):
+        pytest.skip("SQLite has no notifications: its workers fetch at each job's end")
+    app, calls = make_app(driver, queue_url)
+    worker = Worker(app, concurrency=2, poll_interval=3600, handle_signals=False)
+    fetches = 0
+    fetch = worker._fetch
+
+    async def counted(limit: int) -> list:
+        nonlocal fetches
+        fetches += 1
+        return await fetch(limit)
+
+    worker._fetch = counted  # type: ignore[method-assign]
+    running = asyncio.ensure_future(worker.run())
+    try:
+        await _listening(queue_url, running)
+        before = fetches
+        for n in range(20):
+            await enqueue(driver, queue_url, app.jobs["credit"], {"order": f"o-one-{n}", "amount": 1})
+            for _ in range(1200):
+                if calls.get(f"o-one-{n}") or running.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert calls.get(f"o-one-{n}") == 1, f"job {n} did not run"
+        await asyncio.sleep(0.2)
+        assert fetches - before <= 24, f"{fetches - before} fetches for 20 jobs"
+        assert worker._kept, "the connections are kept while jobs keep coming"
+    finally:
+        worker.stop()
+        stats = await running
+    assert stats.applied == 20
+    assert not worker._kept
+
+    idle = Worker(app, concurrency=2, poll_interval=0.2, handle_signals=False)
+    running = asyncio.ensure_future(idle.run())
+    try:
+        await enqueue(driver, queue_url, app.jobs["credit"], {"order": "o-idle", "amount": 1})
+        for _ in range(1200):
+            if (calls.get("o-idle") and not idle._kept) or running.done():
+                break
+            await asyncio.sleep(0.01)
+        assert calls.get("o-idle") == 1 and not idle._kept, "idle, it gives its connections back"
+    finally:
+        idle.stop()
+        await running
 
 
 async def test_a_payload_that_does_not_bind_or_a_key_function_that_raises_is_dead_lettered(
