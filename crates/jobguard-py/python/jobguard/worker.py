@@ -316,9 +316,9 @@ class Worker:
         assert self._db is not None
         params = [self.queue, limit, int(self.lease * 1_000_000), self._kinds_param()]
         try:
-            # A kept connection too: the fetch runs at every notification and every job's end,
-            # and a connection given back to the pool each time costs a reset's round trip
-            # before the jobs it fetched can start.
+            # A kept connection too: the fetch runs at every notification (and, with a
+            # backlog, at jobs' ends), and a connection given back to the pool each time costs
+            # a reset's round trip before the jobs it fetched can start.
             async with self._job_session() as s:
                 rows = await s.fetch(self._sql["fetch"], params)
         except Exception as error:
@@ -498,7 +498,7 @@ class Worker:
     async def _job_session(self) -> AsyncIterator[Session]:
         """A connection of the pool for one job's transaction, or for a fetch. One that ended
         without an error is kept for the next job or fetch instead of going back to the pool,
-        while jobs keep coming (given back when a fetch finds none, and at shutdown): giving it
+        while jobs keep coming (given back after a poll interval idle, and at shutdown): giving it
         back costs a round trip on some drivers (asyncpg's reset query, SQLAlchemy's rollback
         on return), as much as a third of a no-op job's. One that raised goes back to the pool,
         which drops it if it is broken, as does every one outside :meth:`run`. Each job still
