@@ -203,6 +203,10 @@ fn queue_sql<'py>(
                 "enqueue_notifying",
                 sql::postgres::queue::enqueue_notifying(&name),
             )?;
+            out.set_item(
+                "enqueue_many_notifying",
+                sql::postgres::queue::enqueue_many_notifying(&name),
+            )?;
             out.set_item("live_job", sql::postgres::queue::live_job(&name))?;
             out.set_item("notify", sql::postgres::queue::NOTIFY)?;
             out.set_item("notify_channel", sql::postgres::queue::NOTIFY_CHANNEL)?;

@@ -10,6 +10,7 @@ import sys
 import uuid
 
 import psycopg
+import pytest
 
 JOBS = 200
 
@@ -25,7 +26,7 @@ def test_a_small_queue_bench_applies_each_job_once_and_reports_every_figure(pg_u
     out = subprocess.run(
         [sys.executable, "-m", "jobguard", "bench", "queue", "--database-url", pg_url, "--json",
          "--jobs", str(JOBS), "--latency-seconds", "1", "--settings", "default",
-         "--database-prefix", prefix, "--keep"],
+         "--set", "concurrency=4", "--database-prefix", prefix, "--keep"],
         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
     )
     bench_db = _with_db(pg_url, f"{prefix}_jobguard_default")
@@ -34,8 +35,10 @@ def test_a_small_queue_bench_applies_each_job_once_and_reports_every_figure(pg_u
         report = json.loads(out.stdout)
         [run] = report["systems"]
         assert (run["system"], run["setting"], run["error"]) == ("jobguard", "default", None), run
-        assert run["settings"] == {"concurrency": 10, "pool": 12, "poll_interval": 1.0,
-                               "batch_size": 1}
+        # `--set concurrency=4` over the default's 10; the pool follows it.
+        assert run["settings"] == {"concurrency": 4, "pool": 6, "poll_interval": 1.0,
+                                   "batch_size": 1}
+        assert run["described"].endswith(" with concurrency=4")
         assert run["noop_jobs_per_s"] > 0 and run["credit_jobs_per_s"] > 0
         assert (run["ledger_rows"], run["ledger_distinct"], run["ledger_foreign"]) == (
             JOBS, JOBS, 0)
@@ -60,3 +63,14 @@ def test_a_small_queue_bench_applies_each_job_once_and_reports_every_figure(pg_u
     finally:
         with psycopg.connect(pg_url, autocommit=True) as admin:
             admin.execute(f'drop database if exists "{prefix}_jobguard_default" with (force)')
+
+
+@pytest.mark.parametrize("bad", ["batch_size", "batch_size=many", "=3", "batch size=3"])
+def test_a_setting_that_is_not_a_name_and_a_number_is_refused_in_one_line(bad):
+    out = subprocess.run(
+        [sys.executable, "-m", "jobguard", "bench", "queue", "--database-url",
+         "postgres://nobody@127.0.0.1:1/none", "--set", bad],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60,
+    )
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.strip().count("\n") == 0 and "--set takes NAME=NUMBER" in out.stderr

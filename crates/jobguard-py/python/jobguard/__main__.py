@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
                        "oban, awa (peers are installed from PyPI on first use)")
     bench.add_argument("--settings", default="default,best",
                        help="queue only: each system's `default` and/or `best` settings")
+    bench.add_argument("--set", action="append", default=[], metavar="NAME=NUMBER",
+                       help="queue only: one of the adapters' settings, over the chosen "
+                       "settings' own (`--set batch_size=20`; each adapter's docstring names "
+                       "its settings); repeatable")
     bench.add_argument("--latency-seconds", type=float, default=5.0,
                        help="queue only: seconds of each pickup-latency run")
     bench.add_argument("--peers-dir", default=None,
@@ -110,6 +114,16 @@ def _bench_queue(args: argparse.Namespace) -> int:
     args.peers_dir = Path(args.peers_dir) if args.peers_dir else _bench_peers.DEFAULT_PEERS_DIR
     if any(s not in ("default", "best") for s in args.settings):
         return _fail("bench queue", "--settings takes default, best or both")
+    args.overrides = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not name.isidentifier() or number != number:
+            return _fail("bench queue", f"--set takes NAME=NUMBER (batch_size=20), not {item!r}")
+        args.overrides[name] = int(number) if number.is_integer() else number
     try:
         report = asyncio.run(_bench_queue.run(args))
     except ValueError as error:

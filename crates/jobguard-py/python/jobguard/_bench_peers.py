@@ -49,11 +49,11 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
     System(
         "jobguard", "jobguard_adapter.py", None, None,
         {"default": {"concurrency": 10},
-         "best": {"concurrency": 18, "pool": 20, "batch_size": 20}},
+         "best": {"concurrency": 18, "pool": 20, "batch_size": 50}},
         {"default": "Worker(concurrency=10) on an asyncpg pool of concurrency + 2, one job "
                     "per transaction (docs/python.md, Running workers)",
          "best": "concurrency 18 on a pool of 20, kinds defined with batch=True and "
-                 "Worker(batch_size=20) (docs/python.md, Batches)"},
+                 "Worker(batch_size=50) (docs/python.md, Batches: choosing the size)"},
     ),
     System(
         "procrastinate", "procrastinate_adapter.py", "procrastinate", "3.10.0",

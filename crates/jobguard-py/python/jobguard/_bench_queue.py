@@ -187,11 +187,15 @@ async def _latency(worker: Adapter, producer: Adapter, rate: float, first: int,
 
 async def _run_one(system: System, setting: str, admin_url: str, args: Any, log_dir: Path,
                    log: Any) -> dict[str, Any]:
-    settings = system.settings[setting]
+    overrides = getattr(args, "overrides", {})
+    settings = {**system.settings[setting], **overrides}
+    described = system.notes[setting]
+    if overrides:
+        described += " with " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     entry: dict[str, Any] = {"system": system.name, "setting": setting,
                              "package": system.package or "jobguard",
                              "version": system.version, "settings": settings,
-                             "described": system.notes[setting], "error": None}
+                             "described": described, "error": None}
     try:
         python = python_for(system, args.peers_dir, log)
     except (InstallFailed, OSError) as error:

@@ -54,8 +54,8 @@ def convert(sql: str, params: Sequence[Any], style: str) -> tuple[str, Any]:
 
 
 _OUTSIDE = (
-    "jobguard.guard needs an open transaction on this connection, so that the guard row "
-    "commits or rolls back with the effect: open one first ({how})"
+    "jobguard needs an open transaction on this connection, so that what it writes (a guard "
+    "row, a job enqueued) commits or rolls back with your own writes: open one first ({how})"
 )
 _NESTED = (
     "jobguard.guard was called inside a savepoint (a nested transaction): rolling back to it "
@@ -78,6 +78,13 @@ class Driver:
     def check(self) -> None:
         """Refuses a closed connection, no transaction, or a savepoint; writes nothing."""
         raise NotImplementedError
+
+    def commits_each_statement(self) -> bool:
+        """Whether a statement run now commits as it returns: no transaction is open and the
+        connection opens none implicitly (asyncpg outside ``transaction()``, psycopg with
+        ``autocommit=True``). Drivers that begin one implicitly (psycopg otherwise,
+        SQLAlchemy, sqlite3) leave it to a commit the caller may never make: False."""
+        return False
 
     def decode_json(self, value: Any) -> Any:
         if value is None:
@@ -113,6 +120,9 @@ class AsyncDriver(Driver):
     async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         raise NotImplementedError
 
+    async def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        raise NotImplementedError
+
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         raise NotImplementedError
 
@@ -141,14 +151,27 @@ class AsyncpgDriver(AsyncDriver):
         # which it does not track: a block entered while this one is open is refused by the
         # guard entering through `jobguard.guarded`, and documented for direct use.
 
+    def commits_each_statement(self) -> bool:
+        return not self.conn.is_closed() and not self.conn.is_in_transaction()
+
     async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         return _row(await self.conn.fetchrow(sql, *params))
+
+    async def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        return [tuple(row) for row in await self.conn.fetch(sql, *params)]
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         await self.conn.execute(sql, *params)
 
     def transaction(self) -> Any:
         return self.conn.transaction()
+
+
+def _psycopg_autocommits(conn: Any) -> bool:
+    from psycopg.pq import TransactionStatus
+
+    return (not conn.closed and conn.autocommit
+            and conn.info.transaction_status == TransactionStatus.IDLE)
 
 
 def _psycopg_check(conn: Any) -> None:
@@ -175,6 +198,9 @@ class PsycopgDriver(SyncDriver):
     def check(self) -> None:
         _psycopg_check(self.conn)
 
+    def commits_each_statement(self) -> bool:
+        return _psycopg_autocommits(self.conn)
+
     def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, "pyformat")
         return _row(self.conn.execute(text, args if params else None).fetchone())
@@ -194,10 +220,18 @@ class AsyncPsycopgDriver(AsyncDriver):
     def check(self) -> None:
         _psycopg_check(self.conn)
 
+    def commits_each_statement(self) -> bool:
+        return _psycopg_autocommits(self.conn)
+
     async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, "pyformat")
         cursor = await self.conn.execute(text, args if params else None)
         return _row(await cursor.fetchone())
+
+    async def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        text, args = convert(sql, params, "pyformat")
+        cursor = await self.conn.execute(text, args if params else None)
+        return [tuple(row) for row in await cursor.fetchall()]
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, "pyformat")
@@ -253,6 +287,11 @@ class AiosqliteDriver(AsyncDriver):
         text, args = convert(sql, params, "qmark")
         cursor = await self.conn.execute(text, args)
         return _row(await cursor.fetchone())
+
+    async def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        text, args = convert(sql, params, "qmark")
+        cursor = await self.conn.execute(text, args)
+        return [tuple(row) for row in await cursor.fetchall()]
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, "qmark")
@@ -342,6 +381,11 @@ class AsyncSqlalchemyDriver(AsyncDriver):
         text, args = convert(sql, params, self.style)
         result = await self.conn.exec_driver_sql(text, args)
         return _row(result.fetchone())
+
+    async def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        text, args = convert(sql, params, self.style)
+        result = await self.conn.exec_driver_sql(text, args)
+        return [tuple(row) for row in result.fetchall()]
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, self.style)

@@ -15,15 +15,16 @@ they exist is :class:`NotMigrated`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from . import _keys
 from ._drivers import Driver, driver_for
 from ._migrate import is_not_migrated
 from ._unique import Unique, resolve, run_async, run_sync, steps
-from .errors import KeyReused, NotMigrated, UnsupportedConnection
+from .errors import KeyReused, NotInTransaction, NotMigrated, UnsupportedConnection
 
 DEFAULT_QUEUE = "default"
 DEFAULT_QUEUE_TABLE = "jobguard_jobs"
@@ -102,7 +103,9 @@ async def enqueue(
     """Enqueues a job of ``kind`` into jobguard's queue inside the transaction open on
     ``conn`` (asyncpg, psycopg async, SQLAlchemy async, aiosqlite), for Rust workers to run.
 
-    Visible to workers when the transaction commits; nothing is enqueued if it rolls back.
+    Visible to workers when the transaction commits; nothing is enqueued if it rolls back. On a
+    connection that commits each statement (asyncpg outside ``transaction()``, psycopg with
+    ``autocommit=True``) the enqueue is a transaction of its own, committed on return.
     ``key`` names the business operation (default: derived from ``kind`` and the payload's
     fingerprint); a key an available or running job holds returns that job
     (``inserted=False``). ``delay`` is in seconds, by the database clock. A payload over
@@ -113,18 +116,21 @@ async def enqueue(
     d: Any = driver_for(conn)
     if not d.is_async:
         raise UnsupportedConnection(f"{d.name} is synchronous: use jobguard.enqueue_sync")
-    d.check()
+    own = own_transaction(d)
     job = _Job(d, kind, payload, key, queue, max_attempts, delay, table, schema)
     if unique is not None:
         resolve(job, unique, delay)
         try:
-            done = await run_async(d, steps(job, unique, d.dialect, table, schema,
-                                            d.encode_json, d.decode_json))
+            # The policy's steps read, then write: on their own, in one transaction of theirs.
+            async with d.transaction() if own else contextlib.nullcontext():
+                done = await run_async(d, steps(job, unique, d.dialect, table, schema,
+                                                d.encode_json, d.decode_json))
         except Exception as error:
             job.raise_if_not_migrated(error, table)
             raise
         return Enqueued(**dataclasses.asdict(done))
-    # On PostgreSQL the insert also wakes idle workers when it inserted: one round trip.
+    # On PostgreSQL the insert also wakes idle workers when it inserted: one round trip. On a
+    # connection that commits each statement it is the enqueue's whole transaction.
     insert = job.sql.get("enqueue_notifying", job.sql["enqueue"])
     for _ in range(_ROUNDS):
         try:
@@ -140,6 +146,57 @@ async def enqueue(
     raise job.lost()
 
 
+async def enqueue_batch(
+    conn: Any, entries: Sequence[Mapping[str, Any]], table: str = DEFAULT_QUEUE_TABLE,
+    schema: str | None = None,
+) -> list[Enqueued]:
+    """Enqueues each entry (the keyword arguments of :func:`enqueue`, ``kind`` and ``payload``
+    among them) as :func:`enqueue` would one by one in key order, in the transaction open on
+    ``conn`` (or one of its own on a connection that commits each statement): what each got, in
+    the order given. Every entry is checked before anything is written. On PostgreSQL the jobs
+    without a unique policy go in one statement (each key once, the keys sorted, the queues
+    notified in it); a key a live job held, a key's later entries and jobs under a policy then
+    go one by one, as :func:`enqueue` settles them. SQLite takes them one by one."""
+    d: Any = driver_for(conn)
+    if not d.is_async:
+        raise UnsupportedConnection(f"{d.name} is synchronous: enqueue its jobs one by one")
+    if own_transaction(d):
+        async with d.transaction():
+            return await enqueue_batch(conn, entries, table, schema)
+    order = sorted(range(len(entries)), key=lambda i: entries[i].get("key") or "")
+    sql = _keys.queue_sql(d.dialect, table, schema)
+    jobs: dict[int, _Job] = {}
+    if "enqueue_many_notifying" in sql:
+        for i in order:
+            e = entries[i]
+            if e.get("unique") is None:
+                jobs[i] = _Job(d, e["kind"], e["payload"], e.get("key"),
+                               e.get("queue", DEFAULT_QUEUE),
+                               e.get("max_attempts", DEFAULT_MAX_ATTEMPTS), e.get("delay", 0.0),
+                               table, schema)
+    first: dict[str, int] = {}
+    for i, job in jobs.items():
+        first.setdefault(job.key, i)
+    out: list[Enqueued | None] = [None] * len(entries)
+    if first:
+        batch = sorted(first.values(), key=lambda i: jobs[i].key)
+        columns = list(zip(*(jobs[i].params for i in batch)))
+        try:
+            rows = await d.fetchall(sql["enqueue_many_notifying"], [
+                *[list(column) for column in columns], [0] * len(batch)])
+        except Exception as error:
+            jobs[batch[0]].raise_if_not_migrated(error, table)
+            raise
+        for job_id, key in rows:
+            out[first[key]] = Enqueued(int(job_id), True)
+    for i in order:
+        if out[i] is None:
+            e = {k: v for k, v in entries[i].items() if k not in ("table", "schema")}
+            out[i] = await enqueue(conn, e.pop("kind"), e.pop("payload"), table=table,
+                                   schema=schema, **e)
+    return out  # type: ignore[return-value]
+
+
 def enqueue_sync(
     conn: Any, kind: str, payload: Any, key: str | None = None, queue: str = DEFAULT_QUEUE, *,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS, delay: float = 0.0,
@@ -150,13 +207,14 @@ def enqueue_sync(
     d: Any = driver_for(conn)
     if d.is_async:
         raise UnsupportedConnection(f"{d.name} is asynchronous: use `await jobguard.enqueue`")
-    d.check()
+    own = own_transaction(d)
     job = _Job(d, kind, payload, key, queue, max_attempts, delay, table, schema)
     if unique is not None:
         resolve(job, unique, delay)
         try:
-            done = run_sync(d, steps(job, unique, d.dialect, table, schema,
-                                     d.encode_json, d.decode_json))
+            with d.transaction() if own else contextlib.nullcontext():
+                done = run_sync(d, steps(job, unique, d.dialect, table, schema,
+                                         d.encode_json, d.decode_json))
         except Exception as error:
             job.raise_if_not_migrated(error, table)
             raise
@@ -175,3 +233,22 @@ def enqueue_sync(
         if held is not None:
             return job.held(d, held)
     raise job.lost()
+
+
+def own_transaction(d: Driver) -> bool:
+    """Whether an enqueue on ``d`` is a transaction of its own: true on a connection that
+    commits each statement (asyncpg outside ``transaction()``, psycopg with
+    ``autocommit=True``), where the job is committed, and workers woken, when the call returns.
+    Any other connection must have a transaction open, which the job then commits or rolls
+    back with: :class:`NotInTransaction` (nothing written) when it has none, or when a savepoint
+    is open in it."""
+    if d.commits_each_statement():
+        return True
+    try:
+        d.check()
+    except NotInTransaction as error:
+        raise NotInTransaction(
+            f"{error}; or, to enqueue on its own, pass a connection that commits each statement "
+            "(asyncpg outside a transaction, psycopg with autocommit=True)"
+        ) from None
+    return False

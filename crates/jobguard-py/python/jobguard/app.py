@@ -29,7 +29,9 @@ import inspect
 from typing import Any, Callable
 
 from . import _keys
-from ._enqueue import DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_sync
+from ._enqueue import (
+    DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_batch, enqueue_sync,
+)
 from ._migrate import DEFAULT_TABLE
 from ._periodic import DEFAULT_GRACE, Periodic
 from ._pools import is_async_db
@@ -104,7 +106,9 @@ class Job:
         it commits, never enqueued when it rolls back. A key a waiting or running job holds
         returns that job (``inserted=False``). ``delay`` (seconds) or ``run_at`` (an aware
         datetime) schedules it later. ``unique`` (a :class:`jobguard.Unique`) overrides the
-        job's unique policy for this call."""
+        job's unique policy for this call. On a connection that commits each statement
+        (asyncpg outside ``transaction()``, psycopg with ``autocommit=True``), a transaction
+        of its own, committed on return."""
         args = self._args(kwargs, delay, run_at, unique)
         return await enqueue(conn, args.pop("kind"), args.pop("payload"), **args)
 
@@ -119,16 +123,13 @@ class Job:
     async def enqueue_many(
         self, conn: Any, jobs: list[dict[str, Any]], /, *, delay: float = 0.0,
     ) -> list[Enqueued]:
-        """Enqueues one job per dict of arguments in ``jobs``, in the caller's transaction, in
-        key order (so that two transactions enqueueing the same keys wait for each other
-        rather than deadlock)."""
+        """Enqueues one job per dict of arguments in ``jobs``, in the caller's transaction, as
+        one by one in key order (so that two transactions enqueueing the same keys wait for
+        each other rather than deadlock), on PostgreSQL in one statement for the jobs a live
+        job's key does not hold. On a connection that commits each statement, in one
+        transaction of their own: all of them or none."""
         prepared = [self._args(kwargs, delay, None) for kwargs in jobs]
-        order = sorted(range(len(prepared)), key=lambda i: prepared[i]["key"] or "")
-        out: list[Enqueued | None] = [None] * len(prepared)
-        for i in order:
-            args = dict(prepared[i])
-            out[i] = await enqueue(conn, args.pop("kind"), args.pop("payload"), **args)
-        return out  # type: ignore[return-value]
+        return await enqueue_batch(conn, prepared, table=self.app.table, schema=self.app.schema)
 
 
 class App:

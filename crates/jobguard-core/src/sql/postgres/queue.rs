@@ -101,6 +101,47 @@ pub fn enqueue_notifying(table: &TableName) -> String {
     )
 }
 
+/// Inserts a batch of jobs in one statement: `$1` kinds, `$2` keys, `$3` queues, `$4` payloads
+/// (JSON text), `$5` max attempts, `$6` delays in microseconds, `$7` each job's
+/// `unique_states` (0 without a policy), one array per column, unnested into rows, so the
+/// statement is the same for any batch size. `on conflict do nothing`, against either unique
+/// index (live key, kept key), leaves out without an error each key a job already holds (or
+/// that a concurrent transaction inserts first: the statement waits for it to commit or roll
+/// back); returns `id, job_key` of each row inserted, and the caller reads the others' holders.
+/// Pass each key once, the keys sorted, so that two batches sharing keys wait for each other
+/// in the same order instead of deadlocking.
+pub fn enqueue_many(table: &TableName) -> String {
+    enqueue_many_returning(table, "id, job_key")
+}
+
+/// [`enqueue_many`] and one notification per queue that received a job ([`NOTIFY`] on
+/// [`NOTIFY_CHANNEL`], the queue as the payload), in one statement: none when nothing was
+/// inserted. Returns `id, job_key` of each row inserted.
+pub fn enqueue_many_notifying(table: &TableName) -> String {
+    format!(
+        "with job as ({insert})
+         select job.id, job.job_key from job
+         where (select count(pg_notify('{NOTIFY_CHANNEL}', q.queue))
+                from (select distinct queue from job) as q) >= 0",
+        insert = enqueue_many_returning(table, "id, job_key, queue")
+    )
+}
+
+fn enqueue_many_returning(table: &TableName, returning: &str) -> String {
+    format!(
+        "insert into {t}
+             (kind, job_key, queue, payload, state, max_attempts, run_at, unique_states)
+         select b.kind, b.job_key, b.queue, b.payload::jsonb, 'available', b.max_attempts,
+                now() + b.delay * interval '1 microsecond', b.unique_states
+         from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[],
+                     $7::int4[])
+              as b(kind, job_key, queue, payload, max_attempts, delay, unique_states)
+         on conflict do nothing
+         returning {returning}",
+        t = table.quoted()
+    )
+}
+
 /// Inserts a job under a unique policy that keeps its key beyond the live states: the
 /// parameters of [`enqueue`], then `$7` the job's `unique_states` (not 0); returns its id, or no
 /// row when a job holds the key, live or finished in a state its own policy keeps the key in.

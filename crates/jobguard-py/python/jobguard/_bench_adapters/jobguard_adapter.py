@@ -67,7 +67,9 @@ class JobguardAdapter(contract.Adapter):
                 await job.enqueue_many(conn, batch)
 
     async def enqueue_one(self, kind: str, n: int) -> None:
-        async with self.pool.acquire() as conn, conn.transaction():
+        # Outside a transaction asyncpg commits each statement: the enqueue is one, as the
+        # peers' adapters enqueue.
+        async with self.pool.acquire() as conn:
             await self.kinds[kind].enqueue(conn, **contract.args_of(kind, n))
 
     async def start_worker(self) -> None:

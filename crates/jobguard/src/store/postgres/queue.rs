@@ -37,7 +37,6 @@ pub(super) const DIALECT: QueueDialect = QueueDialect {
 pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
     let t = table.quoted();
     let live = jobguard_core::sql::LIVE_STATES;
-    let micros = "* interval '1 microsecond'";
     QueueSql::new(
         table,
         &DIALECT,
@@ -47,24 +46,9 @@ pub(crate) fn queue_sql(table: &TableName) -> QueueSql {
             // The single enqueue is shared with the Python package: one text for both.
             enqueue: core::enqueue(table),
             enqueue_unique: core::enqueue_unique(table),
-            // A batch in one statement: one array per column, unnested into rows, so the statement
-            // is the same for any batch size. `on conflict do nothing`, against either unique index
-            // (live key, kept key), leaves out, without an error, each key a job already holds
-            // (or that a concurrent transaction inserts first: the statement waits for it to
-            // commit or roll back), and `returning` names the rows inserted; the caller reads the
-            // others with `holders`. The caller passes the keys sorted, so that two batches sharing keys
-            // wait for each other in the same order instead of deadlocking.
-            enqueue_many: format!(
-                "insert into {t}
-                 (kind, job_key, queue, payload, state, max_attempts, run_at, unique_states)
-             select b.kind, b.job_key, b.queue, b.payload::jsonb, 'available', b.max_attempts,
-                    now() + b.delay {micros}, b.unique_states
-             from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[],
-                         $7::int4[])
-                  as b(kind, job_key, queue, payload, max_attempts, delay, unique_states)
-             on conflict do nothing
-             returning id, job_key"
-            ),
+            // A batch in one statement, shared with the Python package's `enqueue_many`: the
+            // caller passes each key once, sorted, and reads the holders of the keys it left out.
+            enqueue_many: core::enqueue_many(table),
             holders: format!(
                 "select id, job_key, kind, payload, {STATE}, {live} from {t}
                  where job_key = any($1::text[]) and ({live} or {kept})",
