@@ -243,6 +243,10 @@ fn worker_sql<'py>(
             use sql::postgres::worker;
             out.set_item("fetch", worker::fetch(&jobs, worker::Scope::Kinds))?;
             out.set_item(
+                "fetch_after",
+                worker::fetch(&jobs, worker::Scope::KindsAfter),
+            )?;
+            out.set_item(
                 "claim_completing",
                 worker::claim_completing(&guard, &jobs, worker::CompletedRows::Kept),
             )?;

@@ -94,6 +94,12 @@ log = logging.getLogger("jobguard.worker")
 
 # Runs of one job within one attempt when its transaction failed for a transient reason.
 _TRANSIENT_RUNS = 3
+# Where enqueues notify, a fetch reads the queue from its head at most this often (seconds);
+# the others start a margin (microseconds) behind the newest job a fetch took. The head of the
+# fetch's index holds an entry for every job completed since the last vacuum, which a fetch
+# from the head walks: 2 ms a fetch after 40,000 jobs, against 0.03 ms once vacuumed.
+_HEAD_EVERY = 0.1
+_FLOOR_MARGIN_US = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +192,10 @@ class Worker:
         # Whether enqueues wake this worker (its listener is up): then a job's end does not
         # call for a fetch when the last one found the queue short.
         self._listening = False
+        # Where a fetch between two reads of the head starts (run at in microseconds, id), and
+        # when the head was last read (monotonic seconds).
+        self._floor: tuple[int, int] | None = None
+        self._head_read_at = float("-inf")
 
     def stop(self) -> None:
         """Stops fetching; running jobs finish within ``shutdown_timeout``."""
@@ -312,15 +322,35 @@ class Worker:
         waiters[0].cancel()
         return bool(done)
 
+    def _fetch_statement(self, limit: int) -> tuple[str, list[Any]]:
+        """The fetch to run now, and its parameters: from the head of the queue, or, where
+        enqueues notify and the head was read less than ``_HEAD_EVERY`` ago, from a margin
+        behind the newest job a fetch took, past the index entries of the jobs completed before
+        it. A job that becomes waiting behind that place (an enqueue whose transaction was
+        open longer than the margin, a lease given back) is fetched by the next read of the
+        head: the next fetch once ``_HEAD_EVERY`` has passed, at the latest the poll."""
+        params = [self.queue, limit, int(self.lease * 1_000_000), self._kinds_param()]
+        now = asyncio.get_running_loop().time()
+        if (self._floor is not None and self._listening and not self.until_idle
+                and "fetch_after" in self._sql and now - self._head_read_at < _HEAD_EVERY):
+            return self._sql["fetch_after"], [*params, *self._floor]
+        self._head_read_at = now
+        return self._sql["fetch"], params
+
+    def _read_head_next(self) -> None:
+        """The next fetch reads the queue from its head: jobs were given back behind the
+        floor."""
+        self._head_read_at = float("-inf")
+
     async def _fetch(self, limit: int) -> list[LeasedJob]:
         assert self._db is not None
-        params = [self.queue, limit, int(self.lease * 1_000_000), self._kinds_param()]
+        statement, params = self._fetch_statement(limit)
         try:
             # A kept connection too: the fetch runs at every notification (and, with a
             # backlog, at jobs' ends), and a connection given back to the pool each time costs
             # a reset's round trip before the jobs it fetched can start.
             async with self._job_session() as s:
-                rows = await s.fetch(self._sql["fetch"], params)
+                rows = await s.fetch(statement, params)
         except Exception as error:
             if is_not_migrated(error):
                 raise NotMigrated(
@@ -340,6 +370,9 @@ class Worker:
             self._leased[job.id] = job.token
             self._waiting[job.id] = job.token
             jobs.append(job)
+        if rows and "fetch_after" in self._sql:
+            floor = (max(int(row[8]) for row in rows) - _FLOOR_MARGIN_US, 0)
+            self._floor = floor if self._floor is None else max(self._floor, floor)
         return jobs
 
     def _batching(self) -> bool:
@@ -608,6 +641,7 @@ class Worker:
             log.warning("job %s: giving it back failed (%s)", job.id, error)
             return "failed"
         self.stats.released += bool(changed)
+        self._read_head_next()
         return "failed" if changed else "fenced"
 
     async def _heartbeats(self) -> None:
@@ -667,6 +701,7 @@ class Worker:
             return
         if rescued:
             log.info("gave back %d jobs whose lease expired", rescued)
+            self._read_head_next()  # they wait where they were enqueued
             self._wake.set()  # no notification announces them
 
     async def _drain(self, running: set[asyncio.Task[Any]]) -> None:

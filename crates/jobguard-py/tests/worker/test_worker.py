@@ -11,6 +11,7 @@ import contextlib
 import json
 from typing import Any, AsyncIterator
 
+import psycopg
 import pytest
 
 import jobguard
@@ -318,6 +319,86 @@ async def test_a_job_ending_does_not_fetch_again_when_the_queue_had_no_more(driv
         await running
 
 
+async def test_a_job_waiting_behind_where_fetches_start_is_fetched_by_a_read_of_the_head(
+    driver, queue_url,
+):
+    """Between two reads of the queue's head, a fetch starts a second behind the newest job a
+    fetch took, past the index entries of the jobs completed before it. A job that becomes
+    waiting further behind (here: its run time ten seconds back, as an enqueue whose
+    transaction stayed open that long has) is fetched by the next read of the head, the next
+    fetch once a tenth of a second has passed or, with no other fetch, the poll."""
+    if not is_postgres(queue_url):
+        pytest.skip("SQLite's fetch always reads the head")
+    app, calls = make_app(driver, queue_url)
+    worker = Worker(app, concurrency=2, poll_interval=0.3, handle_signals=False)
+    used: list[str] = []
+    choose = worker._fetch_statement
+
+    def recorded(limit: int) -> tuple[str, list]:
+        statement, params = choose(limit)
+        used.append("after" if statement == worker._sql.get("fetch_after") else "head")
+        return statement, params
+
+    worker._fetch_statement = recorded  # type: ignore[method-assign]
+    running = asyncio.ensure_future(worker.run())
+    try:
+        await _listening(queue_url, running)
+        for n in range(5):  # enqueued back to back: fetches within a tenth of a second
+            await enqueue(driver, queue_url, app.jobs["credit"], {"order": f"o-front-{n}", "amount": 1})
+        for _ in range(1200):
+            if all(calls.get(f"o-front-{n}") for n in range(5)) or running.done():
+                break
+            await asyncio.sleep(0.01)
+        behind = jobguard.key("credit", "o-behind")
+        with psycopg.connect(queue_url) as conn, conn.transaction():
+            jobguard.enqueue_sync(conn, "credit", {"order": "o-behind", "amount": 1}, key=behind)
+            conn.execute("update jobguard_jobs set run_at = run_at - interval '10 seconds' "
+                         "where job_key = %s", [behind])
+        for _ in range(1000):
+            if calls.get("o-behind") or running.done():
+                break
+            await asyncio.sleep(0.01)
+        assert calls.get("o-behind") == 1, f"the job behind was not fetched ({used})"
+        assert "after" in used, used
+    finally:
+        worker.stop()
+        stats = await running
+    assert stats.applied == 6 and stats.failed == 0
+
+
+def test_a_fetch_reads_the_head_every_tenth_of_a_second_and_after_jobs_were_given_back():
+    """Which fetch the worker runs: past the floor only where enqueues notify, between reads of
+    the head less than ``_HEAD_EVERY`` apart, never when waiting for the queue to be idle or
+    after jobs were given back."""
+    from jobguard import worker as worker_module
+
+    app = jobguard.App(db=lambda: None)
+
+    @app.job("noop")
+    async def noop(conn: Any) -> None:  # pragma: no cover - not run
+        pass
+
+    async def choices() -> None:
+        worker = Worker(app, handle_signals=False)
+        worker._sql = {"fetch": "head", "fetch_after": "after"}
+        worker._listening = True
+        assert worker._fetch_statement(5)[0] == "head"  # no job taken yet: no floor
+        worker._floor = (1_000, 0)
+        statement, params = worker._fetch_statement(5)
+        assert (statement, params[-2:]) == ("after", [1_000, 0])  # the head read just now
+        worker._head_read_at -= worker_module._HEAD_EVERY
+        assert worker._fetch_statement(5)[0] == "head"
+        assert worker._fetch_statement(5)[0] == "after"
+        worker._read_head_next()
+        assert worker._fetch_statement(5)[0] == "head"
+        worker._listening = False
+        assert worker._fetch_statement(5)[0] == "head"
+        worker._listening, worker.until_idle = True, True
+        assert worker._fetch_statement(5)[0] == "head"
+
+    asyncio.run(choices())
+
+
 async def test_a_payload_that_does_not_bind_or_a_key_function_that_raises_is_dead_lettered(
     driver, queue_url,
 ):
@@ -414,8 +495,10 @@ def test_the_worker_statements_are_the_rust_workers():
     assert "lease_token = $6" in sql["claim_completing"]
     assert "kind = any($4::text[])" in sql["fetch"]
     assert json.dumps(sorted(sql)) == json.dumps(sorted([
-        "claim_completing", "claim_completing_many", "complete", "dead", "fetch", "heartbeat",
-        "heartbeat_many", "held", "notify_channel", "release", "rescue", "retry"]))
+        "claim_completing", "claim_completing_many", "complete", "dead", "fetch",
+        "fetch_after", "heartbeat", "heartbeat_many", "held", "notify_channel", "release",
+        "rescue", "retry"]))
+    assert "(run_at, id) > (" in sql["fetch_after"] and "kind = any($4" in sql["fetch_after"]
     assert "unnest($1::int8[], $2::int8[]" in sql["claim_completing_many"]
     sqlite = jobguard._native.worker_sql("sqlite", "jobguard_jobs", "processed_jobs")
     assert "kind in (select value from json_each($4))" in sqlite["fetch"]
