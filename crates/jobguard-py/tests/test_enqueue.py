@@ -242,3 +242,89 @@ async def _connect(driver: str, url: str):  # noqa: ANN202
                 yield conn, conn.begin
         finally:
             await engine.dispose()
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "sqlalchemy", "sqlite3"])
+def test_enqueue_many_sync_is_the_same_batch_on_a_sync_connection(
+        pg_url, sqlite_path, driver, monkeypatch):
+    """``enqueue_many_sync``: on PostgreSQL one statement for the keys no live job holds, the
+    rest one by one, what each got in the order given, a refused key rolling the batch back;
+    on SQLite the jobs one by one, with the same answers."""
+    from jobguard import _drivers
+
+    sqlite = driver == "sqlite3"
+    if sqlite:
+        app = jobguard.App(db=lambda: sqlite3.connect(sqlite_path, isolation_level=None))
+    else:
+        from psycopg_pool import ConnectionPool
+
+        app = jobguard.App(db=lambda: ConnectionPool(pg_url, min_size=1, max_size=2, open=True))
+
+    @app.job("credit", key=lambda order, amount: jobguard.key("credit", order))
+    def credit_job(conn, order: str, amount: int) -> None:  # pragma: no cover - not run
+        pass
+
+    app.migrate_sync()
+    statements: list[str] = []
+    for cls in (_drivers.PsycopgDriver, _drivers.SqlalchemyDriver, _drivers.Sqlite3Driver):
+        for name in ("fetchone", "fetchall", "execute"):
+            def counting(original):  # noqa: ANN001, ANN202
+                def run(self, sql, params=()):  # noqa: ANN001, ANN202
+                    statements.append(sql)
+                    return original(self, sql, params)
+                return run
+            if hasattr(cls, name):
+                monkeypatch.setattr(cls, name, counting(getattr(cls, name)))
+
+    @contextlib.contextmanager
+    def transaction():  # noqa: ANN202
+        if driver == "psycopg":
+            with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
+                yield conn
+        elif driver == "sqlalchemy":
+            from sqlalchemy import create_engine
+
+            engine = create_engine(pg_url.replace("postgres://", "postgresql+psycopg://", 1))
+            try:
+                with engine.begin() as conn:
+                    yield conn
+            finally:
+                engine.dispose()
+        else:
+            conn = sqlite3.connect(sqlite_path, isolation_level=None)
+            conn.execute("begin immediate")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("rollback")
+                raise
+            else:
+                conn.execute("commit")
+            finally:
+                conn.close()
+
+    with transaction() as conn:
+        held = credit_job.enqueue_sync(conn, order="o-held", amount=1)
+    statements.clear()
+    with transaction() as conn:
+        got = credit_job.enqueue_many_sync(
+            conn, [{"order": f"o-{n:02}", "amount": 1} for n in range(20)]
+            + [{"order": "o-held", "amount": 1}, {"order": "o-07", "amount": 1}])
+    assert sum("unnest(" in s for s in statements) == (0 if sqlite else 1)
+    if not sqlite:
+        assert len(statements) == 1 + 2 * 2, statements
+    assert all(g.inserted for g in got[:20]) and len({g.id for g in got[:20]}) == 20
+    assert got[20] == jobguard.Enqueued(held.id, False)
+    assert got[21] == jobguard.Enqueued(got[7].id, False)
+    with pytest.raises(jobguard.KeyReused):
+        with transaction() as conn:
+            credit_job.enqueue_many_sync(conn, [{"order": "o-new", "amount": 1},
+                                                {"order": "o-held", "amount": 2}])
+    if sqlite:
+        check = sqlite3.connect(sqlite_path)
+        count = check.execute("select count(*) from jobguard_jobs").fetchone()[0]
+        check.close()
+    else:
+        with psycopg.connect(pg_url) as check:
+            count = check.execute("select count(*) from jobguard_jobs").fetchone()[0]
+    assert count == 21

@@ -105,6 +105,9 @@ class SyncDriver(Driver):
     def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         raise NotImplementedError
 
+    def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        raise NotImplementedError
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         raise NotImplementedError
 
@@ -204,6 +207,10 @@ class PsycopgDriver(SyncDriver):
     def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, "pyformat")
         return _row(self.conn.execute(text, args if params else None).fetchone())
+
+    def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        text, args = convert(sql, params, "pyformat")
+        return [tuple(r) for r in self.conn.execute(text, args if params else None).fetchall()]
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, "pyformat")
@@ -358,6 +365,10 @@ class SqlalchemyDriver(SyncDriver):
     def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
         text, args = convert(sql, params, self.style)
         return _row(self.conn.exec_driver_sql(text, args).fetchone())
+
+    def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        text, args = convert(sql, params, self.style)
+        return [tuple(r) for r in self.conn.exec_driver_sql(text, args).fetchall()]
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, self.style)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from . import _keys
-from ._drivers import Driver, driver_for
+from ._drivers import Driver, Row, driver_for
 from ._migrate import is_not_migrated
 from ._unique import Unique, resolve, run_async, run_sync, steps
 from .errors import KeyReused, NotInTransaction, NotMigrated, UnsupportedConnection
@@ -146,6 +146,55 @@ async def enqueue(
     raise job.lost()
 
 
+class _Batch:
+    """What :func:`enqueue_batch` and :func:`enqueue_batch_sync` do with ``entries`` (the
+    keyword arguments of :func:`enqueue`, ``kind`` and ``payload`` among them), whatever runs
+    the statements: every entry checked before anything is written; on PostgreSQL, the jobs
+    without a unique policy in one statement, each key once and the keys sorted, so that two
+    batches sharing keys wait for each other in the same order; then the rest, one by one in
+    key order."""
+
+    def __init__(self, d: Driver, entries: Sequence[Mapping[str, Any]], table: str,
+                 schema: str | None) -> None:
+        self.entries, self.table = entries, table
+        self.order = sorted(range(len(entries)), key=lambda i: entries[i].get("key") or "")
+        self.sql = _keys.queue_sql(d.dialect, table, schema)
+        self.jobs: dict[int, _Job] = {}
+        if "enqueue_many_notifying" in self.sql:
+            for i in self.order:
+                e = entries[i]
+                if e.get("unique") is None:
+                    self.jobs[i] = _Job(d, e["kind"], e["payload"], e.get("key"),
+                                        e.get("queue", DEFAULT_QUEUE),
+                                        e.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+                                        e.get("delay", 0.0), table, schema)
+        self.first: dict[str, int] = {}
+        for i, job in self.jobs.items():
+            self.first.setdefault(job.key, i)
+        self.out: list[Enqueued | None] = [None] * len(entries)
+
+    def insert(self) -> tuple[str, list[Any]] | None:
+        """The one statement for the jobs without a policy, each key once; None when none."""
+        if not self.first:
+            return None
+        batch = sorted(self.first.values(), key=lambda i: self.jobs[i].key)
+        columns = [list(column) for column in zip(*(self.jobs[i].params for i in batch))]
+        return self.sql["enqueue_many_notifying"], [*columns, [0] * len(batch)]
+
+    def inserted(self, rows: list[Row]) -> None:
+        for job_id, key in rows:
+            self.out[self.first[key]] = Enqueued(int(job_id), True)
+
+    def failed(self, error: Exception) -> None:
+        next(iter(self.jobs.values())).raise_if_not_migrated(error, self.table)
+
+    def rest(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Each entry the statement did not insert, as :func:`enqueue`'s arguments."""
+        for i in self.order:
+            if self.out[i] is None:
+                yield i, {k: v for k, v in self.entries[i].items() if k not in ("table", "schema")}
+
+
 async def enqueue_batch(
     conn: Any, entries: Sequence[Mapping[str, Any]], table: str = DEFAULT_QUEUE_TABLE,
     schema: str | None = None,
@@ -153,48 +202,53 @@ async def enqueue_batch(
     """Enqueues each entry (the keyword arguments of :func:`enqueue`, ``kind`` and ``payload``
     among them) as :func:`enqueue` would one by one in key order, in the transaction open on
     ``conn`` (or one of its own on a connection that commits each statement): what each got, in
-    the order given. Every entry is checked before anything is written. On PostgreSQL the jobs
-    without a unique policy go in one statement (each key once, the keys sorted, the queues
-    notified in it); a key a live job held, a key's later entries and jobs under a policy then
-    go one by one, as :func:`enqueue` settles them. SQLite takes them one by one."""
+    the order given. On PostgreSQL the jobs without a unique policy go in one statement, which
+    notifies the queues that received jobs; a key a live job held, a key's later entries and
+    jobs under a policy then go one by one, as :func:`enqueue` settles them. SQLite takes them
+    one by one."""
     d: Any = driver_for(conn)
     if not d.is_async:
-        raise UnsupportedConnection(f"{d.name} is synchronous: enqueue its jobs one by one")
+        raise UnsupportedConnection(f"{d.name} is synchronous: use enqueue_many_sync")
     if own_transaction(d):
         async with d.transaction():
             return await enqueue_batch(conn, entries, table, schema)
-    order = sorted(range(len(entries)), key=lambda i: entries[i].get("key") or "")
-    sql = _keys.queue_sql(d.dialect, table, schema)
-    jobs: dict[int, _Job] = {}
-    if "enqueue_many_notifying" in sql:
-        for i in order:
-            e = entries[i]
-            if e.get("unique") is None:
-                jobs[i] = _Job(d, e["kind"], e["payload"], e.get("key"),
-                               e.get("queue", DEFAULT_QUEUE),
-                               e.get("max_attempts", DEFAULT_MAX_ATTEMPTS), e.get("delay", 0.0),
-                               table, schema)
-    first: dict[str, int] = {}
-    for i, job in jobs.items():
-        first.setdefault(job.key, i)
-    out: list[Enqueued | None] = [None] * len(entries)
-    if first:
-        batch = sorted(first.values(), key=lambda i: jobs[i].key)
-        columns = list(zip(*(jobs[i].params for i in batch)))
+    batch = _Batch(d, entries, table, schema)
+    insert = batch.insert()
+    if insert is not None:
         try:
-            rows = await d.fetchall(sql["enqueue_many_notifying"], [
-                *[list(column) for column in columns], [0] * len(batch)])
+            batch.inserted(await d.fetchall(*insert))
         except Exception as error:
-            jobs[batch[0]].raise_if_not_migrated(error, table)
+            batch.failed(error)
             raise
-        for job_id, key in rows:
-            out[first[key]] = Enqueued(int(job_id), True)
-    for i in order:
-        if out[i] is None:
-            e = {k: v for k, v in entries[i].items() if k not in ("table", "schema")}
-            out[i] = await enqueue(conn, e.pop("kind"), e.pop("payload"), table=table,
-                                   schema=schema, **e)
-    return out  # type: ignore[return-value]
+    for i, e in batch.rest():
+        batch.out[i] = await enqueue(conn, e.pop("kind"), e.pop("payload"), table=table,
+                                     schema=schema, **e)
+    return batch.out  # type: ignore[return-value]
+
+
+def enqueue_batch_sync(
+    conn: Any, entries: Sequence[Mapping[str, Any]], table: str = DEFAULT_QUEUE_TABLE,
+    schema: str | None = None,
+) -> list[Enqueued]:
+    """:func:`enqueue_batch` on a psycopg, SQLAlchemy, sqlite3 or Django connection."""
+    d: Any = driver_for(conn)
+    if d.is_async:
+        raise UnsupportedConnection(f"{d.name} is asynchronous: use `await enqueue_many`")
+    if own_transaction(d):
+        with d.transaction():
+            return enqueue_batch_sync(conn, entries, table, schema)
+    batch = _Batch(d, entries, table, schema)
+    insert = batch.insert()
+    if insert is not None:
+        try:
+            batch.inserted(d.fetchall(*insert))
+        except Exception as error:
+            batch.failed(error)
+            raise
+    for i, e in batch.rest():
+        batch.out[i] = enqueue_sync(conn, e.pop("kind"), e.pop("payload"), table=table,
+                                    schema=schema, **e)
+    return batch.out  # type: ignore[return-value]
 
 
 def enqueue_sync(

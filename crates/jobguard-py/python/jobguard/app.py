@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 from . import _keys
 from ._enqueue import (
-    DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_batch, enqueue_sync,
+    DEFAULT_QUEUE, DEFAULT_QUEUE_TABLE, Enqueued, enqueue, enqueue_batch, enqueue_batch_sync,
+    enqueue_sync,
 )
 from ._migrate import DEFAULT_TABLE
 from ._periodic import DEFAULT_GRACE, Periodic
@@ -130,6 +131,13 @@ class Job:
         transaction of their own: all of them or none."""
         prepared = [self._args(kwargs, delay, None) for kwargs in jobs]
         return await enqueue_batch(conn, prepared, table=self.app.table, schema=self.app.schema)
+
+    def enqueue_many_sync(
+        self, conn: Any, jobs: list[dict[str, Any]], /, *, delay: float = 0.0,
+    ) -> list[Enqueued]:
+        """:meth:`enqueue_many` on a psycopg, SQLAlchemy, sqlite3 or Django connection."""
+        prepared = [self._args(kwargs, delay, None) for kwargs in jobs]
+        return enqueue_batch_sync(conn, prepared, table=self.app.table, schema=self.app.schema)
 
 
 class App:

@@ -64,6 +64,12 @@ class DjangoDriver(SyncDriver):
             row = cursor.fetchone()
         return None if row is None else tuple(row)
 
+    def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        text, args = convert(sql, params, "format")
+        with self.conn.cursor() as cursor:
+            cursor.execute(text, args if params else None)
+            return [tuple(row) for row in cursor.fetchall()]
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         text, args = convert(sql, params, "format")
         with self.conn.cursor() as cursor:
