@@ -230,7 +230,7 @@ def enqueue_batch_sync(
     conn: Any, entries: Sequence[Mapping[str, Any]], table: str = DEFAULT_QUEUE_TABLE,
     schema: str | None = None,
 ) -> list[Enqueued]:
-    """:func:`enqueue_batch` on a psycopg, SQLAlchemy, sqlite3 or Django connection."""
+    """:func:`enqueue_batch` on a psycopg, SQLAlchemy or sqlite3 connection."""
     d: Any = driver_for(conn)
     if d.is_async:
         raise UnsupportedConnection(f"{d.name} is asynchronous: use `await enqueue_many`")

@@ -135,7 +135,7 @@ class Job:
     def enqueue_many_sync(
         self, conn: Any, jobs: list[dict[str, Any]], /, *, delay: float = 0.0,
     ) -> list[Enqueued]:
-        """:meth:`enqueue_many` on a psycopg, SQLAlchemy, sqlite3 or Django connection."""
+        """:meth:`enqueue_many` on a psycopg, SQLAlchemy or sqlite3 connection."""
         prepared = [self._args(kwargs, delay, None) for kwargs in jobs]
         return enqueue_batch_sync(conn, prepared, table=self.app.table, schema=self.app.schema)
 
