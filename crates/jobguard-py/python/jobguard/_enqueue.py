@@ -149,10 +149,10 @@ async def enqueue(
 class _Batch:
     """What :func:`enqueue_batch` and :func:`enqueue_batch_sync` do with ``entries`` (the
     keyword arguments of :func:`enqueue`, ``kind`` and ``payload`` among them), whatever runs
-    the statements: every entry checked before anything is written; on PostgreSQL, the jobs
-    without a unique policy in one statement, each key once and the keys sorted, so that two
-    batches sharing keys wait for each other in the same order; then the rest, one by one in
-    key order."""
+    the statements: on PostgreSQL, every entry without a unique policy checked, then those jobs
+    in one statement, each key once and the keys sorted, so that two batches sharing keys wait
+    for each other in the same order; then the rest (on SQLite, every entry), one by one in key
+    order, each checked as :func:`enqueue` checks it."""
 
     def __init__(self, d: Driver, entries: Sequence[Mapping[str, Any]], table: str,
                  schema: str | None) -> None:
