@@ -6,9 +6,11 @@ serialization failure, a deadlock, a lock timeout, a lost connection, a busy SQL
 limit, a guard table not migrated yet) is run again, after a bounded exponential backoff, until
 it commits or has been retried ``max_retries`` times; then it is reported (logged at error with
 its key, and counted as ``jobguard_job_retries_total{outcome="exhausted"}``) and left to the
-framework's own failure handling. The framework integrations (``jobguard.celery``,
-``jobguard.arq``, ``jobguard.taskiq``, ``jobguard.dramatiq``, ``jobguard.rq``) share this
-module; each decides how a job is run again.
+framework's own failure handling. Where an integration sends the retry itself (Celery, taskiq),
+the retry is counted once it was sent; one that could not be sent leaves the message to the
+broker where the framework can (Celery), else it is reported as ``outcome="lost"``. The
+framework integrations (``jobguard.celery``, ``jobguard.arq``, ``jobguard.taskiq``,
+``jobguard.dramatiq``, ``jobguard.rq``) share this module; each decides how a job is run again.
 """
 
 from __future__ import annotations
@@ -119,9 +121,11 @@ def retrying(
     log: logging.Logger, framework: str, job: str, key: str | None, retries: int,
     delay: float, reason: str,
 ) -> None:
-    """Logs and counts one retry of ``job`` (the framework's name and id of the delivery)."""
+    """Logs and counts one retry of ``job`` (the framework's name and id of the delivery). An
+    integration that sends the retry itself calls it once the retry was sent: one that could
+    not be sent is not a retry (see :func:`lost`)."""
     log.warning(
-        "%s: job key %s did not commit (%s); running it again in %.2fs (retry %d)",
+        "%s: job key %s did not commit (%s); running it again after a %.2fs backoff (retry %d)",
         job, key, reason, delay, retries + 1,
     )
     record_retry(_kind(key), framework, "retried")
@@ -138,6 +142,20 @@ def exhausted(
         job, key, reason, retries,
     )
     record_retry(_kind(key), framework, "exhausted")
+
+
+def lost(
+    log: logging.Logger, framework: str, job: str, key: str | None, reason: str,
+    error: BaseException,
+) -> None:
+    """Reports a job whose transaction did not commit and whose retry could not be sent, nor
+    its message left to the broker: it is NOT applied and will not run again."""
+    log.error(
+        "%s: job key %s did not commit (%s) and its retry could not be sent (%r): the job is "
+        "NOT applied and will not run again; run it again once the broker takes messages",
+        job, key, reason, error,
+    )
+    record_retry(_kind(key), framework, "lost")
 
 
 def _kind(key: str | None) -> str:

@@ -32,8 +32,11 @@ or a hard ``time_limit`` (the pool child killed by the worker). It is retried as
 ``self.retry`` does (a new message with the same id, ``retries + 1`` and a countdown, then the
 delivery is acked), after ``min(guard_retry_backoff * 2**retries, guard_retry_backoff_max)``
 seconds (its upper half random), up to ``guard_max_retries`` times; a hard time limit is
-retried the same way by the worker's main process (:class:`GuardedRequest`). After the last
-retry the job is reported (logged at error with its key, counted as
+retried the same way by the worker's main process (:class:`GuardedRequest`). A retry is counted
+(``jobguard_job_retries_total{outcome="retried"}``) once it was sent; one that could not be sent
+(the broker refused the publish) is logged at error and the delivery's message is rejected with
+``requeue=True``, so the broker delivers it again (Celery itself would drop or ack it). After the
+last retry the job is reported (logged at error with its key, counted as
 ``jobguard_job_retries_total{outcome="exhausted"}``) and fails as Celery fails any task
 (``acks_on_failure_or_timeout``, True by default: the failure is stored and the message acked).
 Any other exception is Celery's own business: no retry unless the task asks for one
@@ -63,7 +66,7 @@ from typing import Any, Callable
 
 from billiard.einfo import ExceptionWithTraceback
 from celery import Task, signals
-from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
@@ -94,7 +97,9 @@ class GuardedRequest(Request):
     child in the worker's main process, where the task's own ``__call__`` never sees it; this
     request retries the task there, as ``self.retry`` would, until ``guard_max_retries``."""
 
-    _jobguard_retried = False
+    # Whether on_failure settled the hard time limit: retried (the message acked) or, when
+    # the retry could not be sent, the message rejected back to the broker.
+    _jobguard_settled = False
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
@@ -107,17 +112,22 @@ class GuardedRequest(Request):
             and not worker_state.should_terminate
             and self._retry_time_limit(exc)
         ):
+            self._jobguard_settled = True
+            worker_state.task_ready(self)
             return None
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        if not soft and self._jobguard_retried:
-            # The hard limit's failure was retried in on_failure, which acked the message.
+        if not soft and self._jobguard_settled:
+            # on_failure, called first, retried the task or gave its message back to the
+            # broker: no failure to store, no ack.
             log.warning("task %s[%s]: hard time limit (%ss) exceeded", self.name, self.id, timeout)
             return
         super().on_timeout(soft, timeout)
 
     def _retry_time_limit(self, exc: BaseException) -> bool:
+        """Retries the task after its hard time limit, as ``self.retry`` would; false when its
+        retries are spent (the failure is then Celery's)."""
         task = self.task
         context = self._context
         retries = context.retries or 0
@@ -130,10 +140,16 @@ class GuardedRequest(Request):
         delay = policy.delay(retries)
         try:
             task.signature_from_request(context, countdown=delay, retries=retries + 1).apply_async()
-        except Exception:  # noqa: BLE001 - the message is then left to Celery's settings
-            log.exception("%s: sending the retry after its hard time limit failed", job)
-            return False
-        self._jobguard_retried = True
+        except Exception as error:  # noqa: BLE001 - any failure to publish
+            # Celery would ack the failure and lose the job: the message goes back to the
+            # broker instead, which delivers it again.
+            log.error(
+                "%s: the retry of job key %s after its hard time limit could not be sent "
+                "(%r): its message is requeued",
+                job, key, error,
+            )
+            self.reject(requeue=True)
+            return True
         _retry.retrying(log, "celery", job, key, retries, delay, "hard time limit")
         if self.store_errors:
             task.backend.mark_as_retry(self.id, exc, request=context)
@@ -217,7 +233,8 @@ class GuardedTask(Task):
 
     def _again(self, key: str | None, reason: str, exc: Exception) -> BaseException:
         """The exception that ends this delivery: Celery's ``Retry`` after sending the retry,
-        or ``exc`` itself when the retries are spent or the task was called directly."""
+        ``Reject(requeue=True)`` when it could not be sent, or ``exc`` itself when the retries
+        are spent or the task was called directly."""
         request = self.request
         if request.called_directly:
             return exc
@@ -228,15 +245,23 @@ class GuardedTask(Task):
             _retry.exhausted(log, "celery", job, key, retries, reason)
             return exc
         delay = policy.delay(retries)
-        _retry.retrying(log, "celery", job, key, retries, delay, reason)
         try:
             retry: BaseException = self.retry(
                 exc=exc, countdown=delay, max_retries=policy.max_retries, throw=False
             )
-            return retry
         except Exception as error:  # noqa: BLE001 - Celery's Reject when the retry was not sent
-            log.error("%s: the retry of job key %s could not be sent: %r", job, key, error)
-            return error
+            # Celery's Reject drops the message: it goes back to the broker instead, which
+            # delivers it again (the delivery did not commit).
+            sent = error.reason if isinstance(error, Reject) else error
+            log.error(
+                "%s: the retry of job key %s (%s) could not be sent (%r): its message is "
+                "requeued",
+                job, key, reason, sent,
+            )
+            requeued: BaseException = Reject(sent, requeue=True)
+            return requeued
+        _retry.retrying(log, "celery", job, key, retries, delay, reason)
+        return retry
 
     def _static(self, name: str) -> Any:
         # `@app.task(guard_key=lambda ...)` makes the lambda a class attribute: read it

@@ -4,9 +4,10 @@ the series the Rust library records, with the same name and labels (``outcome`` 
 delivery at work; a spike is mass redelivery, worth a look.
 
 ``jobguard_job_retries_total{kind, framework, outcome}`` counts the framework integrations'
-runs of a job again after a transient failure (``outcome="retried"``) and the jobs given up
-after the last retry (``outcome="exhausted"``: not applied, logged at error with the key; alert
-on any).
+retries of a job after a transient failure, once sent (``outcome="retried"``), the jobs given up
+after the last retry (``outcome="exhausted"``) and the jobs whose retry could not be sent
+(``outcome="lost"``); neither of the last two is applied, each is logged at error with its key:
+alert on any.
 
 ``jobguard_periodic_firings_total{schedule, outcome}`` counts the Python scheduler's firings, as
 the Rust worker does."""
@@ -39,7 +40,8 @@ if _prometheus is not None:
     try:
         _retries = _prometheus.Counter(
             "jobguard_job_retries",
-            "Guarded jobs run again after a transient failure (retried), or given up (exhausted)",
+            "Guarded jobs run again after a transient failure (retried), given up (exhausted), or "
+            "whose retry could not be sent (lost)",
             ["kind", "framework", "outcome"],
         )
     except ValueError:  # already registered (module reloaded)

@@ -36,8 +36,12 @@ is set up and the task labelled for it). The wrapper then waits
 ``min(retry_backoff * 2**retries, retry_backoff_max)`` seconds (its upper half random, cut to
 what is left of the budget), sends the same message again (the same task id, with the label
 ``jobguard_retries`` one higher) and ends this delivery with ``NoResultError``: no result is
-stored for it and it is acked; the new message runs as a new delivery. After ``max_retries``
-(default 5) the task is reported (logged at error with its key, counted as
+stored for it and it is acked; the new message runs as a new delivery. The retry is counted
+(``jobguard_job_retries_total{outcome="retried"}``) once it was sent. taskiq acks a delivery
+whatever the task raises, so a send that fails is tried again, three times in all, half a second
+apart; if none gets through the job is reported lost (logged at error with its key, counted as
+``outcome="lost"``: not applied, not run again) and fails as taskiq fails any task. After
+``max_retries`` (default 5) the task is reported (logged at error with its key, counted as
 ``jobguard_job_retries_total{outcome="exhausted"}``) and fails as taskiq fails any task. A
 delivery cancelled by taskiq's own timeout after the budget (the worker was stopped past both)
 is sent again the same way before the cancellation goes on. Any other exception is taskiq's
@@ -79,6 +83,10 @@ RETRIES_LABEL = "jobguard_retries"
 # The share of the task's `timeout` label the run may take: the rest is for the rollback, the
 # backoff and sending the message again before taskiq's timeout cancels the task.
 _BUDGET_SHARE = 0.9
+# How many times the retry's message is sent before the job is reported lost, and the pause
+# after a send that failed.
+_SEND_ATTEMPTS = 3
+_SEND_PAUSE_S = 0.5
 # The hidden parameter through which taskiq hands the wrapper its message and broker.
 _CONTEXT = "jobguard_context"
 
@@ -193,8 +201,9 @@ async def _send_again(
     context: Context, policy: _retry.RetryPolicy, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     reason: str, left: float | None,
 ) -> bool:
-    """Sends the delivery's message again after the backoff; false when the retries are
-    spent (the task is reported) or the message could not be sent."""
+    """Sends the delivery's message again after the backoff, and counts the retry once it
+    was sent; false when the retries are spent or the message could not be sent (the task is
+    reported either way)."""
     message = context.message
     retries = int(message.labels.get(RETRIES_LABEL, 0))
     job = f"task {message.task_name}[{message.task_id}]"
@@ -205,19 +214,32 @@ async def _send_again(
     delay = policy.delay(retries)
     if left is not None:
         delay = min(delay, left)
-    _retry.retrying(log, "taskiq", job, job_key, retries, delay, reason)
     await asyncio.sleep(delay)
     # The labels as a sender writes them: the received ones were parsed into their types.
     labels: dict[str, Any] = {}
     types: dict[str, int] = {}
     for name, value in {**message.labels, RETRIES_LABEL: retries + 1}.items():
         labels[name], types[name] = prepare_label(value)
-    again = message.model_copy(update={"labels": labels, "labels_types": types})
-    try:
-        await context.broker.kick(context.broker.formatter.dumps(again))
-    except Exception:  # noqa: BLE001 - the task then fails as taskiq fails any
-        log.exception("%s: sending job key %s again failed; it is NOT applied", job, job_key)
-        return False
+    again = context.broker.formatter.dumps(
+        message.model_copy(update={"labels": labels, "labels_types": types})
+    )
+    # taskiq acks this delivery whatever the task raises: the retry has to be sent, or the job
+    # is lost. A send that fails is tried again, a few times, a moment apart.
+    for attempt in range(_SEND_ATTEMPTS):
+        try:
+            await context.broker.kick(again)
+        except Exception as error:  # noqa: BLE001 - any failure to publish
+            if attempt + 1 == _SEND_ATTEMPTS:
+                _retry.lost(log, "taskiq", job, job_key, reason, error)
+                return False
+            log.warning(
+                "%s: sending the retry of job key %s failed (%r); trying again in %.1fs",
+                job, job_key, error, _SEND_PAUSE_S,
+            )
+            await asyncio.sleep(_SEND_PAUSE_S)
+        else:
+            break
+    _retry.retrying(log, "taskiq", job, job_key, retries, delay, reason)
     return True
 
 

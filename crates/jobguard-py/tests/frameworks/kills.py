@@ -15,6 +15,11 @@ The retry tests arm other points, each once per key, in the job's transaction af
 connection terminated with ``pg_terminate_backend``, or a serialization failure raised by the
 server), ``overrun`` sleeps past the job's time limit, ``stop`` stops the worker with SIGSTOP
 (a helper sends SIGCONT later). A job that did not commit must be run again until it does.
+``refuse`` makes the worker's next sends of the key's retry raise (once, or as many times as
+the flag says), as a broker refusing the publish would (:func:`refuse_send`, called by the
+app's send). The apps record every count of
+``jobguard_job_retries_total`` as a row in ``retries`` (:func:`count_retries`), so that a
+test reads the counter of its worker processes.
 
 ``JOBGUARD_TEST_UNGUARDED=1`` runs the same tasks without the guard: the tests must then fail
 (the check that they can).
@@ -48,6 +53,7 @@ HANG_LIMIT_S = 120
 SCHEMA = [
     "create table ledger (job_key text not null, pid int not null)",
     "create table deliveries (job_key text not null, outcome text not null, pid int not null)",
+    "create table retries (framework text not null, outcome text not null, pid int not null)",
 ]
 
 
@@ -149,6 +155,46 @@ def _take(stage: str, key: str) -> str | None:
         return None
     (flags / f"fired.{stage}.{key}").write_text(str(os.getpid()))
     return content
+
+
+def refuse_send(key: str) -> bool:
+    """Whether this send of ``key``'s retry is to fail: true while ``refuse`` is armed, as many
+    times as the flag says (once when it is empty)."""
+    flag = Path(os.environ["JOBGUARD_TEST_FLAGS"]) / f"refuse.{key}"
+    try:
+        left = int(flag.read_text() or 1) - 1
+    except FileNotFoundError:
+        return False
+    if left > 0:
+        flag.write_text(str(left))
+    else:
+        _take("refuse", key)
+    return True
+
+
+def count_retries(url: str) -> None:
+    """From now on, every count of ``jobguard_job_retries_total`` in this process (and the
+    processes it forks) is also written as a row of ``retries``."""
+    from jobguard import _retry
+
+    counted = _retry.record_retry
+
+    def record(kind: str, framework: str, outcome: str) -> None:
+        counted(kind, framework, outcome)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "insert into retries (framework, outcome, pid) values (%s, %s, %s)",
+                (framework, outcome, os.getpid()),
+            )
+
+    _retry.record_retry = record
+
+
+def retries(url: str) -> dict[str, int]:
+    """The counts of ``jobguard_job_retries_total`` per outcome the workers made."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("select outcome, count(*) from retries group by 1").fetchall()
+    return dict(rows)
 
 
 def _transient_sql(key: str, backend_pid: int) -> str | None:

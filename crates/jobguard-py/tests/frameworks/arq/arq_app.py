@@ -4,7 +4,10 @@ Configured from the environment: DATABASE_URL, JOBGUARD_TEST_REDIS_URL, JOBGUARD
 Run as ``python arq_app.py``.
 
 The job's time budget is 3 s, under the worker's ``job_timeout`` of 5 s; a transient failure is
-retried after 0.2 s, 0.4 s, ... (at most 1 s), up to try 10: the retry tests stay short.
+retried after 0.2 s, 0.4 s, ... (at most 1 s), up to try 10: the retry tests stay short. With
+JOBGUARD_TEST_JOB_TIMEOUT the worker's ``job_timeout`` is that instead and the job's budget is
+left at the wrapper's default (270 s). Every retry counted is written to the database
+(``kills.count_retries``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ import kills
 
 URL = os.environ["DATABASE_URL"]
 MAX_TRIES = 10
+JOB_TIMEOUT_S = float(os.environ.get("JOBGUARD_TEST_JOB_TIMEOUT", "5"))
+BUDGET = {} if "JOBGUARD_TEST_JOB_TIMEOUT" in os.environ else {"timeout": 3}
+
+kills.count_retries(URL)
 
 
 async def startup(ctx: dict) -> None:
@@ -51,10 +58,10 @@ def duplicate(ctx: dict, outcome: jobguard.Duplicate, order: str) -> None:
     key=lambda order: jobguard.key("credit", order),
     db=lambda ctx: ctx["db"],
     on_duplicate=duplicate,
-    timeout=3,
     max_tries=MAX_TRIES,
     retry_backoff=0.2,
     retry_backoff_max=1.0,
+    **BUDGET,
 )
 async def guarded_credit(ctx: dict, conn: Any, order: str) -> dict:
     await effect(conn, jobguard.key("credit", order))
@@ -82,7 +89,7 @@ if __name__ == "__main__":
         redis_settings=RedisSettings.from_dsn(os.environ["JOBGUARD_TEST_REDIS_URL"]),
         queue_name=os.environ["JOBGUARD_TEST_QUEUE"],
         max_jobs=1,
-        job_timeout=5,
+        job_timeout=JOB_TIMEOUT_S,
         max_tries=MAX_TRIES,
         poll_delay=0.1,
         handle_signals=True,

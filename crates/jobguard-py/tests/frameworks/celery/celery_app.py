@@ -4,7 +4,9 @@ Configured from the environment: JOBGUARD_TEST_BROKER (amqp:// or redis://), DAT
 JOBGUARD_TEST_QUEUE, JOBGUARD_TEST_KILL_GROUP (kill the whole worker, not only the pool child).
 
 ``credit`` runs with a soft time limit of 2 s and a hard one of 4 s, and retries a transient
-failure after 0.2 s, 0.4 s, ... (at most 1 s): the retry tests stay short.
+failure after 0.2 s, 0.4 s, ... (at most 1 s): the retry tests stay short. Sending a key's
+retry raises once when ``refuse`` is armed for it; every retry counted is written to the
+database (``kills.count_retries``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 
 import psycopg
 from celery import Celery, Task
+from kombu.exceptions import OperationalError
 
 import jobguard
 from jobguard.celery import GuardedTask
@@ -22,6 +25,8 @@ import kills
 URL = os.environ["DATABASE_URL"]
 QUEUE = os.environ["JOBGUARD_TEST_QUEUE"]
 GROUP = os.environ.get("JOBGUARD_TEST_KILL_GROUP") == "1"
+
+kills.count_retries(URL)
 
 app = Celery("celery_app", broker=os.environ["JOBGUARD_TEST_BROKER"])
 app.conf.update(
@@ -56,6 +61,13 @@ class CreditTask(GuardedTask):
     def after_return(self, status, retval, task_id, args, kwargs, einfo):
         # After the commit, before the late ack.
         kills.die_here("after-commit", jobguard.key("credit", args[0]), group=GROUP)
+
+    def apply_async(self, args=None, kwargs=None, **options):
+        # The worker sends a retry through here (`self.retry`, and GuardedRequest after a
+        # hard time limit); the error is kombu's for a publish that failed.
+        if args and kills.refuse_send(jobguard.key("credit", args[0])):
+            raise OperationalError("the broker refused the publish (test)")
+        return super().apply_async(args, kwargs, **options)
 
 
 class NaiveTask(Task):

@@ -35,3 +35,34 @@ def test_transient_failures_and_time_limits_are_run_again(broker, pg_url, tmp_pa
                                 limit_s=LIMIT_S)
         workers.run_until(lambda: len(kills.effects(pg_url)) >= len(keys))
         kills.check_each_applied_once(pg_url, flags, keys, workers)
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
+def test_a_retry_that_cannot_be_sent_leaves_the_delivery_to_the_broker(broker, pg_url, tmp_path):
+    # The first two keys' retries are refused, after a transient failure (sent by the pool
+    # child) and after the hard time limit (sent by the worker's main process); the other two
+    # are sent, one of each kind.
+    kills.require(BROKERS[broker])
+    kills.prepare(pg_url)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    orders = [f"s-{n}" for n in range(4)]
+    keys = [jobguard.key("credit", order) for order in orders]
+    (flags / f"transient.{keys[0]}").write_text("terminate")
+    (flags / f"stop.{keys[1]}").write_text("20")
+    (flags / f"transient.{keys[2]}").write_text("serialization")
+    (flags / f"stop.{keys[3]}").write_text("20")
+    for key in keys[:2]:
+        kills.arm(flags, "refuse", key)
+    with celery_runs.queue(broker) as (queue, producer):
+        env = celery_runs.app_environment(pg_url, broker, queue, flags)
+        celery_runs.publish(producer, queue, orders)
+        workers = kills.Workers(celery_runs.worker_command("celery_app", 2), env, tmp_path,
+                                limit_s=LIMIT_S)
+        workers.run_until(lambda: len(kills.effects(pg_url)) >= len(keys))
+    assert kills.fired(flags) == sorted(
+        [f"refuse.{k}" for k in keys[:2]] + [f"transient.{keys[0]}", f"transient.{keys[2]}"]
+        + [f"stop.{keys[1]}", f"stop.{keys[3]}"]
+    ), workers.log_tail()
+    assert kills.effects(pg_url) == {k: 1 for k in keys}, workers.log_tail()
+    assert kills.retries(pg_url) == {"retried": 2}, workers.log_tail()

@@ -6,7 +6,8 @@ JOBGUARD_TEST_QUEUE.
 
 ``credit`` has a ``timeout`` label of 4 s (the guard's budget is 90% of it) and retries a
 transient failure after 0.2 s, 0.4 s, ... (at most 1 s), up to 10 times: the retry tests stay
-short.
+short. Sending a key's retry raises once when ``refuse`` is armed for it; every retry counted is
+written to the database (``kills.count_retries``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import os
 from typing import Any
 
 import asyncpg
-from taskiq import TaskiqEvents, TaskiqMessage, TaskiqMiddleware, TaskiqResult, TaskiqState
+from taskiq import (
+    BrokerMessage, TaskiqEvents, TaskiqMessage, TaskiqMiddleware, TaskiqResult, TaskiqState,
+)
 
 import jobguard
 import jobguard.taskiq
@@ -56,6 +59,20 @@ class AfterCommit(TaskiqMiddleware):
 
 
 broker.add_middlewares(jobguard.taskiq.GuardMetrics(), AfterCommit())
+kills.count_retries(URL)
+_kick = broker.kick
+
+
+async def kick(message: BrokerMessage) -> None:
+    # The wrapper sends a retry through here; the error is the one a closed channel raises.
+    if jobguard.taskiq.RETRIES_LABEL in message.labels:
+        order = broker.formatter.loads(message.message).args[0]
+        if kills.refuse_send(jobguard.key("credit", order)):
+            raise ConnectionError("the broker refused the publish (test)")
+    await _kick(message)
+
+
+broker.kick = kick  # type: ignore[method-assign]
 pool: asyncpg.Pool | None = None
 
 

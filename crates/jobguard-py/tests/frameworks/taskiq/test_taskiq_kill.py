@@ -5,7 +5,8 @@ And tasks whose transaction did not commit, run again: each key published once, 
 first delivery fails transiently (its connection terminated with ``pg_terminate_backend``, or a
 serialization failure raised by the server), the first key's second delivery sleeps past the
 task's ``timeout`` label (4 s), the second key's stops its worker with SIGSTOP for 10 s, past
-it. taskiq alone acks each of these failures and loses the key."""
+it. taskiq alone acks each of these failures and loses the key. A retry whose first send fails
+is sent again, and counted once; one that cannot be sent at all is counted as lost."""
 
 from __future__ import annotations
 
@@ -157,5 +158,45 @@ def test_transient_failures_and_timeouts_are_run_again(broker, pg_url, tmp_path)
         asyncio.run(publish(app, 1, RETRY_KEYS))
         workers.run_until(until(broker, app, lambda: len(kills.effects(pg_url)) >= len(keys)))
         kills.check_each_applied_once(pg_url, flags, keys, workers)
+    finally:
+        asyncio.run(cleanup(broker, queue))
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
+def test_a_retry_whose_send_fails_is_sent_again(broker, pg_url, tmp_path):
+    key = jobguard.key("credit", "s-0")
+
+    def arm(flags: Path) -> None:
+        (flags / f"transient.{key}").write_text("serialization")
+        kills.arm(flags, "refuse", key)
+
+    flags, queue, app, cmd, env = prepare_run(broker, pg_url, tmp_path, arm)
+    workers = kills.Workers(cmd, env, tmp_path, limit_s=RETRY_LIMIT_S)
+    try:
+        asyncio.run(publish(app, 1, ["s-0"]))
+        workers.run_until(until(broker, app, lambda: len(kills.effects(pg_url)) >= 1))
+        assert kills.fired(flags) == [f"refuse.{key}", f"transient.{key}"], workers.log_tail()
+        assert kills.effects(pg_url) == {key: 1}, workers.log_tail()
+        assert kills.retries(pg_url) == {"retried": 1}, workers.log_tail()
+    finally:
+        asyncio.run(cleanup(broker, queue))
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
+def test_a_retry_that_cannot_be_sent_is_counted_as_lost(broker, pg_url, tmp_path):
+    key = jobguard.key("credit", "l-0")
+
+    def arm(flags: Path) -> None:
+        (flags / f"transient.{key}").write_text("serialization")
+        (flags / f"refuse.{key}").write_text("3")  # every send the wrapper tries
+
+    flags, queue, app, cmd, env = prepare_run(broker, pg_url, tmp_path, arm)
+    workers = kills.Workers(cmd, env, tmp_path, limit_s=RETRY_LIMIT_S)
+    try:
+        asyncio.run(publish(app, 1, ["l-0"]))
+        workers.run_until(until(broker, app, lambda: bool(kills.retries(pg_url))))
+        assert kills.retries(pg_url) == {"lost": 1}, workers.log_tail()
+        assert kills.fired(flags) == [f"refuse.{key}", f"transient.{key}"], workers.log_tail()
+        assert kills.effects(pg_url) == {}, workers.log_tail()
     finally:
         asyncio.run(cleanup(broker, queue))
