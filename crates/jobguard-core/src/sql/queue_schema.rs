@@ -8,17 +8,20 @@ use crate::sql::{LIVE_STATES, keeps_key};
 use crate::table::TableName;
 
 /// Statements that bring a jobs table from an earlier schema to this one, run by every
-/// migration after the table's own statements (each does nothing the second time): jobs
-/// leased under the earlier schema, stored as `running`, are held jobs in this one, and the
-/// index of `running` leases is gone.
+/// migration after the table's own statements (each does nothing the second time): the index
+/// of `running` leases is gone.
+///
+/// Jobs a worker of the earlier schema leased, stored `running`, are left as they are: that
+/// worker may still be running one (a rolling upgrade), and its heartbeat and its completion
+/// name the stored state `running`, so a migration that rewrote the state would fence it off a
+/// job it holds and roll its effect back. Such a job is counted and listed as running
+/// ([`LEGACY_RUNNING`](crate::sql::LEGACY_RUNNING)), its worker completes it as before, and
+/// once its lease expired (the worker died or was stopped) the rescue gives it back.
 pub fn job_upgrades(table: &TableName) -> Vec<String> {
-    vec![
-        format!(
-            "update {} set state = 'available' where state = 'running'",
-            table.quoted()
-        ),
-        format!("drop index if exists {}", table.derived_qualified("leases")),
-    ]
+    vec![format!(
+        "drop index if exists {}",
+        table.derived_qualified("leases")
+    )]
 }
 
 /// The columns of the unique-job policies, added to a jobs table made before them: `add` is

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use jobguard::queue::{DEFAULT_QUEUE, JobState};
-use jobguard::{Error, Worker, WorkerConfig};
+use jobguard::{Claim, Error, Job, Worker, WorkerConfig};
 
 use crate::common::{Credit, TestDb, draining, guard_rows, ledger_rows, setup};
 
@@ -40,6 +40,138 @@ fn earlier_fetch(backend: &str) -> &'static str {
                                         where p.name = 'default' and p.paused <> 0)
                       order by run_at, id limit 10)"
     }
+}
+
+/// A statement of an earlier worker's on the job `$1` it holds under `token`, fenced as that
+/// schema fenced it (`state = 'running'`), returning the job's id. A heartbeat extends the
+/// lease by a minute; a completion completes the job.
+fn earlier_fenced(backend: &str, token: i64, completes: bool) -> &'static str {
+    let set = match (backend, completes) {
+        ("postgres", false) => "leased_until = now() + interval '1 minute'".to_owned(),
+        ("postgres", true) => {
+            "state = 'completed', finished_at = now(), leased_until = null".to_owned()
+        }
+        (_, false) => "leased_until = cast((julianday('now') - 2440587.5) * 86400000000.0 \
+                       as integer) + 60000000"
+            .to_owned(),
+        (_, true) => "state = 'completed', leased_until = null, \
+                      finished_at = cast((julianday('now') - 2440587.5) * 86400000000.0 \
+                      as integer)"
+            .to_owned(),
+    };
+    format!(
+        "update jobguard_jobs set {set}
+         where id = $1 and lease_token = {token} and state = 'running' returning id"
+    )
+    .leak()
+}
+
+/// Runs an [`earlier_fenced`] statement on the job `id`: `None` when it changed no row, which
+/// the earlier worker takes as its lease taken over (fenced: its effect rolled back).
+async fn earlier_statement<DB: crate::common::TestDb>(
+    conn: &mut DB::Connection,
+    sql: &'static str,
+    id: i64,
+) -> Option<i64> {
+    match DB::fetch_i64(conn, sql, id).await {
+        Ok(id) => Some(id),
+        Err(sqlx::Error::RowNotFound) => None,
+        Err(error) => panic!("{sql}: {error}"),
+    }
+}
+
+// An upgrade under a live lease: a worker of the earlier schema fetches a job, then new workers
+// start (each migrating the table, as a worker, `App.migrate()` or Django's `migrate` does:
+// on SQLite at every start, on PostgreSQL once per schema, here made to run again each time)
+// and drain the queue. The earlier worker still holds its job: its heartbeat and its completion
+// find it, its effect commits, and the job is completed once, by it.
+backends!(fn an_earlier_worker_completes_the_job_it_holds_across_an_upgrade);
+async fn an_earlier_worker_completes_the_job_it_holds_across_an_upgrade<DB: TestDb>() {
+    let Some((pool, queue)) = setup::<DB>("upgrade_earlier_worker_lives").await else {
+        return;
+    };
+    let credit = Credit {
+        order: 1,
+        amount: 500,
+    };
+    queue.enqueue_job(&credit).await.unwrap();
+
+    let mut earlier = pool.acquire().await.unwrap();
+    DB::execute(&mut earlier, earlier_fetch(DB::BACKEND))
+        .await
+        .unwrap();
+    let stored = "select count(*) from jobguard_jobs where state = 'running'";
+    assert_eq!(
+        DB::count(&pool, stored).await,
+        1,
+        "fetched as the earlier schema does"
+    );
+    let id = DB::count(&pool, "select id from jobguard_jobs").await;
+    let token = DB::count(&pool, "select lease_token from jobguard_jobs").await;
+
+    for start in 0..3 {
+        if DB::BACKEND == "postgres" {
+            // The table as an earlier jobguard left it: no marker of this schema's statements.
+            DB::execute(&mut earlier, "comment on table jobguard_jobs is null")
+                .await
+                .unwrap();
+        }
+        let worker = Worker::with_config(queue.clone(), draining())
+            .unwrap()
+            .register::<Credit>();
+        worker.migrate().await.unwrap();
+        let stats =
+            tokio::time::timeout(Duration::from_secs(60), worker.run(std::future::pending()))
+                .await
+                .expect("the new worker stopped once idle")
+                .unwrap();
+        assert_eq!(
+            (stats.applied, stats.duplicates),
+            (0, 0),
+            "start {start}: the new worker leaves the held job alone: {stats:?}"
+        );
+        let heartbeat = earlier_fenced(DB::BACKEND, token, false);
+        assert_eq!(
+            earlier_statement::<DB>(&mut earlier, heartbeat, id).await,
+            Some(id),
+            "start {start}: the earlier worker's heartbeat still finds the job it holds"
+        );
+    }
+    assert_eq!(queue.counts().await.unwrap().running, 1);
+
+    // The earlier worker's job ends: its completion, its guard row and its effect, together.
+    let guard = queue.guard(Default::default()).unwrap();
+    let key = <Credit as Job<DB>>::key(&credit).unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let completion = earlier_fenced(DB::BACKEND, token, true);
+    assert_eq!(
+        earlier_statement::<DB>(&mut tx, completion, id).await,
+        Some(id),
+        "the earlier worker's completion is not fenced off"
+    );
+    assert!(matches!(
+        guard.claim_tx(&mut tx, &key).await.unwrap(),
+        Claim::Claimed
+    ));
+    DB::insert_ledger(&mut tx, 7, credit.amount).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let counts = queue.counts().await.unwrap();
+    assert_eq!(
+        (
+            counts.completed,
+            counts.running,
+            counts.available,
+            counts.dead
+        ),
+        (1, 0, 0, 0)
+    );
+    assert_eq!((ledger_rows(&pool).await, guard_rows(&pool).await), (1, 1));
+    assert_eq!(
+        DB::count(&pool, stored).await,
+        0,
+        "no job left stored running"
+    );
 }
 
 // A worker of the earlier schema fetches two jobs, one of which a newer worker holds, and dies
