@@ -98,7 +98,9 @@ fn schedule_sql<'py>(
     }
     out.set_item("register", schedules::register(&table))?;
     out.set_item("read", schedules::read(&table))?;
+    out.set_item("advance", schedules::advance(&table))?;
     out.set_item("fired", schedules::fired(&table))?;
+    out.set_item("firing_job", schedules::firing_job(&table))?;
     out.set_item("list", schedules::list(&table))?;
     out.set_item("table", table.to_string())?;
     Ok(out)

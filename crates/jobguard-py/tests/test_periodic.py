@@ -173,6 +173,41 @@ async def test_a_firing_whose_job_completed_is_not_enqueued_again(connect, backe
     assert await jobs(conn, backend) == {"every-minute-skip": [at(1)]}
 
 
+async def test_a_stalled_scheduler_does_not_fire_again_what_was_completed_and_pruned(
+        connect, backend, url, cli):  # noqa: F811
+    # A scheduler reads the schedule's row, then stalls before it fires, while another fires
+    # the same time, the Rust worker completes its job and `jobguard prune` deletes the
+    # completed row: the firing's key is free again, yet the stalled one enqueues nothing.
+    conn = await connect()
+    every_minute = schedules()[0]
+    stalled = jobguard.Scheduler([every_minute], backend, table="jobguard_jobs")
+    await stalled.migrate(on_connection(conn))
+    await stalled.register(on_connection(conn), T0)
+    reached, resume = asyncio.Event(), asyncio.Event()
+    fire = stalled._fire
+
+    async def fire_after_a_stall(*args: Any) -> Any:
+        reached.set()
+        await resume.wait()
+        return await fire(*args)
+
+    stalled._fire = fire_after_a_stall  # type: ignore[method-assign]
+    round_ = asyncio.create_task(stalled.tick(on_connection(await connect()), T0 + MINUTE + 1))
+    await reached.wait()
+
+    other = jobguard.Scheduler([every_minute], backend, table="jobguard_jobs")
+    [fired] = await other.tick(on_connection(conn), T0 + MINUTE + 1)
+    assert fired.outcome == "enqueued"
+    cli("worker", "--until-idle", url=url)
+    cli("prune", "--keep-completed", "0s", url=url)
+    assert await jobs(conn, backend) == {}, "the firing's completed job was pruned"
+
+    resume.set()
+    [again] = await round_
+    assert (again.at, again.outcome) == (T0 + MINUTE, "already_enqueued")
+    assert await jobs(conn, backend) == {}, "the firing was not enqueued again"
+
+
 def test_firings_around_a_dst_change_are_croners_each_once():
     # Paris springs forward at 2026-03-29 01:00 UTC (02:00 local becomes 03:00): 02:30 local
     # does not exist and fires at the first instant after the gap; in autumn (2026-10-25

@@ -10,7 +10,7 @@
 //!
 //! let table = schedules::table(&TableName::new("jobguard_jobs")?)?;
 //! assert_eq!(table.name(), "jobguard_jobs_schedules");
-//! assert!(schedules::fired(&table).contains("last_fired_at <= $2"));
+//! assert!(schedules::advance(&table).contains("last_fired_at < $2"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -65,15 +65,45 @@ pub fn read(table: &TableName) -> String {
     )
 }
 
-/// `$1` name, `$2` the firing's time, `$3` its job, `$4` now: records the firing unless a
-/// later one is recorded already. Run in the firing's enqueue transaction, so the row and the
-/// job commit together; two schedulers recording firings out of order never move the row back.
+/// `$1` name, `$2` the firing's time, `$3` now: takes the firing for the transaction that runs
+/// it, returning the schedule's name, or nothing when the schedule's last firing is at or after
+/// `$2` (another scheduler took this firing, or a later one, first). The first statement of a
+/// firing's transaction, before its job is enqueued: the firing's job is inserted only by the
+/// transaction that moved the schedule to it, and the two commit together.
+///
+/// Why first, and in the same transaction: a scheduler that read the row, then stalled while
+/// another fired the same time, whose job completed and was pruned, would find the firing's key
+/// free again and enqueue it a second time; the row, not the job, is what remembers a firing.
+/// On PostgreSQL the update locks the row: a second scheduler's waits for the first's commit,
+/// then re-reads the row and takes nothing (or takes the firing, when the first rolled back).
+/// On SQLite the firing's transaction holds the write lock from its start.
+pub fn advance(table: &TableName) -> String {
+    format!(
+        "update {t}
+                 set last_fired_at = $2, last_job_id = null, updated_at = $3
+                 where name = $1 and (last_fired_at is null or last_fired_at < $2)
+                 returning name",
+        t = table.quoted()
+    )
+}
+
+/// `$1` name, `$2` the firing's time, `$3` its job, `$4` now: records the job of the firing that
+/// [`advance`] took, in the same transaction.
 pub fn fired(table: &TableName) -> String {
     format!(
         "update {t}
-                 set last_fired_at = $2, last_job_id = $3, updated_at = $4
-                 where name = $1 and (last_fired_at is null or last_fired_at <= $2)",
+                 set last_job_id = $3, updated_at = $4
+                 where name = $1 and last_fired_at = $2",
         t = table.quoted()
+    )
+}
+
+/// `$1` name, `$2` a firing's time: the job recorded for that firing, when it is the schedule's
+/// last (the job a scheduler that found the firing taken reports).
+pub fn firing_job(table: &TableName) -> String {
+    format!(
+        "select last_job_id from {} where name = $1 and last_fired_at = $2",
+        table.quoted()
     )
 }
 

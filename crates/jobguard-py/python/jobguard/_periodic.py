@@ -255,18 +255,27 @@ class Scheduler:
 
     async def _fire(self, open_session: Opener, schedule: Periodic, at: int, now: int) -> Firing:
         """Enqueues the firing at ``at`` and records it as the schedule's last, in one
-        transaction. A scheduler that enqueued it first (committed or not) holds its key: this
-        insert waits for that one's commit, then finds its job."""
+        transaction that first takes the firing on the schedule's row (the core's ``advance``):
+        a firing at or before the schedule's last is never enqueued again, even once its job
+        completed and was pruned. A scheduler that took it first (committed or not) holds the
+        row: this one waits for that one's commit, then takes nothing and reports its job."""
         key = _native.firing_key(schedule.name, at)
+        done: Any = None  # the enqueue's outcome, when this transaction took the firing
+        held: Any = None  # else the row of the job recorded for the firing
         async with open_session() as s:
             d = driver_for(s.conn)
             job = _Job(d, schedule.kind, schedule.payload_at(at), key, schedule.queue,
                        schedule.max_attempts, 0.0, self.table, self.schema)
             try:
                 async with s.transaction():
-                    done = await run_async(s, steps(job, FIRING_POLICY, self.dialect, self.table,
-                                                    self.schema, d.encode_json, d.decode_json))
-                    await s.execute(self.sql["fired"], [schedule.name, at, done.id, now])
+                    took = await s.fetchone(self.sql["advance"], [schedule.name, at, now])
+                    if took is None:
+                        held = await s.fetchone(self.sql["firing_job"], [schedule.name, at])
+                    else:
+                        done = await run_async(s, steps(job, FIRING_POLICY, self.dialect,
+                                                        self.table, self.schema, d.encode_json,
+                                                        d.decode_json))
+                        await s.execute(self.sql["fired"], [schedule.name, at, done.id, now])
             except KeyReused:
                 # The schedule's payload changed since a scheduler enqueued this firing: it is
                 # taken all the same.
@@ -275,11 +284,15 @@ class Scheduler:
                 firing = Firing(schedule.name, at, "already_enqueued", None)
                 record_firing(firing.schedule, firing.outcome)
                 return firing
-        outcome = "enqueued" if done.inserted else "already_enqueued"
-        firing = Firing(schedule.name, at, outcome, done.id)
+        if done is None:
+            job_id = None if held is None or held[0] is None else int(held[0])
+            firing = Firing(schedule.name, at, "already_enqueued", job_id)
+        else:
+            outcome = "enqueued" if done.inserted else "already_enqueued"
+            firing = Firing(schedule.name, at, outcome, done.id)
         record_firing(firing.schedule, firing.outcome)
         log.debug("schedule %s: firing %s %s (job %s)", schedule.name,
-                  _native.format_firing(at), outcome, done.id)
+                  _native.format_firing(at), firing.outcome, firing.job)
         return firing
 
     def next_firing(self, now: float) -> int | None:

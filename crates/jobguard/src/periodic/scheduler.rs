@@ -95,7 +95,14 @@ pub struct Scheduler<DB: Backend> {
     /// Per schedule, the latest firing this scheduler has decided (enqueued, found taken or
     /// missed): the next round starts after it.
     decided: Mutex<HashMap<String, i64>>,
+    /// Called between a round's read of a schedule's row and each firing it enqueues.
+    #[cfg(feature = "fault-injection")]
+    before_fire: Option<BeforeFire>,
 }
+
+/// A test's hook between a round's read and a firing: the schedule's name and the firing.
+#[cfg(feature = "fault-injection")]
+type BeforeFire = Arc<dyn Fn(&str, i64) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 fn seconds(time: SystemTime) -> i64 {
     match time.duration_since(UNIX_EPOCH) {
@@ -129,7 +136,22 @@ impl<DB: Backend> Scheduler<DB> {
             sql: Arc::new(sql),
             schedules,
             decided: Mutex::default(),
+            #[cfg(feature = "fault-injection")]
+            before_fire: None,
         })
+    }
+
+    /// Fault injection, for tests only (feature `fault-injection`): `hook` runs after a
+    /// round read a schedule's row and before each firing it enqueues, with the schedule's
+    /// name and the firing's time; the round waits for it, as a scheduler stalled there (a
+    /// pause of its process, a slow connection) would.
+    #[cfg(feature = "fault-injection")]
+    pub fn before_fire(
+        mut self,
+        hook: impl Fn(&str, i64) -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> Self {
+        self.before_fire = Some(Arc::new(hook));
+        self
     }
 
     /// Creates the schedules table when missing.
@@ -206,6 +228,10 @@ impl<DB: Backend> Scheduler<DB> {
         for &at in &plan.enqueue {
             while let Some(&earlier) = missed.next_if(|&&m| m < at) {
                 firings.push(self.missed(schedule, earlier));
+            }
+            #[cfg(feature = "fault-injection")]
+            if let Some(hook) = &self.before_fire {
+                hook(&schedule.name, at).await;
             }
             firings.push(self.fire(schedule, at, now).await?);
             self.decide(&schedule.name, at);
@@ -351,8 +377,11 @@ fn count(firing: &Firing) {
 }
 
 /// Enqueues the firing of `schedule` at `at` and records it as the schedule's last, in one
-/// transaction. The key is the firing's: a scheduler that enqueued it first (committed or not)
-/// holds it, and this insert waits for that one's commit, then finds its job.
+/// transaction that first takes the firing on the schedule's row
+/// ([`schedules::advance`](jobguard_core::sql::schedules::advance)): a firing at or before the
+/// schedule's last is never enqueued again, even once its job completed and was pruned. The
+/// key is the firing's too: a job that holds it (a schedule's row deleted and made again) is
+/// found, not duplicated.
 async fn fire<DB: Backend>(
     queue: &Queue<DB>,
     sql: &ScheduleSql,
@@ -368,6 +397,20 @@ async fn fire<DB: Backend>(
     let _turn = queue.write_turn().await;
     let mut conn = queue.pool().acquire().await?;
     let mut tx = DB::begin_on(&mut conn).await?;
+    // The firing is taken on the schedule's row before its job is enqueued: the row, not the
+    // job (which completes and is pruned), remembers that it fired.
+    if !DB::advance_schedule(&mut tx, sql, &schedule.name, at, now).await? {
+        let job = DB::firing_job(&mut tx, sql, &schedule.name, at).await?;
+        tx.rollback().await?;
+        let firing = Firing {
+            schedule: schedule.name.clone(),
+            at,
+            outcome: FiringOutcome::AlreadyEnqueued,
+            job,
+        };
+        count(&firing);
+        return Ok(firing);
+    }
     let enqueued = match queue.enqueue_tx(&mut tx, &job).await {
         Ok(enqueued) => enqueued,
         // The schedule's payload changed since a scheduler enqueued this firing: it is

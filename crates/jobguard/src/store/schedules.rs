@@ -21,9 +21,13 @@ pub struct ScheduleSql {
     pub(crate) register: Arc<str>,
     /// `$1` name: `(created_at, last_fired_at)`.
     pub(crate) read: Arc<str>,
-    /// `$1` name, `$2` the firing's time, `$3` its job, `$4` now: records the firing unless a
-    /// later one is recorded already.
+    /// `$1` name, `$2` the firing's time, `$3` now: takes the firing (the schedule's row moved
+    /// to it) unless it or a later one was taken; returns the name when it took it.
+    pub(crate) advance: Arc<str>,
+    /// `$1` name, `$2` the firing's time, `$3` its job, `$4` now: records the firing's job.
     pub(crate) fired: Arc<str>,
+    /// `$1` name, `$2` the firing's time: the job recorded for it, while it is the last.
+    pub(crate) firing_job: Arc<str>,
     /// Every row, by name.
     pub(crate) list: Arc<str>,
 }
@@ -58,7 +62,9 @@ impl ScheduleSql {
             create: create.into_iter().map(Arc::from).collect(),
             register: schedules::register(table).into(),
             read: schedules::read(table).into(),
+            advance: schedules::advance(table).into(),
             fired: schedules::fired(table).into(),
+            firing_job: schedules::firing_job(table).into(),
             list: schedules::list(table).into(),
         }
     }
@@ -84,7 +90,25 @@ pub trait ScheduleStore: sqlx::Database {
         name: &str,
     ) -> impl Future<Output = sqlx::Result<Option<(i64, Option<i64>)>>> + Send;
 
-    /// Records the firing at `at` and its job, on the enqueue's transaction.
+    /// Takes the firing at `at` on the firing's transaction, before its job is enqueued: the
+    /// schedule's row moved to it. False when it, or a later firing, was taken already.
+    fn advance_schedule(
+        conn: &mut Self::Connection,
+        sql: &ScheduleSql,
+        name: &str,
+        at: i64,
+        now: i64,
+    ) -> impl Future<Output = sqlx::Result<bool>> + Send;
+
+    /// The job recorded for the firing at `at`, while it is the schedule's last.
+    fn firing_job(
+        conn: &mut Self::Connection,
+        sql: &ScheduleSql,
+        name: &str,
+        at: i64,
+    ) -> impl Future<Output = sqlx::Result<Option<i64>>> + Send;
+
+    /// Records the job of the firing at `at`, on the transaction that took it.
     fn record_firing(
         conn: &mut Self::Connection,
         sql: &ScheduleSql,
@@ -131,6 +155,37 @@ macro_rules! schedule_statements {
                 .bind(name)
                 .fetch_optional(conn)
                 .await
+        }
+
+        async fn advance_schedule(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::schedules::ScheduleSql,
+            name: &str,
+            at: i64,
+            now: i64,
+        ) -> sqlx::Result<bool> {
+            let took: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql.advance))
+                .bind(name)
+                .bind(at)
+                .bind(now)
+                .fetch_optional(conn)
+                .await?;
+            Ok(took.is_some())
+        }
+
+        async fn firing_job(
+            conn: &mut Self::Connection,
+            sql: &$crate::store::schedules::ScheduleSql,
+            name: &str,
+            at: i64,
+        ) -> sqlx::Result<Option<i64>> {
+            let job: Option<Option<i64>> =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql.firing_job))
+                    .bind(name)
+                    .bind(at)
+                    .fetch_optional(conn)
+                    .await?;
+            Ok(job.flatten())
         }
 
         async fn record_firing(

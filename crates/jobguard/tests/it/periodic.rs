@@ -5,12 +5,16 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::sync::Arc;
+
 use jobguard::periodic::{Firing, FiringOutcome, Missed, Periodic, Scheduler};
+use jobguard::retention::{Pruner, RetentionConfig};
 use jobguard::{Error, Queue, Worker};
 use serde_json::json;
 use sqlx::Pool;
+use tokio::sync::Notify;
 
-use crate::common::{Credit, TestDb, draining, setup};
+use crate::common::{Credit, TestDb, draining, ledger_rows, setup};
 
 /// 2026-01-01T00:00:00Z, a minute boundary.
 const T: i64 = 1_767_225_600;
@@ -202,6 +206,68 @@ async fn a_completed_firing_is_not_enqueued_again<DB: TestDb>() {
     assert_eq!(jobs(&pool).await, 3);
     let status = Scheduler::status(&queue, at(T + 121)).await.unwrap();
     assert_eq!(status[0].last_job_state.as_deref(), Some("completed"));
+}
+
+// A scheduler reads the schedule's row and stalls before it fires (a paused process, a slow
+// connection) while another fires the same time, a worker completes its job and the prune
+// deletes the completed row: the firing's key is free again, yet the stalled scheduler, once
+// it goes on, does not enqueue the firing a second time. The schedule's row remembers it.
+backends!(fn a_stalled_scheduler_does_not_fire_again_what_was_completed_and_pruned);
+async fn a_stalled_scheduler_does_not_fire_again_what_was_completed_and_pruned<DB: TestDb>() {
+    let Some((pool, queue)) = setup::<DB>("periodic_stalled").await else {
+        return;
+    };
+    let (stalled_at, resume) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let stalled = {
+        let (stalled_at, resume) = (Arc::clone(&stalled_at), Arc::clone(&resume));
+        Scheduler::new(queue.clone(), vec![minutely(Missed::All { limit: 100 })])
+            .unwrap()
+            .before_fire(move |_, _| {
+                let (stalled_at, resume) = (Arc::clone(&stalled_at), Arc::clone(&resume));
+                Box::pin(async move {
+                    stalled_at.notify_one();
+                    resume.notified().await;
+                })
+            })
+    };
+    stalled.migrate().await.unwrap();
+    stalled.register(at(T - 1)).await.unwrap();
+    let stalled_round = tokio::spawn(async move { stalled.tick(at(T + 1)).await });
+    stalled_at.notified().await;
+
+    let other = Scheduler::new(queue.clone(), vec![minutely(Missed::All { limit: 100 })]).unwrap();
+    let round = other.tick(at(T + 1)).await.unwrap();
+    assert_eq!(outcomes(&round, FiringOutcome::Enqueued), [T]);
+    let worker = Worker::with_config(queue.clone(), draining())
+        .unwrap()
+        .register::<Credit>();
+    assert_eq!(worker.run(std::future::pending()).await.unwrap().applied, 1);
+    let guard = queue.guard(Default::default()).unwrap();
+    let config = draining();
+    let retention = RetentionConfig {
+        keep_completed: Duration::ZERO,
+        ..RetentionConfig::default()
+    }
+    .validate(&config.retry, config.lease)
+    .unwrap();
+    let pruned = Pruner::new(&guard, retention)
+        .jobs(&queue)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(pruned.map(|report| report.completed_jobs), Some(1));
+    assert_eq!(
+        jobs(&pool).await,
+        0,
+        "the firing's completed job was pruned"
+    );
+
+    resume.notify_one();
+    let round = stalled_round.await.unwrap().unwrap();
+    assert_eq!(outcomes(&round, FiringOutcome::Enqueued), Vec::<i64>::new());
+    assert_eq!(outcomes(&round, FiringOutcome::AlreadyEnqueued), [T]);
+    assert_eq!(jobs(&pool).await, 0, "the firing was not enqueued again");
+    assert_eq!(ledger_rows(&pool).await, 1);
 }
 
 // Europe/Paris: 2026-03-29 02:00 CET jumps to 03:00 CEST; 2026-10-25 03:00 CEST falls back to
