@@ -8,9 +8,12 @@
 #   sqs_setup   - export JOBGUARD_TEST_SQS_URL: the URL already set, when it
 #                 answers; else a server on 127.0.0.1:9324; else moto's server
 #                 started there (scripts/lib/moto_sqs.py: moto_server with races
-#                 in its DeleteMessage and ReceiveMessage closed; moto[server] installed into a
-#                 cached virtualenv first when missing). Returns non-zero, with
-#                 a warning, when it cannot.
+#                 in its DeleteMessage and ReceiveMessage closed and SQS's FIFO
+#                 order kept; moto[server] installed into a cached virtualenv
+#                 first when missing). Also exports JOBGUARD_TEST_SQS_PYTHON, the
+#                 Python that has moto, for the test that runs
+#                 scripts/lib/moto_fifo_order.py (moto's FIFO inversion, in
+#                 process). Returns non-zero, with a warning, when it cannot.
 #   sqs_stop    - stop the server sqs_setup started, if any.
 #   sqs_status  - say whether SQS answers, and where.
 #
@@ -95,7 +98,8 @@ sqs_install_moto() {
 }
 
 # Start moto's server (scripts/lib/moto_sqs.py: moto_server with its delete and
-# receive races closed) on 127.0.0.1:9324, recording its pid.
+# receive races closed and SQS's FIFO order kept) on 127.0.0.1:9324, recording
+# its pid.
 sqs_start() {
     local python state here
     python=$(sqs_moto_python) || { sqs_install_moto && python=$(sqs_moto_python); } || {
@@ -118,11 +122,20 @@ sqs_start() {
     fi
 }
 
+# Export JOBGUARD_TEST_SQS_PYTHON when a Python has moto.
+sqs_export_python() {
+    local python
+    if python=$(sqs_moto_python); then
+        export JOBGUARD_TEST_SQS_PYTHON=$python
+    fi
+}
+
 sqs_setup() {
     if [[ -n "${JOBGUARD_TEST_SQS_URL:-}" ]]; then
         if sqs_url_answers "$JOBGUARD_TEST_SQS_URL"; then
             export JOBGUARD_TEST_SQS_URL
             log "SQS: $(redact_url "$JOBGUARD_TEST_SQS_URL") [JOBGUARD_TEST_SQS_URL]"
+            sqs_export_python
             return 0
         fi
         warn "nothing answers at JOBGUARD_TEST_SQS_URL=$(redact_url "$JOBGUARD_TEST_SQS_URL"); trying 127.0.0.1:$JOBGUARD_SQS_PORT"
@@ -132,6 +145,7 @@ sqs_setup() {
     if tcp_open 127.0.0.1 "$JOBGUARD_SQS_PORT" || sqs_start; then
         export JOBGUARD_TEST_SQS_URL=$url
         log "SQS: $url"
+        sqs_export_python
         return 0
     fi
     warn "SQS is not available on 127.0.0.1:$JOBGUARD_SQS_PORT"
