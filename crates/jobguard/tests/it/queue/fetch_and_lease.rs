@@ -463,8 +463,9 @@ async fn postgres_leases_are_heap_only_updates() {
     assert_eq!(hot, all, "every lease update was heap-only");
 }
 
-// A job that a worker of the earlier schema leased is stored as `running`: after the
-// migration it is a held job, reported running, its lease fenced as before.
+// A job that a worker of the earlier schema leased is stored as `running`: the migration leaves
+// it so (that worker may still run it; see upgrade.rs), reported and counted running, never
+// fetched while its lease lasts, and a lease of this schema cannot complete it.
 backends!(fn a_job_leased_under_the_earlier_schema_is_held_after_the_migration);
 async fn a_job_leased_under_the_earlier_schema_is_held_after_the_migration<DB: TestDb>() {
     let Some((pool, queue)) = open::<DB>("a_job_leased_under_the_earlier_schema_is_held", 2).await
@@ -508,8 +509,17 @@ async fn a_job_leased_under_the_earlier_schema_is_held_after_the_migration<DB: T
         "the held job is not fetched again: {others:?}"
     );
     assert_ne!(others[0].lease.job_id, id);
+    let stored = "select count(*) from jobguard_jobs where state = 'running'";
+    assert_eq!(
+        DB::count(&pool, stored).await,
+        1,
+        "left as the earlier worker stored it"
+    );
     let done = complete::<DB>(&pool, &queue, leased.lease).await;
-    assert!(done.is_ok(), "the earlier lease still holds: {done:?}");
+    assert!(
+        done.is_err(),
+        "only the earlier worker's own statements complete it: {done:?}"
+    );
     let index = if postgres {
         "select count(*) from pg_indexes where indexname = 'jobguard_jobs_leases'"
     } else {
