@@ -24,6 +24,7 @@
 //! | [`KAFKA_OFFSET_OUT_OF_RANGE_TOTAL`] `jobguard_kafka_offset_out_of_range_total` | counter | `topic`, `reason`, `action` |
 //! | [`PERIODIC_FIRINGS_TOTAL`] `jobguard_periodic_firings_total` | counter | `schedule`, `outcome` |
 //! | [`KAFKA_PARTITIONS_RESTARTED_TOTAL`] `jobguard_kafka_partitions_restarted_total` | counter | `topic` |
+//! | [`KAFKA_PARTITIONS_REREAD_TOTAL`] `jobguard_kafka_partitions_reread_total` | counter | `topic` |
 //!
 //! Counters, histograms and the spike gauge are recorded by the process that runs the jobs (a
 //! [`Worker`](crate::Worker), a [`Guard`](crate::Guard)); the gauges marked *sampled* describe
@@ -164,6 +165,18 @@ pub const KAFKA_PARTITIONS_RESTARTED_TOTAL: &str = "jobguard_kafka_partitions_re
 /// Counts a partition fetched again after it stopped.
 pub(crate) fn count_kafka_partition_restarted(topic: &str) {
     metrics::counter!(KAFKA_PARTITIONS_RESTARTED_TOTAL, "topic" => topic.to_owned()).increment(1);
+}
+
+/// Kafka partitions read again from an earlier offset because the broker served a fetch from
+/// past messages after the offset the consumer expected (the rest of a record batch, as tansu
+/// serves a fetch from inside one): `jobguard_kafka_partitions_reread_total{topic}`. Offsets
+/// that carry no message (transaction markers, aborted or compacted messages) are not counted.
+pub const KAFKA_PARTITIONS_REREAD_TOTAL: &str = "jobguard_kafka_partitions_reread_total";
+
+/// Counts a partition read again after the broker skipped past the expected offset.
+#[cfg(feature = "kafka")]
+pub(crate) fn count_kafka_partition_reread(topic: &str) {
+    metrics::counter!(KAFKA_PARTITIONS_REREAD_TOTAL, "topic" => topic.to_owned()).increment(1);
 }
 
 /// Jobs ready to run now and waiting for a worker, per queue: `jobguard_queue_depth{queue}`.

@@ -35,6 +35,17 @@
 //! brokers that count deliveries; a message that fails is retried up to that count whichever
 //! consumer of the group runs it.
 //!
+//! # Transactions
+//!
+//! The consumer reads committed messages only (`isolation.level=read_committed`, unless
+//! [`KafkaConfig::client_settings`] says otherwise): an aborted transaction's messages never run.
+//! Each transaction's commit or abort leaves a marker at an offset no consumer receives, so the
+//! offset stored after a transaction's last message is its marker's, and a partition assigned
+//! there receives its first message above it. Before it takes that message, the consumer reads
+//! the partition on a client of its own from a little before, to tell offsets that carry no
+//! message (markers, aborted or compacted messages: the partition goes on) from messages a broker
+//! skipped (read again).
+//!
 //! # Rebalances
 //!
 //! A partition taken from a consumer while its transaction runs may be given to another, which
@@ -62,6 +73,8 @@ use jobguard_core::url::redact;
 
 mod consumer;
 mod dead_letter;
+mod expected;
+mod gap;
 mod lane;
 mod out_of_range;
 mod source;

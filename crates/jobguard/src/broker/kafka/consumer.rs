@@ -15,12 +15,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
+use rdkafka::ClientConfig;
 use rdkafka::consumer::Consumer as _;
 use rdkafka::message::Message as _;
 use rdkafka::producer::FutureProducer;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::Instrument;
 
+use super::expected::{self, Admit};
 use super::lane::{Lane, Received};
 use super::out_of_range::{self, Gone, OutOfRange};
 use super::source::{Event, KafkaSource};
@@ -63,6 +65,9 @@ pub(super) struct Shared<DB: Backend> {
     pub(super) offsets: Offsets<DB>,
     pub(super) dead_letters: FutureProducer,
     pub(super) config: KafkaConfig,
+    /// The settings of the clients that look at what a partition's offsets hold
+    /// (`kafka/gap.rs`).
+    pub(super) looks: ClientConfig,
     pub(super) counters: Counters,
     retry_delay: Duration,
 }
@@ -107,6 +112,7 @@ impl<DB: Backend> Consumer<DB> {
             dead_letters,
             offsets,
             config,
+            looks,
             ..
         } = source;
         let this = Arc::new(self);
@@ -115,6 +121,7 @@ impl<DB: Backend> Consumer<DB> {
             dead_letters,
             retry_delay: this.config.retry_delay,
             config,
+            looks,
             counters: Counters::default(),
         });
         let topic = shared.config.topic.clone();
@@ -218,8 +225,8 @@ impl<DB: Backend> Consumer<DB> {
                     if ran.lost && ran.generation == lane.generation && lane.owned {
                         lane.queue.clear();
                         let next = lane.settled_next;
-                        // Expected even when the seek was refused: a later message then
-                        // reads the partition again from its start (as when a broker skips).
+                        // Expected even when the seek was refused: a later message above it is
+                        // then met as a broker's skip is (`kafka/expected.rs`).
                         stall::refetch(&client, &topic, ran.partition, next);
                         lane.expect_from(next, false);
                     } else if ran.generation == lane.generation && lane.owned {
@@ -260,55 +267,12 @@ impl<DB: Backend> Consumer<DB> {
                             // Assigned with no stored offset: the client's first message says
                             // where it started the partition.
                             lane.assigned_at.get_or_insert(message.offset());
-                            if let Some(expected) = lane.expected {
-                                let offset = message.offset();
-                                if offset != expected && !lane.rewound && !lane.range_checked {
-                                    // Before reading the partition again: does its log still
-                                    // hold the stored offset at all?
-                                    lane.range_checked = true;
-                                    // Not answered: the partition is read as if it held the stored offset.
-                                    let range = out_of_range::log_range(&client, &topic, partition, Duration::from_secs(10)).await;
-                                    let gone = match range.map(|(low, high)| (low, high, out_of_range::stored_offset_gone(expected, low, high))) {
-                                        Some((low, high, Some(gone))) => Some((low, high, gone)),
-                                        _ => None,
-                                    };
-                                    if let Some((low, high, gone)) = gone {
-                                        match out_of_range::out_of_range((&shared.config, &shared.offsets), partition, expected, low, high, gone).await {
-                                            Ok(()) => {
-                                                lane.expected = None;
-                                                // After a reset, the offsets start over.
-                                                lane.settled_next = low;
-                                                lane.assigned_at = Some(low);
-                                            }
-                                            Err(error) => {
-                                                failure = Some(error);
-                                                break;
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                            if let Some(expected) = lane.expected {
-                                let offset = message.offset();
-                                if offset < expected && lane.rewound {
-                                    lane.rewound_below = true;
-                                }
-                                if offset == expected || (offset > expected && lane.rewound_below) {
-                                    lane.expected = None;
-                                } else if offset > expected {
-                                    // A broker that serves a fetch from the first record batch
-                                    // starting at or after the offset (tansu) skips the rest of
-                                    // the batch the offset is in: read the partition again from
-                                    // its start; what is before the stored offset is dropped.
-                                    if !lane.rewound {
-                                        tracing::warn!(partition, expected, offset, "the broker skipped past the stored offset; reading the partition from its start");
-                                        // A seek refused is asked again at the next message.
-                                        match client.seek(&topic, partition, rdkafka::Offset::Beginning, Duration::ZERO) {
-                                            Ok(()) => lane.rewound = true,
-                                            Err(error) => tracing::warn!(%error, partition, "cannot read the partition again"),
-                                        }
-                                    }
-                                    continue;
+                            match expected::admit(lane, (&client, partition), message.offset(), &shared).await {
+                                Admit::Take => {}
+                                Admit::Drop => continue,
+                                Admit::Stop(error) => {
+                                    failure = Some(error);
+                                    break;
                                 }
                             }
                             if message.offset() < lane.settled_next {
@@ -400,7 +364,7 @@ impl<DB: Backend> Consumer<DB> {
                         .filter_map(|(&partition, lane)| Some((partition, lane.next_offset()?, lane)))
                         .max_by_key(|(_, _, lane)| lane.quiet.overdue());
                     if let Some((partition, next, lane)) = quiet {
-                        match stall::restart_if_stopped(&client, &topic, partition, next, &mut lane.quiet).await {
+                        match stall::restart_if_stopped((&client, &shared.looks), &topic, partition, next, &mut lane.quiet).await {
                             Checked::Caught => {}
                             Checked::Refetched => lane.expect_from(next, true),
                             Checked::BelowLogStart { low, high } => {

@@ -36,12 +36,12 @@ pub(super) struct Lane<DB: Backend> {
     pub(super) paused: bool,
     /// When a short batch stops waiting for more messages.
     pub(super) ready_at: Option<Instant>,
-    /// The stored offset the partition was assigned at, until a message at it arrives.
+    /// The offset the partition was assigned or fetched again at, until the first message at or
+    /// after it arrives: a message above it is checked against the log (`kafka/gap.rs`).
     pub(super) expected: Option<i64>,
-    /// Whether the partition was read again from its start because the broker skipped past
-    /// `expected`, and whether a message before `expected` has come since.
-    pub(super) rewound: bool,
-    pub(super) rewound_below: bool,
+    /// The partition is read again from an earlier offset because the broker skipped past
+    /// `expected`.
+    pub(super) reread: Option<Reread>,
     /// Whether the partition's log was asked whether it still holds `expected`.
     pub(super) range_checked: bool,
     /// The offset after the last message this process settled: anything before it was
@@ -56,6 +56,41 @@ pub(super) struct Lane<DB: Backend> {
     pub(super) quiet: Quiet,
 }
 
+/// A partition read again from an earlier offset, because the broker skipped messages after
+/// the one the lane expected. Until the client takes the seek, and for a while after, it hands
+/// on messages of the read from before: all at or after the first message that showed the skip
+/// (tansu serves some batches of such a read twice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Reread {
+    /// Where the partition is read again from: an offset whose read serves the skipped
+    /// messages.
+    pub(super) from: i64,
+    /// The first message above the expected offset, which showed the skip.
+    pub(super) shown_at: i64,
+    /// Whether the client took the seek: refused, it is asked again at the next message.
+    pub(super) sought: bool,
+    /// Whether a message before the expected offset came since the seek.
+    pub(super) below: bool,
+}
+
+impl Reread {
+    pub(super) fn new(from: i64, shown_at: i64) -> Self {
+        Reread {
+            from,
+            shown_at,
+            sought: false,
+            below: false,
+        }
+    }
+
+    /// Whether the message at `offset`, at or after the expected one, is of the new read: the
+    /// seek was taken, and the message is below the one that showed the skip (the read from
+    /// before the seek serves none), or a message before the expected offset came.
+    pub(super) fn serves(&self, offset: i64) -> bool {
+        self.sought && (offset < self.shown_at || self.below)
+    }
+}
+
 impl<DB: Backend> Lane<DB> {
     pub(super) fn new(stalled_after: Duration) -> Self {
         Lane {
@@ -68,8 +103,7 @@ impl<DB: Backend> Lane<DB> {
             paused: false,
             ready_at: None,
             expected: None,
-            rewound: false,
-            rewound_below: false,
+            reread: None,
             range_checked: false,
             settled_next: 0,
             assigned_at: None,
@@ -86,14 +120,13 @@ impl<DB: Backend> Lane<DB> {
     }
 
     /// The client fetches the partition again from `next`, unpaused: the lane expects the
-    /// message at `next` (a broker that skips past it is met as after an assignment).
+    /// message at `next` (a first message above it is met as after an assignment).
     /// `range_checked` says whether the log was just asked and holds `next`; if not, a first
-    /// message elsewhere asks it before the partition is read again from its start.
+    /// message elsewhere asks it before anything else.
     pub(super) fn expect_from(&mut self, next: i64, range_checked: bool) {
         self.paused = false;
         self.expected = Some(next);
-        self.rewound = false;
-        self.rewound_below = false;
+        self.reread = None;
         self.range_checked = range_checked;
     }
 
@@ -109,8 +142,7 @@ impl<DB: Backend> Lane<DB> {
         self.paused = false;
         self.ready_at = None;
         self.expected = None;
-        self.rewound = false;
-        self.rewound_below = false;
+        self.reread = None;
         self.range_checked = false;
         self.assigned_at = None;
         self.quiet.heard();
@@ -121,7 +153,25 @@ impl<DB: Backend> Lane<DB> {
 mod tests {
     use std::time::Duration;
 
-    use super::Lane;
+    use super::{Lane, Reread};
+
+    #[test]
+    fn a_reread_takes_messages_of_the_new_read_only() {
+        // Expected 1, the broker served 10 first: read again from 0.
+        let mut reread = Reread::new(0, 10);
+        // The client refused the seek: nothing is of a new read.
+        assert!(!reread.serves(1));
+        reread.sought = true;
+        // Below the message that showed the skip: the read from before served none.
+        assert!(reread.serves(1));
+        assert!(reread.serves(9));
+        // The read from before may serve it again (tansu repeats batches in one answer).
+        assert!(!reread.serves(10));
+        assert!(!reread.serves(11));
+        // After a message before the expected offset, every message is of the new read.
+        reread.below = true;
+        assert!(reread.serves(10));
+    }
 
     #[test]
     fn a_lane_knows_its_next_offset_only_once_it_knows_where_it_was_assigned_at() {

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rdkafka::ClientContext;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer as _, ConsumerContext, RebalanceProtocol,
 };
@@ -15,6 +14,7 @@ use rdkafka::message::OwnedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientConfig, ClientContext};
 use tokio::sync::mpsc;
 
 use super::out_of_range::OutOfRange;
@@ -204,6 +204,8 @@ pub struct KafkaSource<DB: Backend> {
     pub(super) dead_letters: FutureProducer,
     pub(super) offsets: Offsets<DB>,
     pub(super) config: KafkaConfig,
+    /// The settings of the clients that look at what a partition's offsets hold.
+    pub(super) looks: ClientConfig,
 }
 
 impl<DB: Backend> KafkaSource<DB> {
@@ -253,12 +255,24 @@ impl<DB: Backend> KafkaSource<DB> {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
+            // Messages of committed transactions only (and every message not in a
+            // transaction): those of aborted ones never run, and an open transaction holds the
+            // partition back until it ends.
+            .set("isolation.level", "read_committed")
             .set(
                 "session.timeout.ms",
                 millis(config.session_timeout).to_string(),
             );
         for (name, value) in &config.client_settings {
             client.set(name, value);
+        }
+        // The clients that look at what a partition's offsets hold read as the consumer does.
+        let mut looks = client_config(url)?;
+        looks
+            .set("group.id", &config.group)
+            .set("isolation.level", "read_committed");
+        for (name, value) in &config.client_settings {
+            looks.set(name, value);
         }
         let consumer: BaseConsumer<Rebalancer> = client
             .create_with_context(context)
@@ -275,6 +289,7 @@ impl<DB: Backend> KafkaSource<DB> {
             dead_letters,
             offsets,
             config,
+            looks,
         })
     }
 

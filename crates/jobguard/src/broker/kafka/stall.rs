@@ -8,7 +8,9 @@
 //! shows where, fetching it "again" could only guess, and a guess of 0 would read the retained
 //! log once more. A next offset below the log start (retention removed messages the lane never
 //! received) is met as [`KafkaConfig::below_log_start`] says, once: the lane goes on from the
-//! log start.
+//! log start. A log whose offsets past the next one carry no message (a transactional
+//! producer's marker after its last commit, aborted or compacted messages) holds nothing to
+//! fetch: the partition is read on a client of its own to tell (`kafka/gap.rs`).
 //!
 //! The loop pauses and resumes partitions in the client, and so does the rebalance callback on
 //! the client's own thread; the client also keeps a pause across a revocation. A pause that
@@ -22,9 +24,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
+use super::gap::{self, Gap};
 use super::out_of_range;
 
 /// The longest wait between two checks of a partition found caught up, or restarted: a
@@ -33,6 +37,10 @@ const LONGEST_WAIT: Duration = Duration::from_secs(300);
 
 /// How long a check waits for the broker to say where a partition's log ends.
 pub(super) const ASK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a check may read a partition whose log holds offsets past the next one, to see
+/// whether they carry a message, all its reads together.
+const LOOK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// When a lane last heard of its partition, and how long it may stay quiet before the log is
 /// asked whether it holds anything the lane has not received.
@@ -92,12 +100,13 @@ pub(super) enum Checked {
 }
 
 /// Asks the log of `partition` where it starts and ends. When it holds messages from `next` on
-/// that the quiet lane never received, the client fetches the partition again from `next` (a
+/// that the quiet lane never received (offsets past `next` that carry no message, such as a
+/// transaction's marker, do not count), the client fetches the partition again from `next` (a
 /// seek, and a resume in case it was paused). When it starts after `next`, nothing is fetched:
 /// the caller applies the policy for a lost offset, once, and fetches from the log start.
 /// Either way the next check waits longer.
 pub(super) async fn restart_if_stopped<C: ConsumerContext + 'static>(
-    client: &Arc<BaseConsumer<C>>,
+    (client, looks): (&Arc<BaseConsumer<C>>, &ClientConfig),
     topic: &str,
     partition: i32,
     next: i64,
@@ -112,6 +121,19 @@ pub(super) async fn restart_if_stopped<C: ConsumerContext + 'static>(
     let found = found(next, low, high);
     if found != Checked::Refetched {
         return found;
+    }
+    // The offsets past the next one may carry no message: a transaction's marker, aborted or
+    // compacted messages. Not answered, the partition is fetched again, which costs nothing.
+    let looked = gap::look(looks, topic, partition, next, high, LOOK_TIMEOUT).await;
+    if looked == Some(Gap::Empty) {
+        tracing::debug!(
+            topic,
+            partition,
+            next,
+            log_end = high,
+            "the offsets from the partition's next one to its end carry no message"
+        );
+        return Checked::Caught;
     }
     tracing::warn!(
         topic,

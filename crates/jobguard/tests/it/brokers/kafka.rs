@@ -458,8 +458,9 @@ backends!(fn a_partition_resumes_inside_a_record_batch);
 /// Messages produced together travel as one record batch; a consumer stopped after the first
 /// one leaves the stored offset inside the batch, and the next consumer starts there. tansu
 /// answers a fetch from inside a batch with the batches after it: the consumer sees the gap
-/// when the next message arrives, reads the partition again from its start and drops what is
-/// before the stored offset. Every message applies once, none is skipped.
+/// when the next message arrives, finds in the log the messages between (no offsets without a
+/// message, such as transaction markers), reads the partition again from before them and drops
+/// what is before the stored offset. Every message applies once, none is skipped.
 async fn a_partition_resumes_inside_a_record_batch<DB: TestDb>() {
     let Some(fixture) = Fixture::<DB, Kafka>::new("inside_batch").await else {
         return;

@@ -648,6 +648,7 @@ mod batch;
 mod consumer;
 mod kafka;
 mod kafka_stall;
+mod kafka_transactions;
 mod nats;
 mod rabbitmq;
 mod sqs;
