@@ -14,6 +14,8 @@
 //! - [`unique`]: unique-job policies: the states that keep a key, the period in a key, what a
 //!   repeated enqueue does;
 //! - [`table`]: validated, quoted table names;
+//! - [`transient`]: which database errors leave a transaction that may commit when run again,
+//!   per dialect;
 //! - [`sql`]: the guard's statements and DDL per dialect, the very text the Rust guard runs;
 //! - [`url`]: database and broker URLs with their secrets hidden, as messages show them.
 //!
@@ -46,5 +48,6 @@ pub mod periodic;
 pub mod retention;
 pub mod sql;
 pub mod table;
+pub mod transient;
 pub mod unique;
 pub mod url;

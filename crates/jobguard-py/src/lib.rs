@@ -274,6 +274,7 @@ fn worker_sql<'py>(
     out.set_item("retry", sql::lease::retry(&jobs, clock))?;
     out.set_item("dead", sql::lease::dead(&jobs, clock))?;
     out.set_item("release", sql::lease::release(&jobs))?;
+    out.set_item("give_back", sql::lease::give_back(&jobs, clock))?;
     out.set_item("heartbeat", sql::lease::heartbeat(&jobs, clock))?;
     Ok(out)
 }
@@ -399,6 +400,21 @@ fn last_attempt(policy: Policy, job_max_attempts: i32) -> PyResult<i32> {
     Ok(backoff(policy)?.last_attempt(job_max_attempts))
 }
 
+/// How the error code `code` on `dialect` may pass when its transaction runs again:
+/// `"contention"` (run it again), `"connection"` (run it again on another connection), or
+/// `None` (it would fail the same way): the table the Rust runners classify by.
+#[pyfunction]
+fn transient(dialect: &str, code: &str) -> Option<&'static str> {
+    jobguard_core::transient::classify(dialect, code).map(|class| class.as_str())
+}
+
+/// The wait in seconds before running a transaction again after its `run`-th run (from 1)
+/// ended in a transient error, scaled by `0.5 + jitter` (a `jitter` in `[0, 1)`).
+#[pyfunction]
+fn transient_backoff(run: u32, jitter: f64) -> f64 {
+    jobguard_core::transient::backoff(run, jitter).as_secs_f64()
+}
+
 /// The module `jobguard._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -417,6 +433,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_retry, m)?)?;
     m.add_function(wrap_pyfunction!(retry_delay, m)?)?;
     m.add_function(wrap_pyfunction!(last_attempt, m)?)?;
+    m.add_function(wrap_pyfunction!(transient, m)?)?;
+    m.add_function(wrap_pyfunction!(transient_backoff, m)?)?;
+    m.add("TRANSIENT_RUNS", jobguard_core::transient::RUNS)?;
     unique::register(m)?;
     periodic::register(m)?;
     m.add("MAX_KEY_LEN", MAX_KEY_LEN)?;

@@ -133,7 +133,7 @@ impl Default for GuardConfig {
     fn default() -> Self {
         GuardConfig {
             table: TableName::new(GuardConfig::DEFAULT_TABLE).expect("the default name is valid"),
-            contention_attempts: 5,
+            contention_attempts: jobguard_core::transient::RUNS,
         }
     }
 }

@@ -231,6 +231,19 @@ impl<DB: Backend> Queue<DB> {
         self.settle(conn, lease, Settle::Dead { error }).await
     }
 
+    /// Gives a job back to run after `delay`, its attempt not counted, on a connection the
+    /// caller holds, outside any transaction: its transaction did not commit for a transient
+    /// reason however often it ran. The caller holds this process's turn to write, taken
+    /// before the connection.
+    pub(crate) async fn give_back_on(
+        &self,
+        conn: &mut DB::Connection,
+        lease: Lease,
+        delay: Duration,
+    ) -> Result<()> {
+        self.settle(conn, lease, Settle::GiveBack { delay }).await
+    }
+
     /// Gives a job back without counting the attempt, for a worker shutting down before it
     /// started the job.
     pub async fn release(&self, lease: Lease) -> Result<()> {

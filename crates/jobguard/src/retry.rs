@@ -144,15 +144,14 @@ impl RetryPolicy {
     }
 }
 
-/// Exponential backoff with jitter for transactions rolled back by contention: 2, 4, 8 ms ...
-/// up to 256 ms, each scaled by a factor in [0.5, 1.5) so colliding jobs spread out.
+/// The core's backoff for transactions rolled back by contention or a lost connection
+/// ([`jobguard_core::transient::backoff`]), with a jitter drawn from the clock.
 pub(crate) fn contention_backoff(attempt: u32) -> Duration {
-    let base = 1_u64 << attempt.min(8);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
-    let jitter = 500 + u64::from(nanos.subsec_nanos() % 1000);
-    Duration::from_micros(base * jitter)
+    let jitter = f64::from(nanos.subsec_nanos() % 1000) / 1000.0;
+    jobguard_core::transient::backoff(attempt, jitter)
 }
 
 pub(crate) use jobguard_core::retention::doubled;

@@ -4,6 +4,7 @@
 //! only knows its SQL dialect, how to open a transaction that queues writers instead of failing
 //! them, and which of its errors are worth retrying.
 
+use jobguard_core::transient::Transient;
 use sqlx::Database;
 
 pub(crate) mod console;
@@ -60,6 +61,16 @@ pub(crate) fn is_connection_error(error: &sqlx::Error) -> bool {
             | sqlx::Error::Tls(_)
             | sqlx::Error::WorkerCrashed
     )
+}
+
+/// How `error` on `dialect` may pass when the transaction runs again: the core's table for the
+/// error's code, or a connection that broke.
+pub(crate) fn transient_in(dialect: &str, error: &sqlx::Error) -> Option<Transient> {
+    if is_connection_error(error) {
+        return Some(Transient::Connection);
+    }
+    let code = error.as_database_error()?.code()?;
+    jobguard_core::transient::classify(dialect, &code)
 }
 
 /// PostgreSQL's undefined_table, or SQLite's "no such table": a read of a table nothing has

@@ -234,6 +234,8 @@ enum Ended {
     Failed,
     Dead,
     Fenced,
+    /// Given back after transient failures, its attempt not counted: it runs again now.
+    Released,
 }
 
 impl Ended {
@@ -244,6 +246,8 @@ impl Ended {
             Ended::Failed => "failed",
             Ended::Dead => "dead",
             Ended::Fenced => "fenced",
+            // The job's attempt did not end as it meant to, as the Python worker labels it.
+            Ended::Released => "failed",
         }
     }
 }
@@ -373,6 +377,7 @@ impl Counters {
             Ended::Failed => &self.failed,
             Ended::Dead => &self.dead,
             Ended::Fenced => &self.fenced,
+            Ended::Released => &self.released,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

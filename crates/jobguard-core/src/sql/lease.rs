@@ -81,6 +81,23 @@ pub fn release(table: &TableName) -> String {
     )
 }
 
+/// Gives the job `$1` back under lease token `$2`, to run `$3` microseconds from now, its
+/// attempt not counted: a job whose transaction did not commit for a transient reason
+/// (`crate::transient`) however often it ran within its attempt. The delay (the retry policy's
+/// for the attempt) keeps a job whose error does not pass from running in a tight loop, and no
+/// error is recorded, so its next fetch is not taken for a replay. One row changed when the
+/// lease held.
+pub fn give_back(table: &TableName, clock: Clock) -> String {
+    format!(
+        "update {t} set state = 'available', attempt = attempt - 1, run_at = {now} + $3{m},
+                 leased_until = null {fenced}",
+        t = table.quoted(),
+        now = clock.now,
+        m = clock.plus_micros,
+        fenced = fenced(),
+    )
+}
+
 /// Extends the lease `$2` of job `$1` to `$3` microseconds from now: one row changed when it held.
 pub fn heartbeat(table: &TableName, clock: Clock) -> String {
     format!(

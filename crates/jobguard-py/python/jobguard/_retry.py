@@ -21,18 +21,15 @@ import random
 import sqlite3
 from typing import Any
 
-from . import _keys
+from . import _keys, _native
 from .errors import GuardVanished, NotMigrated
 from .metrics import record_retry
 
-#: PostgreSQL errors after which the same transaction may commit when run again:
-#: serialization failure, deadlock, lock not available (``lock_timeout``, ``nowait``), and the
-#: server ending the session (``pg_terminate_backend``, a shutdown, a crash restart, not
-#: accepting connections yet). Class ``08`` (connection exceptions) is transient as a whole.
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "57P02", "57P03"})
-
-# SQLITE_BUSY and SQLITE_LOCKED, the primary codes of their extended ones.
-_SQLITE_BUSY_LOCKED = (5, 6)
+# The SQLSTATEs (PostgreSQL) and result codes (SQLite) after which the same transaction may
+# commit when run again come from the core's tables (``jobguard_core::transient``), which the
+# Rust runners classify by too: serialization failure, deadlock, lock not available, the server
+# ending the session, class ``08`` (connection exceptions); SQLITE_BUSY and SQLITE_LOCKED with
+# their extended codes.
 _SQLITE_MESSAGES = ("database is locked", "database table is locked", "database is busy")
 
 
@@ -57,11 +54,11 @@ def transient_reason(exc: BaseException) -> str | None:
 
 def _reason_of(e: BaseException) -> str | None:
     state = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
-    if isinstance(state, str) and (state in TRANSIENT_SQLSTATES or state.startswith("08")):
+    if isinstance(state, str) and _native.transient("postgres", state) is not None:
         return f"sqlstate {state}"
     if isinstance(e, sqlite3.OperationalError):
         code = getattr(e, "sqlite_errorcode", None)
-        if code is not None and code & 0xFF in _SQLITE_BUSY_LOCKED:
+        if code is not None and _native.transient("sqlite", str(code)) is not None:
             return f"sqlite {getattr(e, 'sqlite_errorname', code)}"
         if any(m in str(e) for m in _SQLITE_MESSAGES):
             return "sqlite busy"

@@ -29,11 +29,12 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+import random
 import signal
 import inspect
 from typing import Any, AsyncIterator, Callable, Mapping, Protocol, Sequence
 
-from . import _keys
+from . import _keys, _native
 from ._batches import group
 from ._enqueue import DEFAULT_QUEUE
 from ._guard import _tokens
@@ -92,8 +93,9 @@ class WorkerApp(Protocol):
 
 log = logging.getLogger("jobguard.worker")
 
-# Runs of one job within one attempt when its transaction failed for a transient reason.
-_TRANSIENT_RUNS = 3
+# Runs of one job within one attempt when its transaction failed for a transient reason, the
+# Rust worker's (the core's): past them the job is given back, its attempt not counted.
+_TRANSIENT_RUNS = _native.TRANSIENT_RUNS
 # Where enqueues notify, a fetch reads the queue from its head at most this often (seconds);
 # the others start a margin (microseconds) behind the newest job a fetch took. The head of the
 # fetch's index holds an entry for every job completed since the last vacuum, which a fetch
@@ -502,8 +504,8 @@ class Worker:
                 if run == _TRANSIENT_RUNS:
                     log.warning("job %s (%s) did not commit (%s) %d times; giving it back",
                                 job.id, job.key, reason, run)
-                    return await self._release(job)
-                await asyncio.sleep(0.002 * 2**run)
+                    return await self._give_back(job)
+                await asyncio.sleep(_native.transient_backoff(run, random.random()))
         raise AssertionError("unreachable")
 
     def _check(self, job: LeasedJob, defined: DefinedJob) -> bytes:
@@ -630,6 +632,22 @@ class Worker:
         if dead:
             log.warning("job %s (%s) dead-lettered: %s", job.id, job.key, message)
         return "dead" if dead else "failed"
+
+    async def _give_back(self, job: LeasedJob) -> str:
+        """Gives back a job whose transaction did not commit for a transient reason however
+        often it ran: it runs again after the retry policy's delay for its attempt, which is not
+        counted (the core's ``give_back``, as the Rust worker gives it back)."""
+        assert self._db is not None
+        delay = int(self.app.retry.delay(job.attempt) * 1_000_000)
+        try:
+            async with self._db.session() as s:
+                changed = await s.execute(self._sql["give_back"], [job.id, job.token, delay])
+        except Exception as error:  # noqa: BLE001 - the rescue settles it once its lease expires
+            log.warning("job %s: giving it back failed (%s)", job.id, error)
+            return "failed"
+        self.stats.released += bool(changed)
+        self._read_head_next()
+        return "failed" if changed else "fenced"
 
     async def _release(self, job: LeasedJob) -> str:
         """Gives the lease back: the job runs again now, its attempt not counted."""

@@ -496,7 +496,7 @@ def test_the_worker_statements_are_the_rust_workers():
     assert "kind = any($4::text[])" in sql["fetch"]
     assert json.dumps(sorted(sql)) == json.dumps(sorted([
         "claim_completing", "claim_completing_many", "complete", "dead", "fetch",
-        "fetch_after", "heartbeat", "heartbeat_many", "held", "notify_channel", "release",
+        "fetch_after", "give_back", "heartbeat", "heartbeat_many", "held", "notify_channel", "release",
         "rescue", "retry"]))
     assert "(run_at, id) > (" in sql["fetch_after"] and "kind = any($4" in sql["fetch_after"]
     assert "unnest($1::int8[], $2::int8[]" in sql["claim_completing_many"]

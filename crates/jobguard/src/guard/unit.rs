@@ -25,8 +25,8 @@ use crate::store::queue::{Lease, QueueSql};
 use crate::store::worker::CompletingClaim;
 use crate::store::{
     Backend, ClaimRow, ClaimToken, GuardRecord, NewClaim, WorkerSql, WorkerStatements,
-    is_connection_error,
 };
+use jobguard_core::transient::Transient;
 
 /// Why a unit did not commit, or could not say that it did.
 #[derive(Debug)]
@@ -62,12 +62,10 @@ impl Failure {
 
     /// The failure a database error stands for on `DB`.
     pub(crate) fn database<DB: Backend>(error: sqlx::Error) -> Self {
-        if DB::is_transient(&error) {
-            Failure::Contention(error)
-        } else if is_connection_error(&error) {
-            Failure::Connection(error)
-        } else {
-            Failure::Failed(Error::Database(error))
+        match DB::transient(&error) {
+            Some(Transient::Contention) => Failure::Contention(error),
+            Some(Transient::Connection) => Failure::Connection(error),
+            None => Failure::Failed(Error::Database(error)),
         }
     }
 
@@ -76,13 +74,15 @@ impl Failure {
     pub(crate) fn effect<DB: Backend>(key: &JobKey, error: JobError) -> Self {
         let (source, fatal) = error.into_parts();
         match source.downcast::<sqlx::Error>() {
-            Ok(db) if DB::is_transient(&db) => Failure::Contention(*db),
-            Ok(db) if is_connection_error(&db) => Failure::Connection(*db),
-            Ok(db) => Failure::Failed(Error::Effect {
-                key: key.to_string(),
-                fatal,
-                source: db,
-            }),
+            Ok(db) => match DB::transient(&db) {
+                Some(Transient::Contention) => Failure::Contention(*db),
+                Some(Transient::Connection) => Failure::Connection(*db),
+                None => Failure::Failed(Error::Effect {
+                    key: key.to_string(),
+                    fatal,
+                    source: db,
+                }),
+            },
             Err(source) => Failure::Failed(Error::Effect {
                 key: key.to_string(),
                 fatal,
@@ -361,12 +361,17 @@ impl<'g, 'c, DB: Backend> UnitOfWork<'g, 'c, DB> {
         let UnitOfWork { guard, tx, claimed } = self;
         let error = match tx.commit().await {
             Ok(()) => return Ok(()),
-            Err(error) if DB::is_transient(&error) => return Err(Failure::Contention(error)),
-            // The server answered the commit with an error: it did not commit.
-            Err(error @ sqlx::Error::Database(_)) => {
-                return Err(Failure::Failed(Error::Database(error)));
-            }
-            Err(error) => error,
+            Err(error) => match DB::transient(&error) {
+                Some(Transient::Contention) => return Err(Failure::Contention(error)),
+                // The session ended around the commit (the server terminated it, shut down, or
+                // the link broke): whether it committed is settled by the witness below.
+                Some(Transient::Connection) => error,
+                // The server answered the commit with an error: it did not commit.
+                None if matches!(error, sqlx::Error::Database(_)) => {
+                    return Err(Failure::Failed(Error::Database(error)));
+                }
+                None => error,
+            },
         };
         let Some((key, token)) = claimed.first().filter(|_| !DB::SINGLE_WRITER) else {
             return Err(Failure::Connection(error));

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use jobguard_core::transient::Transient;
 use sqlx::{Database, Pool, Transaction};
 
 use crate::table::TableName;
@@ -37,9 +38,16 @@ pub trait Store: Database {
     /// A source of wake-ups for idle workers when jobs are enqueued, if the database has one.
     fn listen(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<Option<Wakeup>>> + Send;
 
-    /// Serialization failures, deadlocks and busy databases: rolling back and running the whole
-    /// transaction again may succeed.
-    fn is_transient(error: &sqlx::Error) -> bool;
+    /// Whether rolling back and running the whole transaction again may succeed, and how: the
+    /// dialect's table in [`jobguard_core::transient`] (by SQLSTATE or result code), which the
+    /// Python package classifies by too, and a connection that broke.
+    fn transient(error: &sqlx::Error) -> Option<Transient>;
+
+    /// Serialization failures, deadlocks, locks not granted in time and busy databases: running
+    /// the whole transaction again on the same connection may succeed.
+    fn is_transient(error: &sqlx::Error) -> bool {
+        Self::transient(error) == Some(Transient::Contention)
+    }
 }
 
 /// How many rows of a table are in one state, as the queue's and the outbox's counts read them.

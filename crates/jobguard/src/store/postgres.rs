@@ -27,6 +27,7 @@ use super::Backend;
 use super::database::{Store, Wakeup, WakeupSource};
 use crate::table::TableName;
 use jobguard_core::sql::postgres as guard_sql;
+use jobguard_core::transient::Transient;
 
 /// Names the exact DDL a table was migrated with, stored as the table's comment.
 fn schema_marker(statements: &[Arc<str>]) -> String {
@@ -115,8 +116,7 @@ impl Store for Postgres {
         Ok(Some(Wakeup(Box::new(listener))))
     }
 
-    fn is_transient(error: &sqlx::Error) -> bool {
-        let code = error.as_database_error().and_then(|e| e.code());
-        matches!(code.as_deref(), Some("40001" | "40P01"))
+    fn transient(error: &sqlx::Error) -> Option<Transient> {
+        super::transient_in("postgres", error)
     }
 }

@@ -490,6 +490,9 @@ pub struct QueueSql {
     pub(crate) retry: Arc<str>,
     pub(crate) dead: Arc<str>,
     pub(crate) release: Arc<str>,
+    /// Gives a job back to run after `$3` microseconds, its attempt not counted (a transient
+    /// failure that outlasted its runs).
+    pub(crate) give_back: Arc<str>,
     pub(crate) heartbeat: Arc<str>,
     /// Extends many leases in one statement: `$1` a JSON array of `{"id", "token"}`, `$2` the
     /// lease length in microseconds; selects the ids of the leases still held.
@@ -520,6 +523,7 @@ pub enum Settle<'a> {
     Retry { delay: Duration, error: &'a str },
     Dead { error: &'a str },
     Release,
+    GiveBack { delay: Duration },
     Extend { lease: Duration },
 }
 

@@ -28,6 +28,7 @@ use super::Backend;
 use super::database::Store;
 use crate::error::Error;
 use crate::table::TableName;
+use jobguard_core::transient::Transient;
 
 /// Refuses a table name with a schema: SQLite has none.
 pub(super) fn no_schema(table: &TableName) -> crate::Result<()> {
@@ -93,10 +94,8 @@ impl Store for Sqlite {
         Ok(None)
     }
 
-    fn is_transient(error: &sqlx::Error) -> bool {
+    fn transient(error: &sqlx::Error) -> Option<Transient> {
         // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
-        let code = error.as_database_error().and_then(|e| e.code());
-        code.and_then(|c| c.parse::<i32>().ok())
-            .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+        super::transient_in("sqlite", error)
     }
 }

@@ -149,10 +149,14 @@ impl<DB: Backend> Worker<DB> {
                 }
                 Failure::Contention(_) | Failure::HeldElsewhere(_) => {}
             }
-            // The guard's limit on runs rolled back by contention, this one included.
+            // The guard's limit on runs rolled back by contention or a lost connection, this
+            // one included; past it the job is given back, its attempt not counted.
             if !runs.again(&failure).await {
                 let (message, _) = failure.message();
-                return (self.fail(&mut conn, job, &message, false).await, Some(conn));
+                return (
+                    self.give_back_on(&mut conn, job, &message).await,
+                    Some(conn),
+                );
             }
         }
     }

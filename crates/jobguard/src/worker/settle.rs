@@ -51,6 +51,35 @@ impl<DB: Backend> Worker<DB> {
         }
     }
 
+    /// Gives back a job whose transaction could not commit for a transient reason (contention
+    /// or a lost connection, the core's [`Transient`](jobguard_core::transient::Transient))
+    /// however often it ran: it runs again after the retry policy's delay for its attempt,
+    /// which is not counted, as the Python worker gives it back. A transient error never
+    /// spends an attempt, so it never dead-letters a job.
+    pub(super) async fn give_back_on(
+        &self,
+        conn: &mut DB::Connection,
+        job: &LeasedJob,
+        reason: &str,
+    ) -> Ended {
+        let delay = self
+            .config
+            .retry
+            .next_delay(job.lease.attempt.max(1) as u32);
+        tracing::warn!(
+            error = reason,
+            "the job's transaction did not commit for a transient reason; giving it back"
+        );
+        match self.queue.give_back_on(conn, job.lease, delay).await {
+            Ok(()) => Ended::Released,
+            Err(Error::Fenced { .. }) => Ended::Fenced,
+            Err(error) => {
+                tracing::warn!(%error, "giving the job back failed; it runs again when its lease expires");
+                Ended::Failed
+            }
+        }
+    }
+
     pub(super) async fn bury(
         &self,
         conn: &mut DB::Connection,

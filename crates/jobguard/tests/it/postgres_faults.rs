@@ -319,6 +319,7 @@ async fn panic_mid_effect_rolls_back() {
 
 mod batch;
 mod proxy;
+mod transient;
 
 use proxy::{Fault, Proxy};
 

@@ -110,6 +110,7 @@ impl QueueSql {
             retry: lease::retry(table, clock).into(),
             dead: lease::dead(table, clock).into(),
             release: lease::release(table).into(),
+            give_back: lease::give_back(table, clock).into(),
             // One lease, outside a worker's own heartbeats (on SQLite through the busy timeout,
             // outside this process's writer turn).
             heartbeat: lease::heartbeat(table, clock).into(),

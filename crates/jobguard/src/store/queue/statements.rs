@@ -139,6 +139,7 @@ macro_rules! queue_statements {
                 Settle::Retry { .. } => &sql.retry,
                 Settle::Dead { .. } => &sql.dead,
                 Settle::Release => &sql.release,
+                Settle::GiveBack { .. } => &sql.give_back,
                 Settle::Extend { .. } => &sql.heartbeat,
             };
             let query = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
@@ -149,6 +150,7 @@ macro_rules! queue_statements {
                 Settle::Retry { delay, error } => query.bind(duration_micros(delay)).bind(error),
                 Settle::Dead { error } => query.bind(error),
                 Settle::Extend { lease } => query.bind(duration_micros(lease)),
+                Settle::GiveBack { delay } => query.bind(duration_micros(delay)),
             };
             Ok(query.execute(conn).await?.rows_affected() == 1)
         }
