@@ -637,24 +637,20 @@ class Worker:
         """Gives back a job whose transaction did not commit for a transient reason however
         often it ran: it runs again after the retry policy's delay for its attempt, which is not
         counted (the core's ``give_back``, as the Rust worker gives it back)."""
-        assert self._db is not None
         delay = int(self.app.retry.delay(job.attempt) * 1_000_000)
-        try:
-            async with self._db.session() as s:
-                changed = await s.execute(self._sql["give_back"], [job.id, job.token, delay])
-        except Exception as error:  # noqa: BLE001 - the rescue settles it once its lease expires
-            log.warning("job %s: giving it back failed (%s)", job.id, error)
-            return "failed"
-        self.stats.released += bool(changed)
-        self._read_head_next()
-        return "failed" if changed else "fenced"
+        return await self._hand_back(job, "give_back", [job.id, job.token, delay])
 
     async def _release(self, job: LeasedJob) -> str:
         """Gives the lease back: the job runs again now, its attempt not counted."""
+        return await self._hand_back(job, "release", [job.id, job.token])
+
+    async def _hand_back(self, job: LeasedJob, statement: str, params: list[Any]) -> str:
+        """Runs the core's ``statement`` that ends the job's lease without counting its
+        attempt; ``failed`` (it runs again) or ``fenced`` (the lease no longer held)."""
         assert self._db is not None
         try:
             async with self._db.session() as s:
-                changed = await s.execute(self._sql["release"], [job.id, job.token])
+                changed = await s.execute(self._sql[statement], params)
         except Exception as error:  # noqa: BLE001 - the rescue settles it once its lease expires
             log.warning("job %s: giving it back failed (%s)", job.id, error)
             return "failed"
