@@ -31,8 +31,7 @@ pub struct ConnectWait {
 
 /// Parses `30s`, `500ms`, `2m`, `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|error| format!("{error}: write a duration such as 30s, 500ms or 2m"))
+    jobguard_core::duration::parse_duration(text)
 }
 
 /// The shared secret of `jobguard serve`, which `jobguard stats --url` sends too; its `Debug`

@@ -1,7 +1,9 @@
-//! Durations as jobguard prints them in errors, logs and reports.
+//! Durations as jobguard prints them in errors, logs and reports, and as its command lines and
+//! files take them.
 //!
 //! One format everywhere, so an error naming a retention and a report naming a horizon read
-//! the same way.
+//! the same way, and `--lease 30s` means the same to `jobguard worker` and to
+//! `python -m jobguard worker`.
 //!
 //! ```
 //! use std::time::Duration;
@@ -11,6 +13,23 @@
 //! ```
 
 use std::time::Duration;
+
+/// A duration as a user writes it on a command line or in a file: `30s`, `500ms`, `2m`,
+/// `1h 30m`, `14d`. A bare number is refused with a message that says how to write one, so
+/// that `--lease 30` never means thirty of an unstated unit.
+///
+/// ```
+/// use std::time::Duration;
+/// use jobguard_core::duration::parse_duration;
+///
+/// assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+/// assert_eq!(parse_duration(" 250ms "), Ok(Duration::from_millis(250)));
+/// assert!(parse_duration("30").unwrap_err().contains("such as 30s"));
+/// ```
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|error| format!("{error}: write a duration such as 30s, 500ms or 2m"))
+}
 
 /// A duration as jobguard prints it, to the second (to the millisecond under a second):
 /// `14d`, `7d 15m 13s`, `250ms`.

@@ -415,6 +415,15 @@ fn transient_backoff(run: u32, jitter: f64) -> f64 {
     jobguard_core::transient::backoff(run, jitter).as_secs_f64()
 }
 
+/// Seconds of a duration written as the command lines take it (`30s`, `500ms`, `2m`); a
+/// `ValueError` that says how to write one otherwise.
+#[pyfunction]
+fn parse_duration(text: &str) -> PyResult<f64> {
+    jobguard_core::duration::parse_duration(text)
+        .map(|duration| duration.as_secs_f64())
+        .map_err(value_error)
+}
+
 /// The module `jobguard._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -435,6 +444,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(last_attempt, m)?)?;
     m.add_function(wrap_pyfunction!(transient, m)?)?;
     m.add_function(wrap_pyfunction!(transient_backoff, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_duration, m)?)?;
     m.add("TRANSIENT_RUNS", jobguard_core::transient::RUNS)?;
     unique::register(m)?;
     periodic::register(m)?;

@@ -13,8 +13,23 @@ import os
 import sys
 from typing import Any
 
+from . import _native
 from .app import App
 from .worker import Worker
+
+
+def duration(text: str) -> float:
+    """Seconds of a duration written as ``jobguard worker`` takes it (``30s``, ``500ms``,
+    ``2m``: the core's parser). A bare number is read as seconds, as this command took it
+    before durations."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return _native.parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 class LoadError(Exception):
@@ -28,13 +43,22 @@ def add_parser(commands: Any) -> None:
     )
     worker.add_argument("app", help="module:attribute of the jobguard.App, e.g. myapp.jobs:app")
     worker.add_argument("--queue", default="default")
-    worker.add_argument("--concurrency", type=int, default=10)
+    worker.add_argument("--concurrency", type=int, default=10,
+                        help="jobs run at once (default: %(default)s)")
     worker.add_argument("--batch-size", type=int, default=1,
                         help="jobs of kinds defined with batch=True run up to this many in one "
                              "transaction when a backlog builds (PostgreSQL; 1: off)")
-    worker.add_argument("--lease", type=float, default=30.0, help="seconds")
-    worker.add_argument("--poll-interval", type=float, default=1.0, help="seconds")
-    worker.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds")
+    # Durations as `jobguard worker` takes them (30s, 500ms, 2m), and its option names.
+    worker.add_argument("--lease", type=duration, default="30s",
+                        help="how long a fetched job is held before another worker may take it "
+                             "(default: %(default)s)")
+    worker.add_argument("--poll", "--poll-interval", dest="poll_interval", type=duration,
+                        default="1s",
+                        help="how often an idle worker looks for jobs where no notification "
+                             "wakes it (default: %(default)s)")
+    worker.add_argument("--shutdown-timeout", type=duration, default="30s",
+                        help="how long running jobs may finish after SIGTERM/SIGINT "
+                             "(default: %(default)s)")
     worker.add_argument("--until-idle", action="store_true",
                         help="stop once no job of the app's kinds is due and none runs")
     worker.add_argument("--migrate", action="store_true",

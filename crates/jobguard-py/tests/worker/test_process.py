@@ -133,3 +133,27 @@ def test_invalid_worker_options_end_the_command_with_one_line(worker_env):
     assert line.endswith("batch_size must be an integer >= 1, not 0"), line
     line = one_line_failure(worker_env, "ledger_app:app", "--concurrency", "0")
     assert "concurrency must be at least 1" in line, line
+
+
+def test_durations_are_written_as_the_rust_worker_takes_them(worker_env):
+    # `jobguard worker --lease 30s --poll 1s`: the same options, the same durations, the same
+    # defaults, parsed by the core's parser.
+    def worker(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "jobguard", "worker", *options],
+                              env=worker_env, capture_output=True, text=True, timeout=60)
+
+    shown = worker("--help")
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    for option, default in (("--lease", "30s"), ("--poll", "1s"), ("--shutdown-timeout", "30s")):
+        assert option in text and f"(default: {default})" in text, text
+    done = worker("ledger_app:app", "--until-idle", "--lease", "2s", "--poll", "100ms",
+                  "--shutdown-timeout", "1m 30s")
+    assert done.returncode == 0, done.stderr
+    # A bare number is still seconds, as before durations.
+    done = worker("ledger_app:app", "--until-idle", "--poll-interval", "0.1", "--lease", "2")
+    assert done.returncode == 0, done.stderr
+    refused = worker("ledger_app:app", "--lease", "soon")
+    assert refused.returncode == 2
+    assert "argument --lease" in refused.stderr and "such as 30s" in refused.stderr, \
+        refused.stderr
