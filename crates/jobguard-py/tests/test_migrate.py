@@ -121,7 +121,7 @@ def test_migrate_refuses_what_it_cannot_open():
 async def test_enqueue_before_the_queue_tables_exist_raises_not_migrated(pg_url, sqlite_path):
     conn = await asyncpg.connect(pg_url)
     try:
-        with pytest.raises(jobguard.NotMigrated, match="jobguard worker"):
+        with pytest.raises(jobguard.NotMigrated, match="jobguard worker module:app --migrate"):
             async with conn.transaction():
                 await jobguard.enqueue(conn, "credit", {"order": "o-1"})
     finally:

@@ -87,7 +87,8 @@ class _Job:
             raise NotMigrated(
                 f"the queue table `{table}` does not exist or was made by an older jobguard; "
                 "nothing was enqueued: run `await app.migrate()` of a jobguard.App (sync code: "
-                "`app.migrate_sync()`) or a `jobguard worker` on this database once first"
+                "`app.migrate_sync()`), or start the worker with `python -m jobguard worker "
+                "module:app --migrate`, on this database once first"
             ) from error
 
     def lost(self) -> Exception:

@@ -358,8 +358,9 @@ class Worker:
                 raise NotMigrated(
                     f"the queue table `{self.app.table}` or the guard table "
                     f"`{self.app.guard_table}` does not exist or was made by an older jobguard: "
-                    "run `await app.migrate()` (sync code: `app.migrate_sync()`) or a "
-                    "`jobguard worker` on this database once first"
+                    "run `await app.migrate()` (sync code: `app.migrate_sync()`), or start "
+                    "this worker with `python -m jobguard worker module:app --migrate`, on this "
+                    "database once first"
                 ) from error
             raise
         jobs = []
